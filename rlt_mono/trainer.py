@@ -1,0 +1,146 @@
+"""``RLTTrainer``: TRL's GRPO trainer with the few hooks RLT needs, each at a TRL override point.
+
+- ``_generate`` / ``_generate_and_score_completions`` / ``training_step`` run inside the phases GENERATE,
+  SCORE and TRAIN of the ``PhaseController`` (timings, memory, swaps), whose metrics join TRL's logs.
+- ``_get_per_token_logps_and_entropies``: the reference model is swapped onto the GPU for its pass; the
+  policy's own no-grad pass over the fresh completions (TRL's ``old_per_token_logps``, temperature-scaled)
+  is kept so the teacher reward reuses it instead of running the teacher again.
+- ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column.
+- TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import trl
+from transformers import TrainerCallback
+from trl.trainer.callbacks import SyncRefModelCallback
+
+from rlt_mono.phases import Phase, PhaseController
+
+logger = logging.getLogger(__name__)
+
+
+class RLTTrainer(trl.GRPOTrainer):
+    """GRPO trainer for an RLT teacher (see the module docstring).
+
+    Args:
+        phases: owns phase timing and every bulk model move.
+        offload_reference: keep TRL's reference model on CPU between its passes.
+        reuse_policy_log_probs: pass TRL's policy log-probs to the reward (valid when the reward divides the
+            teacher logits by the generation temperature, as TRL does).
+        Everything else goes to ``trl.GRPOTrainer``.
+    """
+
+    def __init__(
+        self,
+        *args,
+        phases: PhaseController,
+        offload_reference: bool = True,
+        reuse_policy_log_probs: bool = True,
+        **kwargs,
+    ):
+        self.phases = phases
+        self.reuse_policy_log_probs = reuse_policy_log_probs
+        self._capturing_policy_log_probs = False
+        self._policy_log_probs: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+        if self.ref_model is not None:
+            phases.place(self.ref_model, "reference", offload=offload_reference)
+            self._replace_ref_sync_callback()
+        self.add_callback(_OptimizerPhaseCallback(phases))
+
+    # ---- phases -------------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch):
+        with self.phases.phase(Phase.TRAIN):
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def _generate_and_score_completions(self, inputs):
+        self._capturing_policy_log_probs = self.reuse_policy_log_probs
+        try:
+            with self.phases.phase(Phase.SCORE):
+                return super()._generate_and_score_completions(inputs)
+        finally:
+            self._capturing_policy_log_probs = False
+            self._policy_log_probs = None
+
+    def _generate(self, prompts):
+        with self.phases.phase(Phase.GENERATE):
+            output = super()._generate(prompts)
+        completion_ids = output[1]
+        self.phases.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
+        return output
+
+    # ---- log-probs ----------------------------------------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        if self.ref_model is not None and model is self.ref_model:
+            with self.phases.resident(self.ref_model):
+                return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        # The first no-grad policy pass of a generation batch is TRL's old_per_token_logps. (A PEFT reference
+        # pass would also run self.model, but only after it; we never run PEFT with a reference-less setup.)
+        if (
+            self._capturing_policy_log_probs
+            and self._policy_log_probs is None
+            and model is self.model
+            and not torch.is_grad_enabled()
+        ):
+            self._policy_log_probs = result[0]
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._policy_log_probs is not None:
+            inputs = [
+                {**example, "teacher_log_probs": log_probs[: len(ids)].float().cpu()}
+                for example, log_probs, ids in zip(inputs, self._policy_log_probs, completion_ids_list, strict=True)
+            ]
+        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    # ---- logging ------------------------------------------------------------------------------------
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training:
+            logs.update(_with_throughputs(self.phases.pop_metrics()))
+        super().log(logs, start_time)
+
+    def _replace_ref_sync_callback(self) -> None:
+        for callback in list(self.callback_handler.callbacks):
+            if isinstance(callback, SyncRefModelCallback):
+                self.callback_handler.remove_callback(callback)
+                self.add_callback(_ResidentRefSyncCallback(self.phases, self.ref_model, self.accelerator))
+
+
+class _ResidentRefSyncCallback(SyncRefModelCallback):
+    """TRL's reference mixup, with the offloaded reference swapped in (and written back) around it."""
+
+    def __init__(self, phases: PhaseController, ref_model, accelerator):
+        super().__init__(ref_model=ref_model, accelerator=accelerator)
+        self.phases = phases
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.ref_model_sync_steps != 0:
+            return
+        with self.phases.resident(self.ref_model, writeback=True):
+            super().on_step_end(args, state, control, **kwargs)
+
+
+class _OptimizerPhaseCallback(TrainerCallback):
+    """Counts the optimizer step (outside ``training_step`` in transformers' loop) as TRAIN time."""
+
+    def __init__(self, phases: PhaseController):
+        self.phases = phases
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.phases.begin(Phase.TRAIN)
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.phases.end()
+
+
+def _with_throughputs(metrics: dict[str, float]) -> dict[str, float]:
+    """Add generation tokens/s to the phase metrics."""
+    seconds = metrics.get("phase/generate/seconds", 0.0)
+    if seconds > 0 and "generate/tokens" in metrics:
+        metrics["perf/generation_tokens_per_s"] = metrics["generate/tokens"] / seconds
+    return metrics
