@@ -62,7 +62,6 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         seed=cfg.seed,
         report_to=list(cfg.logging.report_to),
         use_vllm=use_vllm,
-        model_init_kwargs=_model_kwargs(cfg.model),
     )
     if "wandb" in trainer_kwargs["report_to"]:
         os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)

@@ -38,7 +38,7 @@ class RunFilesCallback(TrainerCallback):
         with open(self.output_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(row) + "\n")
         scores = getattr(self.reward, "last_scores", None) or []
-        if self.samples_per_step and scores:
+        if self.samples_per_step and scores and "reward" in logs:  # a step's log, not the end-of-run summary
             with open(self.output_dir / SAMPLES_FILE, "a") as f:
                 for sample in scores[: self.samples_per_step]:
                     f.write(json.dumps({"step": state.global_step, **sample}) + "\n")
