@@ -44,8 +44,12 @@ class RunFilesCallback(TrainerCallback):
                     f.write(json.dumps({"step": state.global_step, **sample}) + "\n")
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.plot and state.is_world_process_zero and (self.output_dir / METRICS_FILE).exists():
+        if not (self.plot and state.is_world_process_zero and (self.output_dir / METRICS_FILE).exists()):
+            return
+        try:
             plot_metrics(self.output_dir / METRICS_FILE, self.output_dir / PLOT_FILE)
+        except ImportError:  # the run itself is done; a missing plotting library must not fail it
+            logger.warning("matplotlib is not installed: no %s (pip install matplotlib)", PLOT_FILE)
 
 
 def _jsonable(value):

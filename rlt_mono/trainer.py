@@ -73,6 +73,11 @@ class RLTTrainer(trl.GRPOTrainer):
         self.phases.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
         return output
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        tokens = inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()
+        self.phases.add_metric("train/tokens", float(tokens))
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
     # ---- log-probs ----------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         if self.ref_model is not None and model is self.ref_model:
@@ -101,8 +106,17 @@ class RLTTrainer(trl.GRPOTrainer):
     # ---- logging ------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            logs.update(_with_throughputs(self.phases.pop_metrics()))
+            logs.update(with_throughputs(self.phases.pop_metrics(), self._num_parameters, self.phases.device))
+            vllm_generation = getattr(self, "vllm_generation", None)
+            if vllm_generation is not None:
+                logs["vllm/asleep"] = float(bool(getattr(vllm_generation, "_llm_weights_sleeping", False)))
         super().log(logs, start_time)
+
+    @property
+    def _num_parameters(self) -> int:
+        if not hasattr(self, "_cached_num_parameters"):
+            self._cached_num_parameters = sum(p.numel() for p in self.model.parameters())
+        return self._cached_num_parameters
 
     def _replace_ref_sync_callback(self) -> None:
         for callback in list(self.callback_handler.callbacks):
@@ -138,9 +152,26 @@ class _OptimizerPhaseCallback(TrainerCallback):
         self.phases.end()
 
 
-def _with_throughputs(metrics: dict[str, float]) -> dict[str, float]:
-    """Add generation tokens/s to the phase metrics."""
-    seconds = metrics.get("phase/generate/seconds", 0.0)
-    if seconds > 0 and "generate/tokens" in metrics:
-        metrics["perf/generation_tokens_per_s"] = metrics["generate/tokens"] / seconds
+# Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
+PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def with_throughputs(metrics: dict[str, float], num_parameters: int, device: torch.device) -> dict[str, float]:
+    """Add generation and training tokens/s, and training MFU, to the phase metrics.
+
+    MFU = 6 * N * training tokens / (TRAIN seconds * peak bf16 FLOP/s): the 6N per token of a forward and
+    backward pass (attention FLOPs and gradient-checkpointing recomputation not counted), against the dense
+    bf16 peak of the GPU in ``PEAK_BF16_FLOPS`` (absent for other devices).
+    """
+    generate_seconds = metrics.get("phase/generate/seconds", 0.0)
+    if generate_seconds > 0 and "generate/tokens" in metrics:
+        metrics["perf/generation_tokens_per_s"] = metrics["generate/tokens"] / generate_seconds
+    train_seconds = metrics.get("phase/train/seconds", 0.0)
+    if train_seconds > 0 and "train/tokens" in metrics:
+        metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / train_seconds
+        if device.type == "cuda":
+            name = torch.cuda.get_device_name(device)
+            peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+            if peak is not None:
+                metrics["perf/mfu"] = 6 * num_parameters * metrics["train/tokens"] / (train_seconds * peak)
     return metrics

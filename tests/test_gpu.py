@@ -1,0 +1,112 @@
+"""On a CUDA GPU with vLLM: the tiny pair trains with vLLM colocated and asleep between generations, the
+frozen models live on CPU outside their phase, and a weight sync is visible in vLLM's greedy output.
+
+Marked ``gpu``: skipped without CUDA (run on the device machine before calling GPU work done).
+"""
+
+import contextlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = ["Tom has 3 bags of 4 apples. How many apples?", "A train goes 60 km per hour for 2 hours. How far?"]
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tiny_pair, tmp_path_factory):
+    """The embedded pair saved in bfloat16, the dtype vLLM's Hopper attention kernels take."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    root = tmp_path_factory.mktemp("bf16_pair")
+    for role, path in (("teacher", tiny_pair.teacher_path), ("student", tiny_pair.student_path)):
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(root / role)
+        AutoTokenizer.from_pretrained(path).save_pretrained(root / role)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gpu_run(bf16_pair, tmp_path_factory):
+    from rlt_mono import build_trainer, compose
+
+    out = tmp_path_factory.mktemp("gpu_run")
+    cfg = compose("demo_tiny", [
+        f"output_dir={out}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
+        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm",
+        "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
+        "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2", "trainer.learning_rate=5e-3",
+        "trainer.sync_ref_model=false",
+    ])
+    trainer = build_trainer(cfg)
+    seen = []  # (model class, device while resident, bytes added to the GPU while resident)
+    resident = trainer.phases.resident
+
+    @contextlib.contextmanager
+    def spying_resident(model, writeback=False):
+        before = torch.cuda.memory_allocated()
+        with resident(model, writeback) as m:
+            seen.append((id(model), next(model.parameters()).device.type, torch.cuda.memory_allocated() - before))
+            yield m
+
+    trainer.phases.resident = spying_resident
+    trainer.teacher_reward.model_context = spying_resident
+    greedy_before = _greedy(trainer)
+    trainer.train()
+    yield trainer, out, seen, greedy_before
+
+
+def _greedy(trainer):
+    """Greedy vLLM completions of PROMPTS with the teacher's current weights pushed to vLLM."""
+    from vllm import SamplingParams
+
+    generation = trainer.vllm_generation
+    generation.sync_weights()
+    generation.llm.wake_up(tags=["kv_cache"])
+    prompts = [trainer.processing_class.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                            add_generation_prompt=True) for p in PROMPTS]
+    outputs = generation.llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)
+    generation.llm.sleep(level=2)
+    generation._llm_weights_sleeping = True
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def _all_on_cpu_pinned(model):
+    return all(p.device.type == "cpu" and p.is_pinned() for p in model.parameters())
+
+
+def test_frozen_models_live_on_cpu_outside_their_phase(gpu_run):
+    trainer, _, seen, _ = gpu_run
+    student, reference = trainer.teacher_reward.student_model, trainer.ref_model
+    assert _all_on_cpu_pinned(student) and _all_on_cpu_pinned(reference)
+    assert next(trainer.model.parameters()).device.type == "cuda"
+    for model in (student, reference):
+        uses = [(device, added) for key, device, added in seen if key == id(model)]
+        assert uses, "the model was never swapped in"
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        for device, added in uses:
+            assert device == "cuda"
+            assert added >= weight_bytes * 0.9  # its weights really were on the GPU during the phase
+
+
+def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
+    from rlt_mono.outputs import read_metrics
+
+    trainer, out, _, _ = gpu_run
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["vllm/asleep"] == 1.0
+        assert r["swap/gib"] > 0 and r["swap/seconds"] > 0
+        for phase in ("generate", "score", "train"):
+            assert r[f"phase/{phase}/seconds"] > 0
+            assert r[f"phase/{phase}/peak_allocated_gib"] > 0
+        assert r["perf/generation_tokens_per_s"] > 0 and r["perf/train_tokens_per_s"] > 0
+        assert 0 < r["perf/mfu"] < 1
+    assert trainer.vllm_generation.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
+
+
+def test_weight_sync_is_visible_in_vllm_greedy_output(gpu_run):
+    trainer, _, _, greedy_before = gpu_run
+    assert _greedy(trainer) != greedy_before
