@@ -20,6 +20,7 @@ from rlt_mono.config import ConfigError, RLTConfig
 from rlt_mono.data import DataConfig, prepare_dataset
 from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.phases import PhaseController
+from rlt_mono.placement import PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.trainer import RLTTrainer
@@ -33,11 +34,20 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     output_dir = Path(cfg.output_dir or f"outputs/{cfg.run_name}/{_timestamp()}")
     # ---- placement ------------------------------------------------------------------------------------
     use_cpu = bool(cfg.trainer.get("use_cpu", False)) or not torch.cuda.is_available()
-    device = torch.device("cpu" if use_cpu else "cuda", 0 if not use_cpu else None)
+    try:
+        placement = resolve_placement(
+            cfg.placement.mode,
+            0 if use_cpu else torch.cuda.device_count(),
+            offload_reference=cfg.placement.offload_reference,
+            offload_critic=cfg.placement.offload_student,
+        )
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+    logger.info("\n%s", placement.table())
     use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
     if use_vllm:
         ensure_single_process_distributed_env()
-    phases = PhaseController(device, offload=True, pin_memory=cfg.placement.pin_memory)
+    phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
     teacher_path = resolve_model_path(cfg.model.model_name_or_path, cfg.seed)
     student_path = resolve_model_path(cfg.student.model_name_or_path, cfg.seed)
@@ -49,7 +59,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, **_model_kwargs(cfg.model))
     student = AutoModelForCausalLM.from_pretrained(student_path, dtype=_dtype(cfg.student.dtype)).eval()
     student.requires_grad_(False)
-    phases.place(student, "student", offload=cfg.placement.offload_student)
+    phases.place(student, "student (critic)", offload=Role.CRITIC in placement.offloaded,
+                 device=placement.device(Role.CRITIC))
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
     data_config = _instantiate(DataConfig, cfg.data, "data")
@@ -90,7 +101,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         train_dataset=dataset,
         processing_class=tokenizer,
         phases=phases,
-        offload_reference=cfg.placement.offload_reference,
+        offload_reference=Role.REFERENCE in placement.offloaded,
+        critic_scorer=reward.score_students if placement.mode == "split" else None,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
         callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics)],
     )

@@ -115,13 +115,15 @@ class PhaseController:
         logger.info("%s offloaded to %s CPU memory (%.2f GiB)", name, "pinned" if self.pin_memory else "pageable",
                     _nbytes(copies) / _GIB)
 
-    def place(self, model: nn.Module, name: str, offload: bool) -> None:
-        """Put a frozen model where it lives between uses: offloaded to CPU, or resident on the device."""
+    def place(self, model: nn.Module, name: str, offload: bool, device: torch.device | str | None = None) -> None:
+        """Put a frozen model where it lives between uses: offloaded to CPU (swapped onto the compute device
+        for its phase), or resident on ``device`` (default: the compute device)."""
         if offload and self.offload:
             self.offload_model(model, name)
         else:
-            model.to(self.device)
-            logger.info("%s resident on %s", name, self.device)
+            device = torch.device(device) if device is not None else self.device
+            model.to(device)
+            logger.info("%s resident on %s", name, device)
 
     @contextlib.contextmanager
     def resident(self, model: nn.Module, writeback: bool = False) -> Iterator[nn.Module]:

@@ -7,11 +7,16 @@
   is kept so the teacher reward reuses it instead of running the teacher again.
 - ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column.
 - TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup.
+- Split placement: the student half of the reward starts on the critic's GPU right after generation and
+  runs while TRL's policy and reference passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import trl
@@ -31,6 +36,7 @@ class RLTTrainer(trl.GRPOTrainer):
         offload_reference: keep TRL's reference model on CPU between its passes.
         reuse_policy_log_probs: pass TRL's policy log-probs to the reward (valid when the reward divides the
             teacher logits by the generation temperature, as TRL does).
+        critic_scorer: ``TeacherKLReward.score_students`` when the critic has its own GPU (split placement).
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
@@ -40,10 +46,17 @@ class RLTTrainer(trl.GRPOTrainer):
         phases: PhaseController,
         offload_reference: bool = True,
         reuse_policy_log_probs: bool = True,
+        critic_scorer: Callable[[list[str], list[str], list[list[int]]], list] | None = None,
         **kwargs,
     ):
         self.phases = phases
         self.reuse_policy_log_probs = reuse_policy_log_probs
+        # Split placement: the student half of the reward, started on the critic's GPU as soon as the
+        # completions exist, overlapping TRL's policy and reference passes on the actor's GPU.
+        self.critic_scorer = critic_scorer
+        self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic") if critic_scorer else None
+        self._batch_inputs: list[dict] | None = None
+        self._critic_job: Future | None = None
         self._capturing_policy_log_probs = False
         self._policy_log_probs: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
@@ -59,18 +72,28 @@ class RLTTrainer(trl.GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         self._capturing_policy_log_probs = self.reuse_policy_log_probs
+        self._batch_inputs = inputs
         try:
             with self.phases.phase(Phase.SCORE):
                 return super()._generate_and_score_completions(inputs)
         finally:
             self._capturing_policy_log_probs = False
             self._policy_log_probs = None
+            self._batch_inputs = None
+            self._critic_job = None
 
     def _generate(self, prompts):
         with self.phases.phase(Phase.GENERATE):
             output = super()._generate(prompts)
         completion_ids = output[1]
         self.phases.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
+        if self._critic_pool is not None and self._batch_inputs is not None:
+            rows = self._batch_inputs
+            self._critic_job = self._critic_pool.submit(
+                _timed, self.critic_scorer, [r["question"] for r in rows], [r["solution"] for r in rows],
+                [list(ids) for ids in completion_ids],
+            )
+            self._actor_scoring_start = time.perf_counter()
         return output
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -101,7 +124,23 @@ class RLTTrainer(trl.GRPOTrainer):
                 {**example, "teacher_log_probs": log_probs[: len(ids)].float().cpu()}
                 for example, log_probs, ids in zip(inputs, self._policy_log_probs, completion_ids_list, strict=True)
             ]
+        if self._critic_job is not None:
+            actor_end = time.perf_counter()
+            scores, critic_start, critic_end = self._critic_job.result()
+            self._record_overlap(self._actor_scoring_start, actor_end, critic_start, critic_end)
+            inputs = [{**example, "student_scores": score} for example, score in zip(inputs, scores, strict=True)]
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _record_overlap(self, actor_start: float, actor_end: float, critic_start: float, critic_end: float) -> None:
+        """Timeline of the split SCORE phase, in seconds from the end of generation."""
+        overlapped = max(0.0, min(actor_end, critic_end) - max(actor_start, critic_start))
+        critic_seconds = critic_end - critic_start
+        for name, value in (("actor_logps_end", actor_end), ("critic_start", critic_start),
+                            ("critic_end", critic_end)):
+            self.phases.add_metric(f"timeline/{name}", value - actor_start)
+        self.phases.add_metric("overlap/critic_seconds", critic_seconds)
+        self.phases.add_metric("overlap/overlapped_seconds", overlapped)
+        self.phases.add_metric("overlap/fraction", overlapped / critic_seconds if critic_seconds > 0 else 0.0)
 
     # ---- logging ------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -154,6 +193,13 @@ class _OptimizerPhaseCallback(TrainerCallback):
 
 # Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def _timed(fn, *args):
+    """Run ``fn`` and return ``(result, start, end)`` (perf_counter seconds)."""
+    start = time.perf_counter()
+    result = fn(*args)
+    return result, start, time.perf_counter()
 
 
 def with_throughputs(metrics: dict[str, float], num_parameters: int, device: torch.device) -> dict[str, float]:

@@ -110,3 +110,26 @@ def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
 def test_weight_sync_is_visible_in_vllm_greedy_output(gpu_run):
     trainer, _, _, greedy_before = gpu_run
     assert _greedy(trainer) != greedy_before
+
+
+@pytest.mark.gpu2
+def test_split_placement_keeps_the_critic_on_gpu1_and_overlaps(bf16_pair, tmp_path):
+    from rlt_mono import build_trainer, compose, release_trainer
+    from rlt_mono.outputs import read_metrics
+
+    cfg = compose("demo_tiny", [
+        f"output_dir={tmp_path}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
+        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+        "trainer.use_cpu=false", "trainer.bf16=true", "placement=split", "placement.rollout=vllm",
+        "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
+        "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
+    ])
+    trainer = build_trainer(cfg)
+    trainer.train()
+    assert {p.device for p in trainer.teacher_reward.student_model.parameters()} == {torch.device("cuda", 1)}
+    assert {p.device for p in trainer.model.parameters()} == {torch.device("cuda", 0)}
+    assert {p.device for p in trainer.ref_model.parameters()} == {torch.device("cuda", 0)}  # resident in split
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["overlap/critic_seconds"] > 0 and 0 <= r["overlap/fraction"] <= 1 for r in rows)
+    release_trainer(trainer)

@@ -64,18 +64,28 @@ def _byte_decoder() -> dict[str, int]:
 
 def token_bytes(tokenizer: PreTrainedTokenizerBase, token_ids: list[int]) -> list[bytes]:
     """The raw bytes each token stands for, so partial UTF-8 characters are located exactly."""
-    added = tokenizer.added_tokens_decoder
-    pieces = tokenizer.convert_ids_to_tokens(token_ids)
+    table = _byte_table(tokenizer, len(tokenizer))
+    return [table[i] if i < len(table) else tokenizer.decode([i]).encode() for i in token_ids]
+
+
+@lru_cache(maxsize=8)
+def _byte_table(tokenizer: PreTrainedTokenizerBase, size: int) -> tuple[bytes, ...]:
+    """Bytes of every id, built once per tokenizer (and rebuilt if tokens are added: ``size`` changes).
+
+    Looking tokens up one call at a time costs a copy of the added-token table per call (0.4 s for a
+    vocabulary padded with 150K added tokens), so the whole vocabulary is converted once.
+    """
+    added = {i: t.content.encode() for i, t in tokenizer.added_tokens_decoder.items()}
     decoder = _byte_decoder()
-    out = []
-    for token_id, piece in zip(token_ids, pieces):
+    table = []
+    for token_id, piece in enumerate(tokenizer.convert_ids_to_tokens(list(range(size)))):
         if token_id in added:
-            out.append(added[token_id].content.encode())
+            table.append(added[token_id])
         elif piece is not None and all(ch in decoder for ch in piece):
-            out.append(bytes(decoder[ch] for ch in piece))
+            table.append(bytes(decoder[ch] for ch in piece))
         else:  # not a byte-level vocabulary: fall back to decoding the token alone
-            out.append(tokenizer.decode([token_id]).encode())
-    return out
+            table.append(tokenizer.decode([token_id]).encode())
+    return tuple(table)
 
 
 def split_explanation(

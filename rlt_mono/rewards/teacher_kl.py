@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.rewards.alignment import AlignedSample, align_sample
+from rlt_mono.rewards.alignment import AlignedSample, align_sample, token_bytes
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.rewards.maths import NORMALIZATIONS, REDUCTIONS, RewardTerms, teacher_reward_terms
 
@@ -118,6 +118,16 @@ def check_shared_vocabulary(
             )
 
 
+@dataclass(frozen=True)
+class StudentScore:
+    """The student's view of one completion: its alignment and the student log-probs of both spans,
+    ``solution_log_probs (S,)`` and ``explanation_log_probs (E,)`` (float32, CPU)."""
+
+    sample: AlignedSample
+    solution_log_probs: torch.Tensor
+    explanation_log_probs: torch.Tensor
+
+
 class TeacherKLReward:
     """RLT teacher reward; a TRL reward function (see the module docstring).
 
@@ -149,6 +159,7 @@ class TeacherKLReward:
         check_shared_vocabulary(tokenizer, student_tokenizer or tokenizer, student_model)
         self.stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
         self.last_scores: list[dict] = []
+        token_bytes(tokenizer, [])  # build the id -> bytes table now, not inside the first step
 
     @property
     def pad_token_id(self) -> int:
@@ -162,20 +173,40 @@ class TeacherKLReward:
         question: list[str],
         solution: list[str],
         teacher_log_probs: list[torch.Tensor] | None = None,
+        student_scores: list[StudentScore] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
         **_: object,
     ) -> list[float]:
+        """TRL reward call. ``student_scores`` (from ``score_students``, e.g. computed ahead on the critic's
+        GPU) and ``teacher_log_probs`` (TRL's policy log-probs) are optional precomputed inputs."""
+        if student_scores is None:
+            student_scores = self.score_students(question, solution, completion_ids)
+        samples = [s.sample for s in student_scores]
+        teacher_explanation = None
+        if self.config.include_teacher_think_entropy:
+            teacher_explanation = self._teacher_log_probs(prompts, samples, teacher_log_probs)
+        terms = self.score(
+            samples,
+            [s.solution_log_probs for s in student_scores],
+            [s.explanation_log_probs for s in student_scores],
+            teacher_explanation,
+        )
+        self._record(samples, completions, terms, log_metric)
+        return terms.total.tolist()
+
+    def score_students(
+        self, question: list[str], solution: list[str], completion_ids: list[list[int]]
+    ) -> list[StudentScore]:
+        """The student half of the reward: align every completion, then one batched student pass.
+
+        Needs no teacher output, so with a critic on its own GPU it runs while the teacher's GPU works.
+        """
         samples = [
             align_sample(self.tokenizer, self.prompt_format, q, s, list(ids), self.stop_ids)
             for q, s, ids in zip(question, solution, completion_ids, strict=True)
         ]
-        student_solution, student_explanation = self._student_log_probs(samples)
-        teacher_explanation = None
-        if self.config.include_teacher_think_entropy:
-            teacher_explanation = self._teacher_log_probs(prompts, samples, teacher_log_probs)
-        terms = self.score(samples, student_solution, student_explanation, teacher_explanation)
-        self._record(samples, completions, terms, log_metric)
-        return terms.total.tolist()
+        solution_lp, explanation_lp = self._student_log_probs(samples)
+        return [StudentScore(*row) for row in zip(samples, solution_lp, explanation_lp)]
 
     def score(
         self,
