@@ -104,12 +104,12 @@ def run_rlt(a) -> dict:
     from rlt_mono.outputs import read_metrics
 
     teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
-    out = Path(a.workdir) / f"rlt-{a.arch}"
+    out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}"
     g = common_args(a)
     overrides = [f"output_dir={out}", f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}",
                  "logging=local", "trainer.plot_metrics=false", "trainer.save_steps=100000",
                  f"+trainer.generation_kwargs={{min_tokens:{a.completion_length},ignore_eos:true}}",
-                 f"reward.micro_batch_size={a.score_micro_batch}"]
+                 f"reward.micro_batch_size={a.score_micro_batch}", f"placement={a.placement}"]
     overrides += [f"trainer.{k}={v}" for k, v in g.items() if k in (
         "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
         "max_completion_length", "optim", "vllm_gpu_memory_utilization")]
@@ -117,9 +117,12 @@ def run_rlt(a) -> dict:
     timer = StepTimer()
     trainer.add_callback(timer.callback)
     trainer.train()
-    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r][1:]
-    keys = sorted({k for r in rows for k in r if k.startswith(("phase/", "swap/", "perf/", "vllm/"))})
-    return {"mode": "rlt", "step_seconds": timer.steps, "median_step_seconds": timer.median_after_first(),
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    rows = rows[1:] if len(rows) > 1 else rows
+    prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "teacher_reward/total")
+    keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
+    return {"mode": "rlt", "placement": a.placement, "step_seconds": timer.steps,
+            "median_step_seconds": timer.median_after_first(),
             **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             "student_gib": sum(p.numel() * p.element_size() for p in trainer.teacher_reward.student_model.parameters())
             / 2**30}
@@ -206,6 +209,7 @@ def main() -> None:
     p.add_argument("--util", type=float, default=0.3)
     p.add_argument("--optim", default="adamw_bnb_8bit")
     p.add_argument("--pcie-gib", type=float, default=1.0)
+    p.add_argument("--placement", choices=["mono", "split"], default="mono", help="rlt mode: placement")
     p.add_argument("--models", type=Path, default=Path("/tmp/bench_models"))
     p.add_argument("--workdir", default="/tmp/bench_runs")
     p.add_argument("--modes", default="pcie,vllm,trl,rlt", help="for 'all': which, in order")
