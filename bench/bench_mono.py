@@ -107,7 +107,7 @@ def run_rlt(a) -> dict:
     out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}"
     g = common_args(a)
     overrides = [f"output_dir={out}", f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}",
-                 "logging=local", "trainer.plot_metrics=false", "trainer.save_steps=100000",
+                 "logging=local", "trainer.plot_metrics=false", "trainer.save_strategy=no",
                  f"+trainer.generation_kwargs={{min_tokens:{a.completion_length},ignore_eos:true}}",
                  f"reward.micro_batch_size={a.score_micro_batch}", f"placement={a.placement}"]
     overrides += [f"trainer.{k}={v}" for k, v in g.items() if k in (
@@ -165,8 +165,7 @@ def run_vllm(a) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(teacher)
     dataset, _ = prepare_dataset(DataConfig(embedded_rows=512), tokenizer, PromptFormat())
     prompts = [dataset[i]["prompt"] for i in range(a.completions // 8)]
-    llm = LLM(model=str(teacher), gpu_memory_utilization=a.util, max_num_batched_tokens=4096,
-              distributed_executor_backend="external_launcher", seed=0)
+    llm = LLM(model=str(teacher), gpu_memory_utilization=a.util, max_num_batched_tokens=4096, seed=0)
     params = SamplingParams(n=8, temperature=0.7, max_tokens=a.completion_length, min_tokens=a.completion_length,
                             ignore_eos=True)
     runs = []
