@@ -107,7 +107,7 @@ def run_rlt(a) -> dict:
     out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}"
     g = common_args(a)
     overrides = [f"output_dir={out}", f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}",
-                 "logging=local", "trainer.plot_metrics=false", "trainer.save_strategy=no",
+                 "logging=local", "trainer.plot_metrics=false", "+trainer.save_strategy=no",
                  f"+trainer.generation_kwargs={{min_tokens:{a.completion_length},ignore_eos:true}}",
                  f"reward.micro_batch_size={a.score_micro_batch}", f"placement={a.placement}"]
     overrides += [f"trainer.{k}={v}" for k, v in g.items() if k in (
