@@ -18,7 +18,7 @@ esac
 case "$config" in *.yaml|*.yml) config_file=$config ;; *) config_file=$here/cfgs/run_cfg/${config#run_cfg/}.yaml ;; esac
 placement=$(sed -n 's|^ *- /placement: *\([a-z_]*\).*|\1|p' "$config_file" 2>/dev/null | head -1)
 for arg in "$@"; do
-  case "$arg" in placement=*) placement=${arg#placement=} ;; esac
+  case "$arg" in placement=*) placement=${arg#placement=} ;; placement.mode=*) placement=${arg#placement.mode=} ;; esac
 done
 if [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && command -v nvidia-smi >/dev/null 2>&1; then
   gpus=$(nvidia-smi -L | wc -l)

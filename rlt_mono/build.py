@@ -31,6 +31,11 @@ EMBEDDED_PREFIX = "embedded:"
 
 def build_trainer(cfg: DictConfig) -> RLTTrainer:
     """Build the trainer a run config describes. Errors the user can fix raise ``ConfigError``."""
+    if cfg.resume_from_checkpoint is True and not cfg.output_dir:
+        raise ConfigError(
+            "resume_from_checkpoint=true resumes from the newest checkpoint in output_dir, but output_dir is null "
+            "(a new folder each run): set output_dir=<the run's folder>, or resume_from_checkpoint=<checkpoint path>"
+        )
     output_dir = Path(cfg.output_dir or f"outputs/{cfg.run_name}/{_timestamp()}")
     # ---- placement ------------------------------------------------------------------------------------
     use_cpu = bool(cfg.trainer.get("use_cpu", False)) or not torch.cuda.is_available()
@@ -90,6 +95,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
             prompt_format=prompt_format,
             student_tokenizer=student_tokenizer,
             model_context=phases.resident,
+            stop_token_ids=_stop_token_ids(teacher, tokenizer),
+            names=(str(teacher_path), str(student_path)),
         )
     except ValueError as err:
         raise ConfigError(str(err)) from err
@@ -102,7 +109,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         processing_class=tokenizer,
         phases=phases,
         offload_reference=Role.REFERENCE in placement.offloaded,
-        critic_scorer=reward.score_students if placement.mode == "split" else None,
+        critic_reward=reward if placement.mode == "split" else None,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
         callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics)],
     )
@@ -114,17 +121,28 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
 
 
 def release_trainer(trainer: RLTTrainer) -> None:
-    """Free what a trainer holds (vLLM engine, models, optimizer, CUDA cache) so the next build fits."""
-    vllm_generation = getattr(trainer, "vllm_generation", None)
-    if vllm_generation is not None and getattr(vllm_generation, "llm", None) is not None:
-        vllm_generation.llm = None
+    """Free what a trainer holds (vLLM engine, models, optimizer, pinned copies, CUDA cache) so the next
+    build in the same process fits."""
+    trainer.close()
     trainer.accelerator.free_memory()
-    for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward"):
+    for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
+                 "vllm_generation", "critic_reward"):
         if hasattr(trainer, name):
             setattr(trainer, name, None)
     trainer.reward_funcs = []
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, RunFilesCallback):
+            callback.reward = None
+    trainer.phases.forget()
     gc.collect()
     trainer.phases.empty_cache()
+
+
+def _stop_token_ids(model, tokenizer) -> set[int]:
+    """Ids that end a completion: the generation config's eos id(s), the tokenizer's eos and pad."""
+    eos = model.generation_config.eos_token_id
+    ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    return {i for i in ids if i is not None}
 
 
 def resolve_model_path(name_or_path: str, seed: int) -> str:

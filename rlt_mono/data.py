@@ -1,10 +1,11 @@
 """Rows in, teacher prompts out.
 
-A row has ``question`` and ``solution`` strings and optionally ``reasoning_trace`` (used by an SFT warm-up,
-passed through here). Rows come from the embedded synthetic set, a local ``.jsonl``/``.json``/``.parquet``/
-``.csv`` file, or a hub dataset id. Each becomes a TRL example whose ``prompt`` is the teacher chat rendered
-with the teacher's chat template up to the prefilled ``<|begin_of_explanation|>`` (a plain string, so TRL
-tokenizes it as is and generation continues the assistant turn), plus the columns the reward reads.
+A row has ``question`` and ``solution`` strings and optionally ``reasoning_trace`` (the explanation target
+of an SFT warm-up stage; validated here, not used by GRPO). Rows come from the embedded synthetic set, a
+local ``.jsonl``/``.json``/``.parquet``/``.csv`` file, or a hub dataset id. Each becomes a TRL example whose
+``prompt`` is the teacher chat rendered with the teacher's chat template up to the prefilled
+``<|begin_of_explanation|>`` (a plain string, so TRL tokenizes it as is and generation continues the
+assistant turn), plus the columns the reward reads.
 """
 
 from __future__ import annotations

@@ -106,11 +106,11 @@ class PhaseController:
         if not self.offload:
             return
         copies = {}
-        for key, tensor in _tensors(model):
+        for key, tensor in _tensors(model):  # one tensor at a time: at most one extra copy alive
             cpu = tensor.detach().to("cpu")
             copies[key] = cpu.pin_memory() if self.pin_memory else cpu
+            tensor.data = copies[key]
         self._cpu_copies[id(model)] = copies
-        self._point_at(model, copies)
         self.empty_cache()
         logger.info("%s offloaded to %s CPU memory (%.2f GiB)", name, "pinned" if self.pin_memory else "pageable",
                     _nbytes(copies) / _GIB)
@@ -147,6 +147,10 @@ class PhaseController:
                 nbytes = _nbytes(copies)
             self._point_at(model, copies)
             self._count_swap(start, nbytes)
+
+    def forget(self) -> None:
+        """Drop the pinned CPU copies (the models that used them are being released)."""
+        self._cpu_copies.clear()
 
     def empty_cache(self) -> None:
         if self.device.type == "cuda":

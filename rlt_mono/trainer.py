@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -24,6 +23,7 @@ from transformers import TrainerCallback
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from rlt_mono.phases import Phase, PhaseController
+from rlt_mono.rewards import TeacherKLReward
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,8 @@ class RLTTrainer(trl.GRPOTrainer):
         offload_reference: keep TRL's reference model on CPU between its passes.
         reuse_policy_log_probs: pass TRL's policy log-probs to the reward (valid when the reward divides the
             teacher logits by the generation temperature, as TRL does).
-        critic_scorer: ``TeacherKLReward.score_students`` when the critic has its own GPU (split placement).
+        critic_reward: the ``TeacherKLReward`` whose student has its own GPU (split placement): its student pass
+            starts on a worker thread as soon as the completions exist.
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
@@ -46,15 +47,15 @@ class RLTTrainer(trl.GRPOTrainer):
         phases: PhaseController,
         offload_reference: bool = True,
         reuse_policy_log_probs: bool = True,
-        critic_scorer: Callable[[list[str], list[str], list[list[int]]], list] | None = None,
+        critic_reward: TeacherKLReward | None = None,
         **kwargs,
     ):
         self.phases = phases
         self.reuse_policy_log_probs = reuse_policy_log_probs
         # Split placement: the student half of the reward, started on the critic's GPU as soon as the
         # completions exist, overlapping TRL's policy and reference passes on the actor's GPU.
-        self.critic_scorer = critic_scorer
-        self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic") if critic_scorer else None
+        self.critic_reward = critic_reward
+        self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic") if critic_reward else None
         self._batch_inputs: list[dict] | None = None
         self._critic_job: Future | None = None
         self._capturing_policy_log_probs = False
@@ -65,7 +66,14 @@ class RLTTrainer(trl.GRPOTrainer):
             self._replace_ref_sync_callback()
         self.add_callback(_OptimizerPhaseCallback(phases))
         self._train_tokens = torch.zeros((), dtype=torch.long, device=self.accelerator.device)
-        if self.use_vllm and self.args.vllm_mode == "colocate" and self.accelerator.num_processes == 1:
+        # TRL 1.16's colocated sync hands vLLM one tensor per load_weights call; replace it where its internals
+        # are the ones this was written against (drop when TRL batches the call).
+        if (
+            self.use_vllm
+            and self.args.vllm_mode == "colocate"
+            and self.accelerator.num_processes == 1
+            and hasattr(self.vllm_generation, "_iter_named_params")
+        ):
             self.vllm_generation.sync_weights = self._sync_weights_in_one_call
 
     # ---- phases -------------------------------------------------------------------------------------
@@ -92,10 +100,10 @@ class RLTTrainer(trl.GRPOTrainer):
         self.phases.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
         if self._critic_pool is not None and self._batch_inputs is not None:
             rows = self._batch_inputs
-            self._critic_job = self._critic_pool.submit(
-                _timed, self.critic_scorer, [r["question"] for r in rows], [r["solution"] for r in rows],
-                [list(ids) for ids in completion_ids],
-            )
+            # Alignment uses the tokenizer, which is not thread-safe: done here; only the forward goes to the worker.
+            samples = self.critic_reward.align([r["question"] for r in rows], [r["solution"] for r in rows],
+                                               [list(ids) for ids in completion_ids])
+            self._critic_job = self._critic_pool.submit(_timed, self.critic_reward.student_pass, samples)
             self._actor_scoring_start = time.perf_counter()
         return output
 
@@ -125,8 +133,10 @@ class RLTTrainer(trl.GRPOTrainer):
             with self.phases.resident(self.ref_model):
                 return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        # The first no-grad policy pass of a generation batch is TRL's old_per_token_logps. (A PEFT reference
-        # pass would also run self.model, but only after it; we never run PEFT with a reference-less setup.)
+        # The first no-grad policy pass of a generation batch is TRL's old_per_token_logps (computed by TRL 1.16
+        # with vLLM importance sampling, or when generation and optimizer steps are misaligned; otherwise the
+        # reward runs the teacher itself). rlt_mono never trains PEFT adapters, whose reference pass would also
+        # run self.model.
         if (
             self._capturing_policy_log_probs
             and self._policy_log_probs is None
@@ -160,11 +170,18 @@ class RLTTrainer(trl.GRPOTrainer):
         self.phases.add_metric("overlap/overlapped_seconds", overlapped)
         self.phases.add_metric("overlap/fraction", overlapped / critic_seconds if critic_seconds > 0 else 0.0)
 
+    def close(self) -> None:
+        """Stop the critic worker thread (``release_trainer`` calls this)."""
+        if self._critic_pool is not None:
+            self._critic_pool.shutdown(wait=True)
+            self._critic_pool = None
+
     # ---- logging ------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
-            self.phases.add_metric("train/tokens", float(self._train_tokens))
-            self._train_tokens.zero_()
+            if tokens := float(self._train_tokens):  # zero in the end-of-training summary log
+                self.phases.add_metric("train/tokens", tokens)
+                self._train_tokens.zero_()
             logs.update(with_throughputs(self.phases.pop_metrics(), self._num_parameters, self.phases.device))
             vllm_generation = getattr(self, "vllm_generation", None)
             if vllm_generation is not None:

@@ -5,6 +5,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlt_mono import build_trainer, compose, release_trainer
@@ -79,3 +80,10 @@ def test_launcher_errors_are_one_clear_line():
     assert missing.returncode == 2
     assert missing.stderr.strip() == f"error: config file cfgs/run_cfg/nope.yaml does not exist " \
                                      f"(configs are in {ROOT}/cfgs/run_cfg/)"
+
+
+def test_resume_true_without_output_dir_is_a_config_error():
+    from rlt_mono.config import ConfigError
+
+    with pytest.raises(ConfigError, match="resume_from_checkpoint=true resumes from the newest checkpoint"):
+        build_trainer(compose("demo_tiny", ["resume_from_checkpoint=true"]))

@@ -7,6 +7,8 @@ a 4K-token completion with a 152K vocabulary never builds a ``(B, T, V)`` tensor
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -55,7 +57,9 @@ def range_log_probs(
             input_ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
             attention_mask[row, : len(sequences[i])] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (b, T, H)
+        with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        # hidden: (b, T, H)
         for row, i in enumerate(chunk):
             start, end = ranges[i]
             parts = []

@@ -114,7 +114,8 @@ def check_shared_vocabulary(
         if rows < len(teacher_tokenizer):
             raise ValueError(
                 f"The student ({student_name}) has {rows} embedding rows but the tokenizer has "
-                f"{len(teacher_tokenizer)} tokens; the student cannot read every teacher token."
+                f"{len(teacher_tokenizer)} tokens; the student cannot read every teacher token. Use a student "
+                "whose embedding table covers the teacher's tokenizer (resize_token_embeddings before saving it)."
             )
 
 
@@ -148,6 +149,8 @@ class TeacherKLReward:
         prompt_format: PromptFormat | None = None,
         student_tokenizer: PreTrainedTokenizerBase | None = None,
         model_context: ModelContext | None = None,
+        stop_token_ids: set[int] | None = None,
+        names: tuple[str, str] = ("teacher", "student"),
     ):
         self.config = config or TeacherRewardConfig()
         self.student_model = student_model.eval()
@@ -156,8 +159,11 @@ class TeacherKLReward:
         self.prompt_format = prompt_format or PromptFormat()
         self.teacher_temperature = teacher_temperature if self.config.unbias_teacher_log_probs else 1.0
         self.model_context = model_context or (lambda model: contextlib.nullcontext())
-        check_shared_vocabulary(tokenizer, student_tokenizer or tokenizer, student_model)
-        self.stop_ids = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        check_shared_vocabulary(tokenizer, student_tokenizer or tokenizer, student_model,
+                                teacher_name=names[0], student_name=names[1])
+        default_stops = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
+        self.stop_ids = stop_token_ids if stop_token_ids is not None else default_stops
+        self._logged_teacher_pass = False
         self.last_scores: list[dict] = []
         token_bytes(tokenizer, [])  # build the id -> bytes table now, not inside the first step
 
@@ -197,14 +203,19 @@ class TeacherKLReward:
     def score_students(
         self, question: list[str], solution: list[str], completion_ids: list[list[int]]
     ) -> list[StudentScore]:
-        """The student half of the reward: align every completion, then one batched student pass.
+        """The student half of the reward: align every completion, then one batched student pass."""
+        return self.student_pass(self.align(question, solution, completion_ids))
 
-        Needs no teacher output, so with a critic on its own GPU it runs while the teacher's GPU works.
-        """
-        samples = [
+    def align(self, question: list[str], solution: list[str], completion_ids: list[list[int]]) -> list[AlignedSample]:
+        """Token alignment of every completion (tokenizer work: keep it on the calling thread)."""
+        return [
             align_sample(self.tokenizer, self.prompt_format, q, s, list(ids), self.stop_ids)
             for q, s, ids in zip(question, solution, completion_ids, strict=True)
         ]
+
+    def student_pass(self, samples: list[AlignedSample]) -> list[StudentScore]:
+        """One batched student pass over aligned samples. Needs no teacher output and no tokenizer, so with a
+        critic on its own GPU it runs on a worker thread while the teacher's GPU works."""
         solution_lp, explanation_lp = self._student_log_probs(samples)
         return [StudentScore(*row) for row in zip(samples, solution_lp, explanation_lp)]
 
@@ -275,8 +286,14 @@ class TeacherKLReward:
         if missing:
             if self.teacher_model is None:
                 raise ValueError(
-                    "TeacherKLReward needs teacher log-probs: pass teacher_model=... or the teacher_log_probs column"
+                    f"TeacherKLReward needs teacher log-probs for {len(missing)} completions (none given, or "
+                    "re-tokenized ones): pass teacher_model=... or the teacher_log_probs column"
                 )
+            if not self._logged_teacher_pass:
+                logger.info("teacher log-probs not provided by the trainer for %d completions: running the "
+                            "teacher (TRL computes them only with vLLM importance sampling or when generation "
+                            "and optimizer steps are misaligned)", len(missing))
+                self._logged_teacher_pass = True
             prompt_ids = [self.tokenizer(prompts[i])["input_ids"] for i in missing]
             with self.model_context(self.teacher_model):
                 computed = range_log_probs(
