@@ -85,10 +85,6 @@ class PhaseController:
         finally:
             self.end()
 
-    @property
-    def current(self) -> Phase | None:
-        return self._stack[-1].phase if self._stack else None
-
     def add_metric(self, name: str, value: float) -> None:
         """Accumulate a per-step quantity (e.g. generated tokens) reported with the phase metrics."""
         self._metrics[name] += value
