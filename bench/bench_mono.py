@@ -162,7 +162,7 @@ def run_rlt(a) -> dict:
 
     apply_cap(a)
     teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
-    out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}"
+    out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}-{os.getpid()}"
     g = common_args(a)
     overrides = [f"output_dir={out}", f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}",
                  "logging=local", "trainer.plot_metrics=false", "+trainer.save_strategy=no",
@@ -170,7 +170,7 @@ def run_rlt(a) -> dict:
                  "++trainer.generation_kwargs.ignore_eos=true",
                  f"reward.micro_batch_size={a.score_micro_batch}", f"placement={a.placement}"]
     if a.detokenize is not None:
-        overrides.append(f"++trainer.generation_kwargs.detokenize={a.detokenize}")
+        overrides.append(f"trainer.vllm_detokenize={a.detokenize}")
     overrides += [f"trainer.{k}={v}" for k, v in g.items() if k in (
         "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
         "max_completion_length", "optim", "vllm_gpu_memory_utilization")]
@@ -207,12 +207,15 @@ def run_trl(a) -> dict:
 
     args = trl.GRPOConfig(output_dir=str(Path(a.workdir) / f"trl-{a.arch}"), model_init_kwargs={"dtype": "bfloat16"},
                           **common_args(a))
+    if a.detokenize is not None:
+        args.generation_kwargs["detokenize"] = a.detokenize == "true"
     timer = StepTimer()
     trainer = trl.GRPOTrainer(model=str(teacher), reward_funcs=constant_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer.callback])
     timer.wrap_generation(trainer)
     trainer.train()
-    return {"mode": "trl", **timer.summary(), "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {"mode": "trl", "detokenize": a.detokenize, **timer.summary(),
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def run_vllm(a, mode: str = "vllm") -> dict:
@@ -316,7 +319,8 @@ def main() -> None:
     p.add_argument("--models", type=Path, default=Path("/tmp/bench_models"))
     p.add_argument("--workdir", default="/tmp/bench_runs")
     p.add_argument("--modes", default="pcie,vllm,trl,rlt", help="for 'all': which, in order")
-    p.add_argument("--detokenize", choices=["true", "false"], help="rlt mode: vLLM detokenization (default: config)")
+    p.add_argument("--detokenize", choices=["true", "false"],
+                   help="rlt, trl: vLLM detokenization (default: rlt_mono's config; TRL's default)")
     p.add_argument("--cap-gib", type=float, help="rlt mode: cap on torch-allocated GPU memory (vLLM's included)")
     p.add_argument("--vllm-gib", type=float, help="rlt mode: vLLM's share; overrides --util")
     p.add_argument("--micro-batches", default="2,4,8,16", help="envelope: micro-batches to try, increasing")

@@ -37,6 +37,13 @@ class RLTConfig(trl.GRPOConfig):
         default=True,
         metadata={"help": "Write reward_components.png (reward components and phase timings over steps)."},
     )
+    vllm_detokenize: bool = field(
+        default=False,
+        metadata={
+            "help": "Let vLLM detokenize completions. TRL reads only their token ids, so rlt_mono turns it off "
+            "(vLLM's SamplingParams.detokenize); stop strings in generation_kwargs need it on."
+        },
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -44,6 +51,13 @@ class RLTConfig(trl.GRPOConfig):
             raise ValueError(
                 f"explanation_samples_per_step must be >= 0, got {self.explanation_samples_per_step}"
             )
+        if self.use_vllm:
+            self.generation_kwargs = {"detokenize": self.vllm_detokenize, **(self.generation_kwargs or {})}
+            if self.generation_kwargs.get("stop") and not self.generation_kwargs["detokenize"]:
+                raise ValueError(
+                    "generation_kwargs.stop holds stop strings, which vLLM matches on detokenized text: set "
+                    "trainer.vllm_detokenize=true (or stop on token ids with generation_kwargs.stop_token_ids)"
+                )
 
 
 class ConfigError(ValueError):

@@ -53,9 +53,20 @@ def test_overrides_and_errors():
 
 def test_rlt_fields_do_not_shadow_grpo_config():
     ours = {f.name for f in dataclasses.fields(RLTConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    assert ours == {"explanation_samples_per_step", "plot_metrics"}
+    assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize"}
     with pytest.raises(ValueError, match="explanation_samples_per_step must be >= 0"):
         RLTConfig(output_dir="/tmp/x", explanation_samples_per_step=-1, use_cpu=True)
+
+
+def test_vllm_rollouts_skip_detokenization_unless_stop_strings_need_it():
+    args = RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, generation_kwargs={"min_tokens": 3})
+    assert args.generation_kwargs == {"detokenize": False, "min_tokens": 3}
+    args = RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, vllm_detokenize=True)
+    assert args.generation_kwargs == {"detokenize": True}
+    # transformers rollouts: GenerationConfig has no such flag, nothing is added
+    assert RLTConfig(output_dir="/tmp/x", use_cpu=True).generation_kwargs is None
+    with pytest.raises(ValueError, match="trainer.vllm_detokenize=true"):
+        RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, generation_kwargs={"stop": ["</think>"]})
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIG_DIR)))
