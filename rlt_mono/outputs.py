@@ -22,13 +22,33 @@ PLOT_FILE = "reward_components.png"
 
 
 class RunFilesCallback(TrainerCallback):
-    """Appends metrics and explanation samples at every log; draws the plot at the end of training."""
+    """Appends metrics and explanation samples at every log; draws the plot at the end of training.
+
+    On a resume, rows of the steps after the checkpoint (which are about to run again) are dropped first, so each
+    step appears once.
+    """
 
     def __init__(self, output_dir: str | Path, reward=None, samples_per_step: int = 4, plot: bool = True):
         self.output_dir = Path(output_dir)
         self.reward = reward
         self.samples_per_step = samples_per_step
         self.plot = plot
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or state.global_step == 0:
+            return
+        for name in (METRICS_FILE, SAMPLES_FILE):
+            path = self.output_dir / name
+            if not path.exists():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= state.global_step]
+            if len(kept) < len(lines):
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text("".join(kept))
+                tmp.replace(path)
+                logger.info("resuming at step %d: dropped %d rows of later steps from %s",
+                            state.global_step, len(lines) - len(kept), path)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:

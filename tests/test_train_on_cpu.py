@@ -46,12 +46,16 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
     assert (out / "config.yaml").read_text().count("max_steps: 2") == 1
     release_trainer(trainer)
 
+    # resume from the first checkpoint, as after a crash in step 2: step 2 runs again and is recorded once
     resumed_cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3",
-                                        f"resume_from_checkpoint={out / 'checkpoint-2'}"])
+                                        f"resume_from_checkpoint={out / 'checkpoint-1'}"])
     resumed = build_trainer(resumed_cfg)
     resumed.train(resume_from_checkpoint=resumed_cfg.resume_from_checkpoint)
     assert resumed.state.global_step == 3
-    assert [r["step"] for r in _step_rows(out)] == [1, 2, 3]  # one new step, none redone
+    assert [r["step"] for r in _step_rows(out)] == [1, 2, 3]
+    samples = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
+    assert [s["step"] for s in samples] == [step for step in (1, 2, 3)
+                                            for _ in range(cfg.trainer.explanation_samples_per_step)]
     release_trainer(resumed)
 
 
