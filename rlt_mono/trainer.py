@@ -6,7 +6,8 @@
   policy's own no-grad pass over the fresh completions (TRL's ``old_per_token_logps``, temperature-scaled)
   is kept so the teacher reward reuses it instead of running the teacher again.
 - ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column.
-- TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup.
+- TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup; once a
+  mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
 - Split placement: the student half of the reward starts on the critic's GPU right after generation and
   runs while TRL's policy and reference passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 """
@@ -14,18 +15,23 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import safetensors.torch
 import torch
 import trl
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from rlt_mono.phases import Phase, PhaseController
 from rlt_mono.rewards import TeacherKLReward
 
 logger = logging.getLogger(__name__)
+
+REFERENCE_FILE = "reference_model.safetensors"
 
 
 class RLTTrainer(trl.GRPOTrainer):
@@ -176,6 +182,30 @@ class RLTTrainer(trl.GRPOTrainer):
             self._critic_pool.shutdown(wait=True)
             self._critic_pool = None
 
+    # ---- checkpoints: the mixed reference --------------------------------------------------------------
+    def _reference_is_mixed(self, step: int) -> bool:
+        return self.ref_model is not None and self.args.sync_ref_model and step >= self.args.ref_model_sync_steps
+
+    def _save_checkpoint(self, model, trial):
+        # Written first, so a checkpoint with a trainer_state.json never lacks it.
+        if self._reference_is_mixed(self.state.global_step) and self.args.should_save:
+            checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = os.path.join(self._get_output_dir(trial=trial), checkpoint)
+            os.makedirs(folder, exist_ok=True)
+            safetensors.torch.save_model(self.ref_model, os.path.join(folder, REFERENCE_FILE))
+        super()._save_checkpoint(model, trial)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        path = os.path.join(resume_from_checkpoint, REFERENCE_FILE)
+        if self.ref_model is not None and os.path.exists(path):
+            # Copies into the existing (pinned CPU or GPU) tensors.
+            safetensors.torch.load_model(self.ref_model, path, device=str(next(self.ref_model.parameters()).device))
+            logger.info("reference model restored from %s", path)
+        elif self._reference_is_mixed(_checkpoint_step(resume_from_checkpoint)):
+            logger.warning("%s has no %s: the reference restarts from the initial weights, not the mixed ones",
+                           resume_from_checkpoint, REFERENCE_FILE)
+
     # ---- logging ------------------------------------------------------------------------------------
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
@@ -230,6 +260,12 @@ class _OptimizerPhaseCallback(TrainerCallback):
 
 # Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+
+
+def _checkpoint_step(folder: str) -> int:
+    """The global step of a ``checkpoint-<step>`` folder (0 when the name says otherwise)."""
+    suffix = os.path.basename(os.path.normpath(folder)).removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
+    return int(suffix) if suffix.isdigit() else 0
 
 
 def _timed(fn, *args):

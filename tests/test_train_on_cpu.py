@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.outputs import METRICS_FILE, PLOT_FILE, SAMPLES_FILE, read_metrics
+from rlt_mono.trainer import REFERENCE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +22,8 @@ def _step_rows(out):
 
 def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
     out = tmp_path / "run"
-    cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1"])
+    cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1",
+                                "trainer.ref_model_sync_steps=1"])
     trainer = build_trainer(cfg)
     teacher_before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     student = trainer.teacher_reward.student_model
@@ -45,6 +48,17 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
     assert (out / "checkpoint-2" / "trainer_state.json").exists()
     assert (out / "config.yaml").read_text().count("max_steps: 2") == 1
     release_trainer(trainer)
+
+    # the mixed reference of step 1 is in checkpoint-1 and comes back on resume (no step runs: max_steps=1)
+    saved_reference = load_file(out / "checkpoint-1" / REFERENCE_FILE)
+    restored = build_trainer(compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=1"]))
+    initial = {n: p.detach().clone() for n, p in restored.ref_model.named_parameters()}
+    restored.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    for name, param in restored.ref_model.named_parameters():
+        if name in saved_reference:
+            assert torch.equal(param.detach(), saved_reference[name]), name
+    assert not all(torch.equal(p.detach(), initial[n]) for n, p in restored.ref_model.named_parameters())
+    release_trainer(restored)
 
     # resume from the first checkpoint, as after a crash in step 2: step 2 runs again and is recorded once
     resumed_cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3",
