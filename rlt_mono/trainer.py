@@ -22,7 +22,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import safetensors.torch
 import torch
 import trl
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.trainer.callbacks import SyncRefModelCallback
 
@@ -202,7 +203,9 @@ class RLTTrainer(trl.GRPOTrainer):
             # Copies into the existing (pinned CPU or GPU) tensors.
             safetensors.torch.load_model(self.ref_model, path, device=str(next(self.ref_model.parameters()).device))
             logger.info("reference model restored from %s", path)
-        elif self._reference_is_mixed(_checkpoint_step(resume_from_checkpoint)):
+        elif self._reference_is_mixed(
+            TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
+        ):
             logger.warning("%s has no %s: the reference restarts from the initial weights, not the mixed ones",
                            resume_from_checkpoint, REFERENCE_FILE)
 
@@ -260,12 +263,6 @@ class _OptimizerPhaseCallback(TrainerCallback):
 
 # Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
-
-
-def _checkpoint_step(folder: str) -> int:
-    """The global step of a ``checkpoint-<step>`` folder (0 when the name says otherwise)."""
-    suffix = os.path.basename(os.path.normpath(folder)).removeprefix(f"{PREFIX_CHECKPOINT_DIR}-")
-    return int(suffix) if suffix.isdigit() else 0
 
 
 def _timed(fn, *args):
