@@ -75,6 +75,11 @@ def make_model(arch: str, role: str, root: Path, seed: int) -> Path:
     return path
 
 
+def after_first(items: list) -> list:
+    """All but the first (warm-up) step, unless there is only one."""
+    return items[1:] if len(items) > 1 else items
+
+
 class StepTimer:
     """Wall time of each optimizer step, and the seconds spent in wrapped calls during it."""
 
@@ -125,10 +130,9 @@ class StepTimer:
         self.wrap(trainer, "_tokenize_prompts")
 
     def summary(self) -> dict:
-        after_first = self.steps[1:] if len(self.steps) > 1 else self.steps
-        calls = self.calls[1:] if len(self.calls) > 1 else self.calls
+        calls = after_first(self.calls)
         keys = sorted({k for c in calls for k in c})
-        return {"step_seconds": self.steps, "median_step_seconds": statistics.median(after_first),
+        return {"step_seconds": self.steps, "median_step_seconds": statistics.median(after_first(self.steps)),
                 **{f"calls/{k}": statistics.median(c.get(k, 0.0) for c in calls) for k in keys}}
 
 
@@ -179,8 +183,7 @@ def run_rlt(a) -> dict:
     trainer.add_callback(timer.callback)
     timer.wrap_generation(trainer)
     trainer.train()
-    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
-    rows = rows[1:] if len(rows) > 1 else rows
+    rows = after_first([r for r in read_metrics(out / "metrics.jsonl") if "reward" in r])
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     return {"mode": "rlt", "placement": a.placement, "detokenize": a.detokenize, **timer.summary(),
@@ -272,7 +275,7 @@ def run_pcie(a) -> dict:
         device.copy_(host, non_blocking=True)
         torch.cuda.synchronize()
         runs.append(n_bytes / 2**30 / (time.perf_counter() - start))
-    return {"mode": "pcie", "h2d_gib_per_s_runs": runs, "h2d_gib_per_s": statistics.median(runs[1:])}
+    return {"mode": "pcie", "h2d_gib_per_s_runs": runs, "h2d_gib_per_s": statistics.median(after_first(runs))}
 
 
 MODES = {"rlt": run_rlt, "trl": run_trl, "vllm": run_vllm, "vllm_inproc": run_vllm_inproc, "pcie": run_pcie}
