@@ -8,18 +8,29 @@ Notebook use::
     trainer.train()
     trainer.teacher_reward.last_scores   # the last batch of explanations with their reward breakdown
     rlt_mono.release_trainer(trainer)    # free memory before the next build
+
+Names are imported on first use, so ``python -m rlt_mono.train --help`` and config errors need no torch.
 """
 
-from rlt_mono.build import build_trainer, release_trainer
-from rlt_mono.config import ConfigError, RLTConfig, compose
-from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "RLTConfig",
-    "TeacherKLReward",
-    "TeacherRewardConfig",
-    "build_trainer",
-    "compose",
-    "release_trainer",
-]
+import importlib
+
+_EXPORTS = {
+    "ConfigError": "rlt_mono.config",
+    "compose": "rlt_mono.config",
+    "UserError": "rlt_mono.errors",
+    "RLTConfig": "rlt_mono.grpo_config",
+    "TeacherKLReward": "rlt_mono.rewards",
+    "TeacherRewardConfig": "rlt_mono.rewards",
+    "build_trainer": "rlt_mono.build",
+    "release_trainer": "rlt_mono.build",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rlt_mono' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

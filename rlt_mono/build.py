@@ -1,12 +1,12 @@
 """Wiring: a composed config in, a ready ``RLTTrainer`` out (used by the CLI and by notebooks).
 
-Reads top to bottom: placement -> models -> data -> reward -> trainer -> outputs.
+Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
+-> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
+model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import gc
 import logging
 import os
 import socket
@@ -16,8 +16,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono.config import ConfigError, RLTConfig
+from rlt_mono import checkpoints
+from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, prepare_dataset
+from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.phases import PhaseController
 from rlt_mono.placement import PlacementError, Role, resolve_placement
@@ -30,13 +32,14 @@ EMBEDDED_PREFIX = "embedded:"
 
 
 def build_trainer(cfg: DictConfig) -> RLTTrainer:
-    """Build the trainer a run config describes. Errors the user can fix raise ``ConfigError``."""
-    if cfg.resume_from_checkpoint is True and not cfg.output_dir:
-        raise ConfigError(
-            "resume_from_checkpoint=true resumes from the newest checkpoint in output_dir, but output_dir is null "
-            "(a new folder each run): set output_dir=<the run's folder>, or resume_from_checkpoint=<checkpoint path>"
-        )
-    output_dir = Path(cfg.output_dir or f"outputs/{cfg.run_name}/{_timestamp()}")
+    """Build the trainer a run config describes. Errors the user can fix raise ``UserError``.
+
+    The verified checkpoint to resume from (``resume_from_checkpoint``) is ``trainer.resume_checkpoint``:
+    pass it to ``trainer.train(resume_from_checkpoint=...)``.
+    """
+    resuming = cfg.resume_from_checkpoint not in (None, False)
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_name, resuming=resuming,
+                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- placement ------------------------------------------------------------------------------------
     use_cpu = bool(cfg.trainer.get("use_cpu", False)) or not torch.cuda.is_available()
     try:
@@ -50,41 +53,35 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
     use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
+    # ---- typed configs: every value checked before a model loads ---------------------------------------
+    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
+                          report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+    args = instantiate(RLTConfig, trainer_kwargs, "trainer")
+    reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+    data_config = instantiate(DataConfig, cfg.data, "data")
+    resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps)
+    checkpoints.remove_stale_staging(output_dir)
     if use_vllm:
         ensure_single_process_distributed_env()
+    if "wandb" in args.report_to:
+        os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)
+        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
     phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
-    teacher_path = resolve_model_path(cfg.model.model_name_or_path, cfg.seed)
-    student_path = resolve_model_path(cfg.student.model_name_or_path, cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(teacher_path)
-    if tokenizer.pad_token is None:
-        logger.info("tokenizer has no pad token: using eos %r", tokenizer.eos_token)
-        tokenizer.pad_token = tokenizer.eos_token
-    student_tokenizer = AutoTokenizer.from_pretrained(student_path)
-    teacher = AutoModelForCausalLM.from_pretrained(teacher_path, **_model_kwargs(cfg.model))
-    student = AutoModelForCausalLM.from_pretrained(student_path, dtype=_dtype(cfg.student.dtype)).eval()
+    teacher_path = resolve_model_path(cfg.model.model_name_or_path, cfg.seed, "model.model_name_or_path")
+    student_path = resolve_model_path(cfg.student.model_name_or_path, cfg.seed, "student.model_name_or_path")
+    tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
+    student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
+    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
+    student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
     phases.place(student, "student (critic)", offload=Role.CRITIC in placement.offloaded,
                  device=placement.device(Role.CRITIC))
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
-    data_config = _instantiate(DataConfig, cfg.data, "data")
     dataset, _ = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed)
-    # ---- trainer arguments ----------------------------------------------------------------------------
-    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_kwargs.update(
-        output_dir=str(output_dir),
-        run_name=cfg.run_name,
-        seed=cfg.seed,
-        report_to=list(cfg.logging.report_to),
-        use_vllm=use_vllm,
-    )
-    if "wandb" in trainer_kwargs["report_to"]:
-        os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)
-        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
-    args = _instantiate(RLTConfig, trainer_kwargs, "trainer")
     # ---- reward ---------------------------------------------------------------------------------------
-    reward_config = _instantiate(TeacherRewardConfig, cfg.reward, "reward")
     try:
         reward = TeacherKLReward(
             student,
@@ -95,7 +92,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
             prompt_format=prompt_format,
             student_tokenizer=student_tokenizer,
             model_context=phases.resident,
-            stop_token_ids=_stop_token_ids(teacher, tokenizer),
+            stop_token_ids=stop_token_ids(teacher, tokenizer),
             names=(str(teacher_path), str(student_path)),
         )
     except ValueError as err:
@@ -109,11 +106,12 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         processing_class=tokenizer,
         phases=phases,
         offload_reference=Role.REFERENCE in placement.offloaded,
-        critic_reward=reward if placement.mode == "split" else None,
+        critic_reward=reward if placement.device(Role.CRITIC) != placement.device(Role.ACTOR) else None,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
         callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics)],
     )
     trainer.teacher_reward = reward
+    trainer.resume_checkpoint = resume_checkpoint
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
     logger.info("output dir: %s", output_dir)
@@ -121,41 +119,78 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
 
 
 def release_trainer(trainer: RLTTrainer) -> None:
-    """Free what a trainer holds (vLLM engine, models, optimizer, pinned copies, CUDA cache) so the next
-    build in the same process fits."""
-    trainer.close()
-    trainer.accelerator.free_memory()
-    for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
-                 "vllm_generation", "critic_reward"):
-        if hasattr(trainer, name):
-            setattr(trainer, name, None)
-    trainer.reward_funcs = []
-    for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, RunFilesCallback):
-            callback.reward = None
-    trainer.phases.forget()
-    gc.collect()
-    trainer.phases.empty_cache()
+    """Free what a trainer holds so the next build in the same process fits (``RLTTrainer.release``)."""
+    trainer.release()
 
 
-def _stop_token_ids(model, tokenizer) -> set[int]:
+def resolve_output_dir(output_dir: str | None, run_name: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
+    """The run's folder: a new ``outputs/<run_name>/<time>`` when unset; an existing folder only to resume."""
+    if output_dir is None:
+        if resume_from_checkpoint is True or resume_from_checkpoint == "true":
+            raise ConfigError(
+                "resume_from_checkpoint=true resumes from the newest checkpoint in output_dir, but output_dir is "
+                "null (a new folder each run): set output_dir=<the run's folder>, or "
+                "resume_from_checkpoint=<checkpoint path>"
+            )
+        return checkpoints.new_run_dir(Path("outputs") / run_name)
+    if not resuming:
+        checkpoints.check_fresh_output_dir(output_dir)
+    return Path(output_dir)
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
     """Ids that end a completion: the generation config's eos id(s), the tokenizer's eos and pad."""
     eos = model.generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id, tokenizer.pad_token_id}
     return {i for i in ids if i is not None}
 
 
-def resolve_model_path(name_or_path: str, seed: int) -> str:
-    """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; anything else unchanged."""
-    if not name_or_path.startswith(EMBEDDED_PREFIX):
-        return name_or_path
-    from rlt_mono.embedded import build_tiny_pair
+def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path") -> str:
+    """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; a local path must exist; a
+    hub id is returned unchanged."""
+    if name_or_path.startswith(EMBEDDED_PREFIX):
+        from rlt_mono.embedded import build_tiny_pair
 
-    role = name_or_path.removeprefix(EMBEDDED_PREFIX)
-    if role not in ("teacher", "student"):
-        raise ConfigError(f"unknown embedded model {name_or_path!r}; use embedded:teacher or embedded:student")
-    pair = build_tiny_pair()
-    return str(pair.teacher_path if role == "teacher" else pair.student_path)
+        role = name_or_path.removeprefix(EMBEDDED_PREFIX)
+        if role not in ("teacher", "student"):
+            raise ConfigError(f"{key}={name_or_path!r} is not an embedded model; use embedded:teacher or "
+                              "embedded:student")
+        pair = build_tiny_pair()
+        return str(pair.teacher_path if role == "teacher" else pair.student_path)
+    if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
+        raise ConfigError(f"{key}={name_or_path}: no such folder (a local model is a folder with config.json; "
+                          "a hub id looks like org/name)")
+    return str(Path(name_or_path).expanduser()) if _looks_like_path(name_or_path) else name_or_path
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or Path(name).exists()
+
+
+def load_tokenizer(path: str, key: str):
+    """The tokenizer at ``path``, with eos as the pad token when it has none."""
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as err:
+        raise ConfigError(f"{key}={path}: cannot load its tokenizer ({_first_line(err)}); check the id or "
+                          "folder (this machine may have no network to the model hub)") from err
+    if tokenizer.pad_token is None:
+        logger.info("tokenizer has no pad token: using eos %r", tokenizer.eos_token)
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(path: str, key: str, **kwargs):
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise ConfigError(f"{key}={path}: cannot load the model ({_first_line(err)}); check the id or folder "
+                          "(this machine may have no network to the model hub)") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def resolve_rollout(choice: str, use_cpu: bool) -> bool:
@@ -189,32 +224,14 @@ def ensure_single_process_distributed_env() -> None:
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
-def _instantiate(cls, values, group: str):
-    values = OmegaConf.to_container(values, resolve=True) if isinstance(values, DictConfig) else dict(values)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{group}: unknown keys {unknown}")
-    try:
-        return cls(**values)
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{group}: {err}") from err
-
-
-def _dtype(name: str) -> str:
+def dtype_name(name: str) -> str:
     if name not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {name!r}")
     return name
 
 
-def _model_kwargs(model_cfg: DictConfig) -> dict:
-    kwargs = {"dtype": _dtype(model_cfg.dtype)}
+def model_kwargs(model_cfg: DictConfig) -> dict:
+    kwargs = {"dtype": dtype_name(model_cfg.dtype)}
     if model_cfg.get("attn_implementation"):
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     return kwargs
-
-
-def _timestamp() -> str:
-    import datetime
-
-    return datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")

@@ -1,18 +1,20 @@
-"""Configuration: ``RLTConfig`` (TRL's ``GRPOConfig`` plus RLT's few fields) and Hydra composition.
+"""Hydra composition and typed config groups, without importing torch or TRL (errors come back fast).
 
 The Hydra tree in ``cfgs/`` has one group per concern (model, student, data, reward, trainer, placement,
-logging); a run config in ``cfgs/run_cfg/`` picks one option of each. ``compose`` is the single entry used by
-``launch_mono.sh`` (through ``rlt_mono.train``) and by notebooks, so both see the same configuration.
+logging, ...); a run config in ``cfgs/run_cfg/`` picks one option of each and names its ``stage``.
+``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.train``) and by notebooks, so
+both see the same configuration; ``instantiate`` turns one group into its dataclass with one-line errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import trl
 from omegaconf import DictConfig, OmegaConf
+
+from rlt_mono.errors import UserError
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "cfgs"
 
@@ -20,47 +22,7 @@ if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.m
     OmegaConf.register_new_resolver("now", lambda pattern: datetime.datetime.now().strftime(pattern), use_cache=True)
 
 
-@dataclass
-class RLTConfig(trl.GRPOConfig):
-    """``trl.GRPOConfig`` with the fields RLT adds; every GRPO setting keeps TRL's name and meaning.
-
-    The RLT run's GRPO settings map onto TRL as: ``loss_type="grpo"``, ``scale_rewards="group"``, ``beta=0.04``,
-    ``temperature=0.7``, ``sync_ref_model=True`` with ``ref_model_mixup_alpha=0.9`` every
-    ``ref_model_sync_steps``, and generate-once-train-many through ``steps_per_generation``.
-    """
-
-    explanation_samples_per_step: int = field(
-        default=4,
-        metadata={"help": "Teacher explanations (with their reward breakdown) appended to samples.jsonl per step."},
-    )
-    plot_metrics: bool = field(
-        default=True,
-        metadata={"help": "Write reward_components.png (reward components and phase timings over steps)."},
-    )
-    vllm_detokenize: bool = field(
-        default=False,
-        metadata={
-            "help": "Let vLLM detokenize completions. TRL reads only their token ids, so rlt_mono turns it off "
-            "(vLLM's SamplingParams.detokenize); stop strings in generation_kwargs need it on."
-        },
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.explanation_samples_per_step < 0:
-            raise ValueError(
-                f"explanation_samples_per_step must be >= 0, got {self.explanation_samples_per_step}"
-            )
-        if self.use_vllm:
-            self.generation_kwargs = {"detokenize": self.vllm_detokenize, **(self.generation_kwargs or {})}
-            if self.generation_kwargs.get("stop") and not self.generation_kwargs["detokenize"]:
-                raise ValueError(
-                    "generation_kwargs.stop holds stop strings, which vLLM matches on detokenized text: set "
-                    "trainer.vllm_detokenize=true (or stop on token ids with generation_kwargs.stop_token_ids)"
-                )
-
-
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration problem the user fixes on the command line or in a YAML file."""
 
 
@@ -72,7 +34,8 @@ def resolve_run_config(name_or_path: str) -> str:
         try:
             relative = resolved.relative_to(CONFIG_DIR)
         except ValueError:
-            raise ConfigError(f"config file {name_or_path} is not inside {CONFIG_DIR}") from None
+            raise ConfigError(f"config file {name_or_path} is not inside {CONFIG_DIR}; run configs: "
+                              f"{available_run_configs()}") from None
         if not resolved.is_file():
             raise ConfigError(f"config file {name_or_path} does not exist; run configs: {available_run_configs()}")
         return str(relative.with_suffix(""))
@@ -84,6 +47,15 @@ def resolve_run_config(name_or_path: str) -> str:
 
 def available_run_configs() -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / "run_cfg").glob("*.yaml"))
+
+
+def config_groups() -> dict[str, list[str]]:
+    """Every config group and its options, e.g. ``{"placement": ["auto", "mono", "split"], ...}``."""
+    return {
+        group.name: sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))
+        for group in sorted(CONFIG_DIR.iterdir())
+        if group.is_dir() and group.name != "run_cfg"
+    }
 
 
 def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
@@ -107,3 +79,29 @@ def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, .
             message += f" ({str(err.__cause__).strip().splitlines()[0]})"
         raise ConfigError(message) from err
     return cfg
+
+
+def instantiate(cls, values, group: str):
+    """Build dataclass ``cls`` from config group ``group``; unknown keys, unset (``???``) keys and values the
+    dataclass rejects become one-line ``ConfigError`` naming the group."""
+    from omegaconf.errors import MissingMandatoryValue
+
+    if isinstance(values, DictConfig):
+        missing = [key for key in values if OmegaConf.is_missing(values, key)]
+        if missing:
+            raise ConfigError(f"{group}: {', '.join(f'{group}.{k}' for k in missing)} must be set "
+                              f"(e.g. {group}.{missing[0]}=...)")
+        try:
+            values = OmegaConf.to_container(values, resolve=True)
+        except MissingMandatoryValue as err:
+            raise ConfigError(f"{group}: {err.full_key} must be set") from err
+    else:
+        values = dict(values)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"{group}: unknown keys {unknown}; known keys: {sorted(known)}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{group}: {err}") from err

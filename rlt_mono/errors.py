@@ -10,3 +10,11 @@ from __future__ import annotations
 
 class UserError(Exception):
     """A problem the user fixes (config, data, checkpoint, disk); its message says how, in one line."""
+
+    exit_code = 2
+
+
+class RunInterrupted(UserError):
+    """The user stopped a run (Ctrl-C); the message says how to resume it."""
+
+    exit_code = 130

@@ -78,3 +78,10 @@ def resolve_placement(
     elif offload_critic:
         offloaded.add(Role.CRITIC)
     return Placement(resolved, devices, frozenset(offloaded))
+
+
+def gpus_to_expose(mode: str, gpus_present: int) -> int:
+    """How many GPUs a placement mode uses (0 on a machine without GPUs): mono 1, split and auto up to 2."""
+    if mode not in MODES:
+        raise PlacementError(f"placement.mode must be one of {MODES}, got {mode!r}")
+    return min(gpus_present, 1 if mode == "mono" else 2)

@@ -1,42 +1,107 @@
-"""Command-line entry: ``python -m rlt_mono.train <run config> [hydra overrides ...]``.
+"""Command-line entry of every stage: ``python -m rlt_mono.train <run config> [hydra overrides ...]``.
 
-``launch_mono.sh`` calls this. It composes the config, builds the trainer, trains (resuming when asked),
-and saves the final teacher in ``<output_dir>/final``. A configuration or data problem ends the process
-with one line on stderr saying what to fix, and exit code 2.
+``launch_mono.sh`` calls this. It composes the config (Hydra only: a mistake in a config name or an override
+is reported before torch is imported), exposes the GPUs the placement uses, and runs the config's ``stage``.
+An error the user can fix (``rlt_mono.errors.UserError``) ends the process with one line on stderr saying
+what to do and exit code 2; anything else is a bug: a one-line summary, then the traceback, exit code 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
+import os
+import shutil
+import subprocess
 import sys
-from pathlib import Path
+import traceback
+
+from rlt_mono.config import available_run_configs, compose, config_groups
+from rlt_mono.errors import UserError
 
 logger = logging.getLogger("rlt_mono")
 
+# stage -> "module:function"; each function takes the composed config and returns the run folder.
+STAGES = {
+    "teacher_rlt": "rlt_mono.teacher_rlt:run_teacher_rlt",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="launch_mono.sh", description=__doc__.splitlines()[0])
-    parser.add_argument("config", help="run config: cfgs/run_cfg/<name>.yaml or <name>")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_steps=3 placement=mono")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    from rlt_mono.build import build_trainer
-    from rlt_mono.config import ConfigError, compose
-    from rlt_mono.data import BadRowError
-
     try:
         cfg = compose(args.config, args.overrides)
-        trainer = build_trainer(cfg)
-    except (ConfigError, BadRowError, FileNotFoundError) as err:
+        if args.show_config:
+            from omegaconf import OmegaConf
+
+            sys.stdout.write(OmegaConf.to_yaml(cfg))
+            return 0
+        run = _stage_function(cfg.get("stage", "teacher_rlt"))
+        expose_gpus(cfg.placement.mode if "placement" in cfg else "mono")
+        run(cfg)
+    except UserError as err:
         sys.stderr.write(f"error: {err}\n")
-        return 2
-    trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
-    final_dir = Path(trainer.args.output_dir) / "final"
-    trainer.save_model(str(final_dir))
-    logger.info("final teacher saved to %s", final_dir)
+        return err.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except Exception as err:  # a bug: say so in one line, then give the traceback for the report
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        sys.stderr.write(f"rlt_mono stopped on an unexpected error (a bug, please report it with the traceback "
+                         f"below): {type(err).__name__}: {first}\n")
+        traceback.print_exc()
+        return 1
     return 0
+
+
+def _stage_function(stage: str):
+    if stage not in STAGES:
+        raise UserError(f"stage={stage!r} is not a stage; stages: {sorted(STAGES)}")
+    module, function = STAGES[stage].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def expose_gpus(placement_mode: str) -> None:
+    """Set ``CUDA_VISIBLE_DEVICES`` to the GPUs the placement uses, before anything initialises CUDA.
+
+    A value the user exported is kept. The count comes from ``nvidia-smi -L`` (no CUDA context needed).
+    """
+    from rlt_mono.placement import PlacementError, gpus_to_expose
+
+    if "CUDA_VISIBLE_DEVICES" in os.environ or shutil.which("nvidia-smi") is None:
+        return
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    present = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+    try:
+        wanted = gpus_to_expose(placement_mode, present)
+    except PlacementError as err:
+        raise UserError(str(err)) from err
+    if wanted:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(wanted))
+        logger.info("placement=%s: CUDA_VISIBLE_DEVICES=%s (%d GPUs present)", placement_mode,
+                    os.environ["CUDA_VISIBLE_DEVICES"], present)
+
+
+def _parser() -> argparse.ArgumentParser:
+    groups = "\n".join(f"  {group:<10} {' '.join(options)}" for group, options in config_groups().items())
+    parser = argparse.ArgumentParser(
+        prog="launch_mono.sh",
+        description="Run one stage of rlt_mono (the stage is named by the run config).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            f"run configs (cfgs/run_cfg/):\n  {' '.join(available_run_configs())}\n\n"
+            f"config groups and their options (pick one with group=option, e.g. placement=split):\n{groups}\n\n"
+            "keys: set any key with group.key=value (e.g. trainer.max_steps=50 reward.clip_kl=5);\n"
+            "list every key and its value with:  launch_mono.sh <run config> --show-config [overrides]\n"
+            "resume a run:  launch_mono.sh <run config> output_dir=<its folder> resume_from_checkpoint=true"
+        ),
+    )
+    parser.add_argument("config", help="run config: cfgs/run_cfg/<name>.yaml or <name>")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_steps=3 placement=mono")
+    parser.add_argument("--show-config", action="store_true", help="print the composed config and exit")
+    return parser
 
 
 if __name__ == "__main__":

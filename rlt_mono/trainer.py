@@ -14,8 +14,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -24,9 +26,10 @@ import torch
 import trl
 from transformers import TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.callbacks import SyncRefModelCallback
 
+from rlt_mono import checkpoints
 from rlt_mono.phases import Phase, PhaseController
 from rlt_mono.rewards import TeacherKLReward
 
@@ -67,6 +70,7 @@ class RLTTrainer(trl.GRPOTrainer):
         self._critic_job: Future | None = None
         self._capturing_policy_log_probs = False
         self._policy_log_probs: torch.Tensor | None = None
+        self._staging_root: str | None = None
         super().__init__(*args, **kwargs)
         if self.ref_model is not None:
             phases.place(self.ref_model, "reference", offload=offload_reference)
@@ -177,24 +181,60 @@ class RLTTrainer(trl.GRPOTrainer):
         self.phases.add_metric("overlap/overlapped_seconds", overlapped)
         self.phases.add_metric("overlap/fraction", overlapped / critic_seconds if critic_seconds > 0 else 0.0)
 
-    def close(self) -> None:
-        """Stop the critic worker thread (``release_trainer`` calls this)."""
+    def release(self) -> None:
+        """Free what this trainer holds (critic thread, vLLM engine, models, optimizer, pinned copies, CUDA
+        cache) so the next build in the same process fits. The trainer is unusable afterwards."""
         if self._critic_pool is not None:
             self._critic_pool.shutdown(wait=True)
             self._critic_pool = None
+        self.accelerator.free_memory()
+        for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
+                     "vllm_generation", "critic_reward"):
+            if hasattr(self, name):
+                setattr(self, name, None)
+        self.reward_funcs = []
+        for callback in self.callback_handler.callbacks:
+            if hasattr(callback, "reward"):  # RunFilesCallback keeps the reward (and so the student) alive
+                callback.reward = None
+        self.phases.forget()
+        gc.collect()
+        self.phases.empty_cache()
 
     # ---- checkpoints: the mixed reference --------------------------------------------------------------
     def _reference_is_mixed(self, step: int) -> bool:
         return self.ref_model is not None and self.args.sync_ref_model and step >= self.args.ref_model_sync_steps
 
     def _save_checkpoint(self, model, trial):
-        # Written first, so a checkpoint with a trainer_state.json never lacks it.
+        """transformers' checkpoint, written into a staging folder and renamed to ``checkpoint-N`` once complete
+        (with a manifest of its files): a crash or a full disk mid-save leaves no ``checkpoint-N`` behind."""
+        run_dir = super()._get_output_dir(trial=trial)
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = os.path.join(run_dir, checkpoints.STAGING_PREFIX + name)
+        shutil.rmtree(staging_root, ignore_errors=True)
+        staging = os.path.join(staging_root, name)
         if self._reference_is_mixed(self.state.global_step) and self.args.should_save:
-            checkpoint = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            folder = os.path.join(self._get_output_dir(trial=trial), checkpoint)
-            os.makedirs(folder, exist_ok=True)
-            safetensors.torch.save_model(self.ref_model, os.path.join(folder, REFERENCE_FILE))
-        super()._save_checkpoint(model, trial)
+            os.makedirs(staging, exist_ok=True)
+            safetensors.torch.save_model(self.ref_model, os.path.join(staging, REFERENCE_FILE))
+        self._staging_root = staging_root
+        try:
+            super()._save_checkpoint(model, trial)  # writes into staging (see _get_output_dir)
+        finally:
+            self._staging_root = None
+        if self.args.should_save:
+            checkpoints.write_manifest(staging, self.state.global_step)
+            checkpoints.publish(staging, os.path.join(run_dir, name))
+            shutil.rmtree(staging_root)
+            # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _get_output_dir(self, trial):
+        if self._staging_root is not None:
+            return self._staging_root
+        return super()._get_output_dir(trial=trial)
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """TRL's generic model card is not written: the run folder's README says what the run was."""
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

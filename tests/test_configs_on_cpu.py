@@ -7,9 +7,10 @@ import pytest
 import trl
 from omegaconf import OmegaConf
 
-from rlt_mono.build import _instantiate
-from rlt_mono.config import CONFIG_DIR, ConfigError, RLTConfig, available_run_configs, compose
+from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose
+from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data import DataConfig
+from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
 
 

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlt_mono import build_trainer, compose, release_trainer
+from rlt_mono.config import available_run_configs
 from rlt_mono.outputs import METRICS_FILE, PLOT_FILE, SAMPLES_FILE, read_metrics
 from rlt_mono.trainer import REFERENCE_FILE
 
@@ -49,11 +50,13 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
     assert (out / "config.yaml").read_text().count("max_steps: 2") == 1
     release_trainer(trainer)
 
-    # the mixed reference of step 1 is in checkpoint-1 and comes back on resume (no step runs: max_steps=1)
+    # the mixed reference of step 1 is in checkpoint-1 and comes back on resume
     saved_reference = load_file(out / "checkpoint-1" / REFERENCE_FILE)
-    restored = build_trainer(compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=1"]))
+    restored = build_trainer(compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3",
+                                                   f"resume_from_checkpoint={out / 'checkpoint-1'}"]))
+    assert restored.resume_checkpoint == str(out / "checkpoint-1")
     initial = {n: p.detach().clone() for n, p in restored.ref_model.named_parameters()}
-    restored.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    restored._load_from_checkpoint(restored.resume_checkpoint)
     for name, param in restored.ref_model.named_parameters():
         if name in saved_reference:
             assert torch.equal(param.detach(), saved_reference[name]), name
@@ -96,8 +99,8 @@ def test_launcher_errors_are_one_clear_line():
     assert "Could not override 'trainer.max_stepz'" in bad_override.stderr
     missing = _launch("cfgs/run_cfg/nope.yaml", timeout=60)
     assert missing.returncode == 2
-    assert missing.stderr.strip() == f"error: config file cfgs/run_cfg/nope.yaml does not exist " \
-                                     f"(configs are in {ROOT}/cfgs/run_cfg/)"
+    assert missing.stderr.strip() == ("error: config file cfgs/run_cfg/nope.yaml does not exist; run configs: "
+                                      f"{available_run_configs()}")
 
 
 def test_resume_true_without_output_dir_is_a_config_error():

@@ -1,0 +1,201 @@
+"""Where a run lives and how it comes back: one output folder per run, verified checkpoints, resume checks.
+
+A checkpoint is written into a hidden staging folder (``.partial-checkpoint-N``) and renamed to
+``checkpoint-N`` only once every file, ``MANIFEST`` last, is on disk: a crash or a full disk during a save
+leaves no ``checkpoint-N`` that could be picked for a resume. The manifest lists every file with its size, so
+a truncated or missing optimizer, scheduler or RNG file is found before transformers tries to load it.
+Nothing here imports torch: the checks run before any model loads.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from rlt_mono.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "rlt_mono_checkpoint.json"
+STAGING_PREFIX = ".partial-"
+TRAINER_STATE = "trainer_state.json"
+# What a resume needs beyond the weights: without them transformers continues silently with a fresh
+# optimizer, a restarted schedule or unrestored RNG, and the run diverges from the uninterrupted one.
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", TRAINER_STATE)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+# Files of a run folder that mean a run already wrote there.
+RUN_MARKERS = ("metrics.jsonl", "samples.jsonl", "config.yaml")
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be resumed from, or a run folder that cannot be used; says what to do."""
+
+
+# ---- run folders -----------------------------------------------------------------------------------
+def new_run_dir(root: str | Path, now: datetime.datetime | None = None) -> Path:
+    """Create and return a fresh ``root/<date_time>`` folder. Two runs started in the same second get
+    ``..._2``, ``..._3``: ``mkdir`` without ``exist_ok`` is atomic, so no two processes share one."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        folder = Path(root) / (stamp if attempt == 1 else f"{stamp}_{attempt}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise CheckpointError(f"{root} holds 999 runs started at {stamp}: set output_dir=<a new folder>")
+
+
+def previous_run_files(output_dir: str | Path) -> list[str]:
+    """Names of the files and checkpoints a previous run left in ``output_dir`` (empty: the folder is free)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [name for name in RUN_MARKERS if (folder / name).exists()]
+    return found + sorted(p.name for p in folder.iterdir() if _CHECKPOINT_NAME.match(p.name))
+
+
+def check_fresh_output_dir(output_dir: str | Path) -> None:
+    """Refuse to start a new run in a folder another run wrote (its metrics would be mixed with ours)."""
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise CheckpointError(f"output_dir={output_dir} is a file, not a folder: choose another output_dir")
+    found = previous_run_files(output_dir)
+    if found:
+        raise CheckpointError(
+            f"output_dir={output_dir} already holds a run ({', '.join(found[:4])}): continue it with "
+            "resume_from_checkpoint=true, or start a new one in another output_dir (or leave output_dir unset)"
+        )
+
+
+# ---- checkpoints -----------------------------------------------------------------------------------
+def checkpoint_step(folder: str | Path) -> int | None:
+    match = _CHECKPOINT_NAME.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def write_manifest(folder: str | Path, step: int) -> None:
+    """Record every file of a finished checkpoint with its size, fsync them, then write the manifest."""
+    folder = Path(folder)
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        files[str(path.relative_to(folder))] = path.stat().st_size
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    tmp.replace(folder / MANIFEST)
+
+
+def publish(staging: str | Path, final: str | Path) -> None:
+    """Rename a finished staging folder to its checkpoint name (replacing an older folder of the same step)."""
+    staging, final = Path(staging), Path(final)
+    if final.exists():
+        shutil.rmtree(final)
+    staging.rename(final)
+    fd = os.open(final.parent, os.O_RDONLY)
+    try:  # the rename itself is durable once the parent folder is synced
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_staging(output_dir: str | Path) -> None:
+    """Delete half-written staging folders a crashed save left behind."""
+    folder = Path(output_dir)
+    if folder.is_dir():
+        for stale in folder.glob(f"{STAGING_PREFIX}*"):
+            logger.warning("removing %s, a checkpoint whose save did not finish", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """Why ``folder`` cannot be resumed from, or None when it is complete."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "no such folder"
+    manifest = folder / MANIFEST
+    if manifest.exists():
+        try:
+            files = json.loads(manifest.read_text())["files"]
+        except (ValueError, KeyError):
+            return f"its {MANIFEST} is unreadable"
+        for name, size in files.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != size:
+                return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated or changed)"
+    missing = [name for name in TRAINING_STATE_FILES if not (folder / name).is_file()]
+    if missing:
+        return f"{', '.join(missing)} missing (a resume needs the optimizer, scheduler, RNG and trainer state)"
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        return "no model weights"
+    if not manifest.exists():
+        logger.warning("%s has no %s (written before verified checkpoints): its file sizes cannot be checked",
+                       folder, MANIFEST)
+    return None
+
+
+def saved_step(folder: str | Path) -> int:
+    """The optimizer step a checkpoint was saved at (transformers' trainer_state.json)."""
+    try:
+        return int(json.loads((Path(folder) / TRAINER_STATE).read_text())["global_step"])
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"{folder}: cannot read the step from {TRAINER_STATE} ({err})") from err
+
+
+def newest_complete_checkpoint(output_dir: str | Path) -> Path:
+    """The newest resumable ``checkpoint-N`` in ``output_dir``; each newer one skipped is logged with why."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        raise CheckpointError(f"resume_from_checkpoint=true: output_dir={output_dir} does not exist; "
+                              "set output_dir=<the run's folder>")
+    candidates = sorted((p for p in folder.iterdir() if checkpoint_step(p) is not None),
+                        key=checkpoint_step, reverse=True)
+    for candidate in candidates:
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        logger.warning("skipping %s: %s", candidate, problem)
+    raise CheckpointError(
+        f"resume_from_checkpoint=true: no complete checkpoint in {output_dir}"
+        + (f" ({len(candidates)} incomplete, see the warnings above)" if candidates else "")
+        + ": start a new run (leave resume_from_checkpoint unset and use another output_dir)"
+    )
+
+
+def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int) -> str | None:
+    """The verified checkpoint folder a run resumes from, or None for a fresh run.
+
+    ``resume_from_checkpoint`` is null/false, true (the newest complete checkpoint in ``output_dir``) or a
+    checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint or one at or past ``max_steps``.
+    """
+    if resume_from_checkpoint in (None, False, "", "false"):
+        return None
+    if resume_from_checkpoint is True or resume_from_checkpoint == "true":
+        checkpoint = newest_complete_checkpoint(output_dir)
+    else:
+        checkpoint = Path(resume_from_checkpoint)
+        problem = checkpoint_problem(checkpoint)
+        if problem is not None:
+            raise CheckpointError(
+                f"resume_from_checkpoint={resume_from_checkpoint} cannot be resumed: {problem}; resume from "
+                "an earlier checkpoint, or set resume_from_checkpoint=true for the newest complete one"
+            )
+    step = saved_step(checkpoint)
+    if step >= max_steps:
+        raise CheckpointError(
+            f"{checkpoint} is at step {step} and trainer.max_steps={max_steps}: nothing left to train; "
+            f"raise trainer.max_steps above {step} to continue the run"
+        )
+    logger.info("resuming from %s (step %d of %d)", checkpoint, step, max_steps)
+    return str(checkpoint)

@@ -1,0 +1,67 @@
+"""``RLTConfig``: TRL's ``GRPOConfig`` plus RLT's few fields, with the checks a user's values get before any
+model loads (kept apart from ``rlt_mono.config`` so composing a config does not import TRL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trl
+
+
+@dataclass
+class RLTConfig(trl.GRPOConfig):
+    """``trl.GRPOConfig`` with the fields RLT adds; every GRPO setting keeps TRL's name and meaning.
+
+    The RLT run's GRPO settings map onto TRL as: ``loss_type="grpo"``, ``scale_rewards="group"``, ``beta=0.04``,
+    ``temperature=0.7``, ``sync_ref_model=True`` with ``ref_model_mixup_alpha=0.9`` every
+    ``ref_model_sync_steps``, and generate-once-train-many through ``steps_per_generation`` (docs/METHOD.md).
+    """
+
+    explanation_samples_per_step: int = field(
+        default=4,
+        metadata={"help": "Teacher explanations (with their reward breakdown) appended to samples.jsonl per step."},
+    )
+    plot_metrics: bool = field(
+        default=True,
+        metadata={"help": "Write reward_components.png (reward components and phase timings over steps)."},
+    )
+    vllm_detokenize: bool = field(
+        default=False,
+        metadata={
+            "help": "Let vLLM detokenize completions. TRL reads only their token ids, so rlt_mono turns it off "
+            "(vLLM's SamplingParams.detokenize); stop strings in generation_kwargs need it on."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self._check_ranges()
+        super().__post_init__()
+        if self.use_vllm:
+            self.generation_kwargs = {"detokenize": self.vllm_detokenize, **(self.generation_kwargs or {})}
+            if self.generation_kwargs.get("stop") and not self.generation_kwargs["detokenize"]:
+                raise ValueError(
+                    "generation_kwargs.stop holds stop strings, which vLLM matches on detokenized text: set "
+                    "trainer.vllm_detokenize=true (or stop on token ids with generation_kwargs.stop_token_ids)"
+                )
+
+    def _check_ranges(self) -> None:
+        """Values TRL or transformers accept but that make a silently wrong run (e.g. ``max_steps=-1`` falls
+        back to epochs: 1,500 steps of the embedded set; ``beta<0`` rewards drifting from the reference)."""
+        positive = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                    "max_completion_length", "logging_steps", "save_steps", "ref_model_sync_steps")
+        for name in positive:
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (GRPO compares completions of one prompt), "
+                             f"got {self.num_generations}")
+        if self.steps_per_generation is not None and self.steps_per_generation < 1:
+            raise ValueError(f"steps_per_generation must be >= 1 or null, got {self.steps_per_generation}")
+        for name in ("beta", "learning_rate", "explanation_samples_per_step"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
+            raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
