@@ -1,0 +1,273 @@
+"""The eval stage (``stage: eval``) and ``compare``: how good a teacher's explanations and a student are.
+
+On the held-out rows, for the teacher ``model.model_name_or_path`` and the student ``student.model_name_or_path``
+(any checkpoints, e.g. a teacher_rlt run's ``final/`` and a student SFT run's):
+
+- teacher half (skipped with ``model.model_name_or_path=null``): one explanation per question, sampled as in
+  distill, scored by ``TeacherKLReward``: the mean reward and each component (``r_ss``, ``r_kl``,
+  ``match_penalty``), the unmatched fraction (explanation tag never closed), and the student's per-token
+  log-prob of the solution given the question and that explanation (temperature 1, mean over the solution's
+  tokens; the reward's ``r_ss`` uses the reward's temperature instead);
+- student half (``eval.student_accuracy``): the student answers from the question alone (its chat with system
+  and user turns only, greedy); a row is checkable when its solution says "The answer is N" (the embedded
+  arithmetic: compared with the number after "The answer is" in the student's output) or it has an
+  ``answer`` column (``math-verify`` against the student's solution section).
+
+Each figure is a mean over questions with a percentile-bootstrap interval (``eval.confidence``, resampling
+questions ``eval.bootstrap_resamples`` times with the run's seed). Output: ``eval.json`` (the figures) and
+``eval_rows.jsonl`` (one line per question: explanation, reward components, the student's answer).
+
+Run::
+
+    ./launch_mono.sh cfgs/run_cfg/eval.yaml model.model_name_or_path=<teacher> student.model_name_or_path=<student>
+    python -m rlt_mono.evaluate compare outputs/eval/a/eval.json outputs/eval/b/eval.json   # one markdown table
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.distill import (
+    SamplingOptions,
+    StageModels,
+    explain,
+    load_stage_models,
+    open_generator,
+    stage_output_dir,
+    stage_rows,
+    teacher_prompts,
+)
+from rlt_mono.prompts import begin_tag
+from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.rewards.log_probs import range_log_probs
+
+logger = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+ROWS_FILE = "eval_rows.jsonl"
+# Row fields averaged over questions -> the metric they are reported as.
+METRICS = {
+    "total": "teacher/reward",
+    "r_ss": "teacher/r_ss",
+    "r_kl": "teacher/r_kl",
+    "match_penalty": "teacher/match_penalty",
+    "unmatched": "teacher/unmatched_frac",
+    "solution_log_prob": "student/solution_log_prob",
+    "correct": "student/accuracy",
+}
+_THE_ANSWER_IS = re.compile(r"The answer is\s*\$?(-?[\d,]*\.?\d+)")
+
+
+@dataclass
+class EvalConfig(SamplingOptions):
+    """The ``eval`` config group (``cfgs/eval/default.yaml`` documents each field)."""
+
+    student_accuracy: bool = True
+    student_max_new_tokens: int = 4096
+    bootstrap_resamples: int = 2000
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.student_max_new_tokens < 1:
+            raise ValueError(f"student_max_new_tokens must be >= 1, got {self.student_max_new_tokens}")
+        if self.bootstrap_resamples < 1:
+            raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+
+
+# ---- statistics and answer checks -------------------------------------------------------------------------
+def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap interval of the mean of ``values``: resample them with replacement ``resamples``
+    times, take the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the resampled means."""
+    data = np.asarray(values, dtype=np.float64)  # (n,)
+    picks = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))  # (resamples, n)
+    means = data[picks].mean(axis=1)  # (resamples,)
+    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(low), float(high)
+
+
+def summarize(values: list[float], confidence: float, resamples: int, seed: int) -> dict:
+    """``{"mean", "low", "high", "n"}`` of a list of per-question values (all None for an empty list)."""
+    if not values:
+        return {"mean": None, "low": None, "high": None, "n": 0}
+    low, high = bootstrap_interval(values, confidence, resamples, seed)
+    return {"mean": float(np.mean(values)), "low": low, "high": high, "n": len(values)}
+
+
+def check_answer(row: dict, student_output: str) -> bool | None:
+    """Whether the student's output answers ``row`` correctly; None when the row has no checkable answer."""
+    gold = _THE_ANSWER_IS.findall(row["solution"])
+    if gold:
+        said = _THE_ANSWER_IS.findall(student_output)
+        return bool(said) and _number(said[-1]) == _number(gold[-1])
+    if row.get("answer"):
+        from math_verify import parse, verify
+
+        answer = row["answer"] if "$" in row["answer"] else f"${row['answer']}$"  # parse LaTeX, not the first number
+        solution_part = student_output.rsplit(begin_tag("solution"), 1)[-1]
+        return bool(verify(parse(answer), parse(solution_part)))
+    return None
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+# ---- the two halves ---------------------------------------------------------------------------------------
+def teacher_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
+    """Per row: one teacher explanation with its reward components and the student's solution log-prob."""
+    _, prompt_ids = teacher_prompts(models, rows)
+    generator = open_generator(models, "teacher", options, cfg, max_new_tokens=options.max_new_tokens,
+                               max_prompt_tokens=max(len(ids) for ids in prompt_ids),
+                               stop_strings=(models.prompt_format.explanation_end,))
+    records = []
+    try:
+        for first in range(0, len(rows), options.rows_per_batch):
+            batch = rows[first : first + options.rows_per_batch]
+            scored = [per_row[0] for per_row in explain(models, generator, batch, 1, options.temperature)]
+            log_probs = solution_log_probs(models, batch, [s["completion_ids"] for s in scored])
+            records += [
+                {"explanation": s["explanation"], **{k: s[k] for k in ("r_ss", "r_kl", "match_penalty", "total")},
+                 "unmatched": s["unmatched"], "solution_log_prob": lp}
+                for s, lp in zip(scored, log_probs)
+            ]
+            logger.info("eval: teacher explained %d of %d questions", len(records), len(rows))
+    finally:
+        generator.close()
+    return records
+
+
+def solution_log_probs(models: StageModels, rows: list[dict], completion_ids: list[list[int]]) -> list[float]:
+    """Mean over solution tokens of log p_student(token | question, explanation, earlier tokens), temperature 1,
+    the explanation being the reward's (same alignment: the teacher's ids up to the closing tag)."""
+    samples = models.reward.align([r["question"] for r in rows], [r["solution"] for r in rows], completion_ids)
+    with models.phases.resident(models.student):
+        per_token = range_log_probs(models.student, [s.student_ids for s in samples],
+                                    [s.solution_span for s in samples], temperature=1.0,
+                                    micro_batch_size=models.reward.config.micro_batch_size,
+                                    pad_token_id=models.reward.pad_token_id)  # B tensors (S_i,)
+    return [float(lp.mean()) for lp in per_token]
+
+
+def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
+    """Per row: the student's greedy answer from the question alone and whether it is right (None: not checkable)."""
+    tokenizer = models.student_tokenizer
+    # The student chat without its assistant turn: system + user, then the generation prompt.
+    prompts = [tokenizer.apply_chat_template(models.prompt_format.student_messages(r["question"], "", "")[:2],
+                                             tokenize=False, add_generation_prompt=True) for r in rows]
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    generator = open_generator(models, "student", options, cfg, max_new_tokens=options.student_max_new_tokens,
+                               max_prompt_tokens=max(len(ids) for ids in prompt_ids))
+    try:
+        outputs = [per_prompt[0] for per_prompt in generator.generate(prompt_ids, 1, 0.0)]
+    finally:
+        generator.close()
+    texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
+    return [{"student_output": text, "correct": check_answer(row, text)} for row, text in zip(rows, texts)]
+
+
+# ---- the stage --------------------------------------------------------------------------------------------
+def run_eval(cfg: DictConfig) -> Path:
+    """Evaluate the configured teacher and student on the held-out rows; returns ``output_dir`` (``eval.json``)."""
+    options = instantiate(EvalConfig, cfg.eval, "eval")
+    reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+    with_teacher = cfg.model.model_name_or_path is not None
+    if not with_teacher and not options.student_accuracy:
+        raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
+                          "set a teacher, or eval.student_accuracy=true")
+    rows, source = stage_rows(cfg, "eval")
+    output_dir = stage_output_dir(cfg)
+    logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
+    torch.manual_seed(cfg.seed)
+    models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)
+    records = [{k: row[k] for k in ("question", "solution", "answer") if k in row} for row in rows]
+    if with_teacher:
+        for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
+            record.update(teacher_record)
+    if options.student_accuracy:
+        for record, student_record in zip(records, student_half(models, options, cfg, rows)):
+            record.update(student_record)
+    metrics = {
+        name: summarize([float(r[field]) for r in records if r.get(field) is not None], options.confidence,
+                        options.bootstrap_resamples, cfg.seed)
+        for field, name in METRICS.items()
+        if any(field in r for r in records)
+    }
+    result = {
+        "teacher": cfg.model.model_name_or_path,
+        "student": cfg.student.model_name_or_path,
+        "rows": source,
+        "questions": len(rows),
+        "confidence": options.confidence,
+        "seed": cfg.seed,
+        "metrics": metrics,
+    }
+    with open(output_dir / ROWS_FILE, "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in records)
+    eval_path = output_dir / EVAL_FILE
+    eval_path.write_text(json.dumps(result, indent=2) + "\n")
+    logger.info("eval: wrote %s\n%s", eval_path, compare_table([eval_path]))
+    return output_dir
+
+
+# ---- compare ----------------------------------------------------------------------------------------------
+def compare_table(paths: list[str | Path]) -> str:
+    """One markdown table of several ``eval.json``: a column per file (named by its folder), a row per figure,
+    each cell ``mean [low, high]``; "—" where a file lacks the figure."""
+    results = []
+    for path in paths:
+        try:
+            results.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ConfigError(f"{path}: not a readable eval.json ({err}); pass the eval.json of eval runs") from err
+    names = [str(Path(p).parent) if Path(p).name == EVAL_FILE else str(p) for p in paths]
+    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(paths)]
+    for key in ("teacher", "student", "questions"):
+        lines.append(f"| {key} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |")
+    metric_names = [m for m in METRICS.values() if any(m in r["metrics"] for r in results)]
+    for name in metric_names:
+        lines.append(f"| {name} | " + " | ".join(_cell(r["metrics"].get(name)) for r in results) + " |")
+    return "\n".join(lines)
+
+
+def _cell(metric: dict | None) -> str:
+    if not metric or metric["mean"] is None:
+        return "—"
+    return f"{metric['mean']:.3f} [{metric['low']:.3f}, {metric['high']:.3f}] (n={metric['n']})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: the table on stdout."""
+    import argparse
+
+    from rlt_mono.errors import UserError
+
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.evaluate", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    compare = commands.add_parser("compare", help="one markdown table of several eval.json side by side")
+    compare.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
+    args = parser.parse_args(argv)
+    paths = [Path(p) / EVAL_FILE if Path(p).is_dir() else Path(p) for p in args.eval_json]
+    try:
+        sys.stdout.write(compare_table(paths) + "\n")
+    except UserError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return err.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
