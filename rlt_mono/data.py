@@ -1,33 +1,64 @@
-"""Rows in, teacher prompts out.
+"""Rows in, teacher prompts out: sources, validation, the held-out split, prompt rendering, length checks.
 
 A row has ``question`` and ``solution`` strings and optionally ``reasoning_trace`` (the explanation target
-of an SFT warm-up stage; validated here, not used by GRPO). Rows come from the embedded synthetic set, a
-local ``.jsonl``/``.json``/``.parquet``/``.csv`` file, or a hub dataset id. Each becomes a TRL example whose
-``prompt`` is the teacher chat rendered with the teacher's chat template up to the prefilled
-``<|begin_of_explanation|>`` (a plain string, so TRL tokenizes it as is and generation continues the
-assistant turn), plus the columns the reward reads.
+of an SFT warm-up stage; validated here, not used by GRPO) and ``answer`` (the final answer alone, for
+evaluation). ``data.source`` names where rows come from: ``embedded`` (synthetic arithmetic generated
+locally), ``champ`` (CHAMP competition maths, from its PyPI package), a local ``.jsonl``/``.json``/
+``.parquet``/``.csv`` file, or a hub dataset id; ``data.row_format=stratos`` reads Bespoke-Stratos rows
+(``data=bespoke_stratos``). Reading lives in ``rlt_mono.data_sources``.
+
+Each source is split into training rows and held-out evaluation rows by question (``held_out_questions``):
+a function of the seed and the rows only, so a training run never sees an evaluation question. Each row
+then becomes a TRL example whose ``prompt`` is the teacher chat rendered with the teacher's chat template
+up to the prefilled ``<|begin_of_explanation|>`` (a plain string, so TRL tokenizes it as is and generation
+continues the assistant turn), plus the columns the reward reads. The method is described in docs/METHOD.md.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
 from transformers import PreTrainedTokenizerBase
 
+from rlt_mono.data_sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
+from rlt_mono.errors import UserError
 from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("question", "solution")
-OPTIONAL_COLUMNS = ("reasoning_trace",)
-_FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+OPTIONAL_COLUMNS = ("reasoning_trace", "answer")
+BUILTIN_SOURCES = ("embedded", "champ")
+ROW_FORMATS = ("columns", "stratos")
+SPLITS = ("train", "eval")
+# OmegaConf's value for a mandatory key nobody set (cfgs/data/custom.yaml's source); it reaches the dataclass
+# as this string because OmegaConf.to_container does not raise on missing values by default.
+MISSING = "???"
+
+__all__ = [
+    "BadRowError", "DataConfig", "DataConfigError", "DataSourceError", "NotEnoughRowsError", "build_prompt_dataset",
+    "check_enough_rows", "held_out_questions", "load_rows", "load_split", "prepare_dataset", "render_prompts",
+    "validate_rows",
+]
 
 
-class BadRowError(ValueError):
-    """A row lacks a usable column; the message names the source, the row index and the column."""
+class DataConfigError(UserError, ValueError):
+    """A ``data.*`` value is invalid; the message names the key and what to set."""
+
+
+class BadRowError(UserError, ValueError):
+    """A row lacks a usable column or does not fit the prompt budget; the message names source, row and column."""
+
+
+class NotEnoughRowsError(UserError, ValueError):
+    """Too few usable rows for the split or for one optimizer step."""
 
 
 @dataclass
@@ -36,49 +67,87 @@ class DataConfig:
 
     source: str = "embedded"
     split: str = "train"
+    row_format: str = "columns"
     embedded_rows: int = 2000
     max_rows: int | None = None
     on_bad_row: str = "error"
+    on_long_row: str = "error"
+    eval_rows: int | None = None
+    eval_fraction: float = 0.05
 
     def __post_init__(self) -> None:
-        if self.on_bad_row not in ("error", "skip"):
-            raise ValueError(f"data.on_bad_row must be 'error' or 'skip', got {self.on_bad_row!r}")
+        if not self.source or self.source == MISSING:
+            raise DataConfigError("data=custom needs data.source=<path to .jsonl/.json/.parquet/.csv or a hub id>")
+        for key in ("on_bad_row", "on_long_row"):
+            if getattr(self, key) not in ("error", "skip"):
+                raise DataConfigError(f"data.{key} must be 'error' or 'skip', got {getattr(self, key)!r}")
+        if self.row_format not in ROW_FORMATS:
+            raise DataConfigError(f"data.row_format must be one of {list(ROW_FORMATS)}, got {self.row_format!r}")
+        if self.row_format != "columns" and self.source in BUILTIN_SOURCES:
+            raise DataConfigError(
+                f"data.row_format={self.row_format} applies to files and hub datasets, not to the built-in "
+                f"data.source={self.source}: set data.row_format=columns"
+            )
+        if self.source == "embedded" and self.embedded_rows < 1:
+            raise DataConfigError(
+                f"data.embedded_rows must be >= 1 with data.source=embedded, got {self.embedded_rows}"
+            )
         if self.max_rows is not None and self.max_rows < 1:
-            raise ValueError(f"data.max_rows must be >= 1 or null, got {self.max_rows}")
+            raise DataConfigError(f"data.max_rows must be >= 1 or null, got {self.max_rows}")
+        if self.eval_rows is not None and self.eval_rows < 0:
+            raise DataConfigError(f"data.eval_rows must be >= 0 or null (data.eval_fraction then applies), "
+                                  f"got {self.eval_rows}")
+        if not 0 <= self.eval_fraction < 1:
+            raise DataConfigError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+
+
+# ---- reading and validation -------------------------------------------------------------------------------
 
 
 def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
-    """Read the raw rows named by ``config.source`` (no validation yet)."""
+    """All rows named by ``config.source``, mapped onto rlt_mono's columns, in source order (no validation yet)."""
     if config.source == "embedded":
         from rlt_mono.embedded import generate_rows
 
-        return generate_rows(config.embedded_rows, seed=seed)
-    path = Path(config.source).expanduser()
-    if path.suffix in _FILE_FORMATS:
-        if not path.is_file():
-            raise FileNotFoundError(f"data.source={config.source}: no such file")
-        return _read_file(path)
-    if path.exists():
-        raise ValueError(f"data.source={config.source}: unsupported file type; use one of {sorted(_FILE_FORMATS)}")
-    return list(datasets.load_dataset(config.source, split=config.split))
+        return [_with_embedded_answer(row) for row in generate_rows(config.embedded_rows, seed=seed)]
+    if config.source == "champ":
+        from rlt_mono.embedded.tiny_models import default_cache_dir
+
+        return read_champ(default_cache_dir())
+    rows = read_file(Path(config.source).expanduser()) if _is_path(config.source) else read_hub(config.source,
+                                                                                                 config.split)
+    return [stratos_row(row) for row in rows] if config.row_format == "stratos" else rows
 
 
-def _read_file(path: Path) -> list[dict]:
-    table = datasets.load_dataset(_FILE_FORMATS[path.suffix], data_files=str(path), split="train")
-    return list(table)
+def _is_path(source: str) -> bool:
+    """A local path rather than a hub id (``name`` or ``owner/name``)."""
+    path = Path(source).expanduser()
+    return path.exists() or path.suffix in FILE_SUFFIXES or source.startswith(("/", ".", "~")) or source.count("/") > 1
+
+
+def _with_embedded_answer(row: dict) -> dict:
+    """The embedded generator states its final number only in the solution sentence ``"The answer is N."``."""
+    match = re.fullmatch(r"The answer is (-?\d+)\.", row["solution"])
+    return {"answer": match.group(1), **row} if match else row
 
 
 def validate_rows(rows: list[dict], source: str, on_bad_row: str = "error") -> tuple[list[dict], int]:
-    """Check every row; return ``(valid_rows, skipped)``.
+    """Check every row; return ``(valid_rows, skipped)``, each valid row reduced to the known columns.
 
     Raises:
         BadRowError: with ``on_bad_row="error"``, at the first bad row, naming source, row index and column.
     """
+    indexed, skipped = _validate(rows, source, on_bad_row)
+    return [row for _, row in indexed], skipped
+
+
+def _validate(rows: list[dict], source: str, on_bad_row: str) -> tuple[list[tuple[int, dict]], int]:
+    """``validate_rows`` keeping each valid row's index in the source, for later messages."""
     valid, skipped = [], 0
     for index, row in enumerate(rows):
         problem = _row_problem(row)
         if problem is None:
-            valid.append({k: row[k] for k in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if row.get(k) is not None})
+            valid.append((index, {k: row[k] for k in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if row.get(k) is not None}))
             continue
         column, what = problem
         if on_bad_row == "error":
@@ -107,11 +176,69 @@ def _row_problem(row: dict) -> tuple[str, str] | None:
     return None
 
 
-def build_prompt_dataset(
-    rows: list[dict], tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat
-) -> datasets.Dataset:
-    """TRL examples: ``prompt`` (rendered teacher chat ending in the prefill) + ``question`` + ``solution``."""
-    prompts = [
+# ---- the held-out split -----------------------------------------------------------------------------------
+
+
+def held_out_questions(questions: Iterable[str], seed: int, count: int) -> set[str]:
+    """The ``count`` questions held out for evaluation, as whitespace-normalised texts.
+
+    Each distinct question (runs of whitespace read as one space) is ranked by ``sha256(seed, question)``
+    and the ``count`` smallest are held out. The result depends on the seed and the set of questions only:
+    not on row order, nor on other columns, and two rows with the same question text land on the same side.
+    """
+    distinct = sorted({_question_key(q) for q in questions}, key=lambda q: hashlib.sha256(f"{seed}\n{q}".encode())
+                      .digest())
+    return set(distinct[:count])
+
+
+def _question_key(question: str) -> str:
+    return " ".join(question.split())
+
+
+def _eval_count(config: DataConfig, n_questions: int) -> int:
+    """Questions to hold out: ``eval_rows`` when set, else ``eval_fraction`` of them, rounded down."""
+    if config.eval_rows is None:
+        # The epsilon keeps e.g. 0.29 * 100 = 28.999999999999996 from rounding down to 28.
+        return math.floor(config.eval_fraction * n_questions + 1e-9)
+    if config.eval_rows > n_questions:
+        raise DataConfigError(
+            f"data.eval_rows={config.eval_rows} but data.source={config.source} has {n_questions} distinct "
+            "questions: lower data.eval_rows"
+        )
+    return config.eval_rows
+
+
+def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[int, dict]], int]:
+    """The valid rows of one split with their source indices, after ``max_rows``; and the bad rows skipped."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    indexed, skipped = _validate(load_rows(config, seed=seed), config.source, config.on_bad_row)
+    questions = {_question_key(row["question"]) for _, row in indexed}
+    held_out = held_out_questions(questions, seed, _eval_count(config, len(questions)))
+    chosen = [(i, row) for i, row in indexed if (_question_key(row["question"]) in held_out) == (split == "eval")]
+    if config.max_rows is not None:
+        chosen = chosen[: config.max_rows]
+    logger.info("data: %d %s rows from %s (%d of %d questions held out for eval; %d bad rows skipped)",
+                len(chosen), split, config.source, len(held_out), len(questions), skipped)
+    return chosen, skipped
+
+
+def load_split(config: DataConfig, seed: int = 0, split: str = "train") -> list[dict]:
+    """The valid rows of ``split`` ("train" or "eval"), in source order, ``max_rows`` applied.
+
+    Raises:
+        DataSourceError, BadRowError, DataConfigError: the source cannot be read, a row is bad
+            (``on_bad_row=error``), or ``eval_rows`` exceeds the questions available.
+    """
+    return [row for _, row in _split_rows(config, seed, split)[0]]
+
+
+# ---- teacher prompts --------------------------------------------------------------------------------------
+
+
+def render_prompts(rows: list[dict], tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat) -> list[str]:
+    """Each row's teacher chat, rendered with the chat template and ending in the prefilled explanation tag."""
+    return [
         tokenizer.apply_chat_template(
             prompt_format.teacher_messages(row["question"], row["solution"]),
             tokenize=False,
@@ -119,23 +246,105 @@ def build_prompt_dataset(
         )
         for row in rows
     ]
-    return datasets.Dataset.from_dict(
-        {
-            "prompt": prompts,
-            "question": [row["question"] for row in rows],
-            "solution": [row["solution"] for row in rows],
-        }
-    )
+
+
+def build_prompt_dataset(
+    rows: list[dict], tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat
+) -> datasets.Dataset:
+    """TRL examples: ``prompt`` (rendered teacher chat ending in the prefill) + ``question`` + ``solution``
+    (+ ``answer`` when any row has one; ``None`` for the others)."""
+    return _as_dataset(rows, render_prompts(rows, tokenizer, prompt_format))
+
+
+def _as_dataset(rows: list[dict], prompts: list[str]) -> datasets.Dataset:
+    columns = {"prompt": prompts, **{c: [row[c] for row in rows] for c in REQUIRED_COLUMNS}}
+    if any(row.get("answer") is not None for row in rows):
+        columns["answer"] = [row.get("answer") for row in rows]
+    return datasets.Dataset.from_dict(columns)
+
+
+def _prompts_over_budget(prompts: list[str], tokenizer: PreTrainedTokenizerBase, limit: int) -> dict[int, str]:
+    """Positions of the prompts longer than ``limit`` tokens, each with its size in words.
+
+    Tokens are counted as TRL counts a string prompt (``tokenizer(text)``, special tokens included). Tokenizing
+    a 1 MB row takes seconds, so lengths are bounded first: a token spans at least one UTF-8 byte (byte-level
+    BPE, byte fallback), so a prompt of at most ``limit`` bytes, less the added special tokens (and one SentencePiece
+    prefix space), fits; a token spans at most as many characters as the longest vocabulary
+    entry, so a prompt longer than ``limit`` times that does not. Only prompts in between are tokenized.
+    """
+    added = tokenizer.num_special_tokens_to_add() + 1
+    longest = max(len(token) for token in tokenizer.get_vocab())
+    over, unsure = {}, []
+    for position, prompt in enumerate(prompts):
+        if len(prompt.encode("utf-8")) + added <= limit:
+            continue
+        at_least = math.ceil(len(prompt) / longest)
+        if at_least > limit:
+            over[position] = f"at least {at_least:,} tokens ({len(prompt):,} characters)"
+        else:
+            unsure.append(position)
+    if unsure:
+        counts = [len(ids) for ids in tokenizer([prompts[p] for p in unsure])["input_ids"]]
+        over |= {p: f"{n:,} tokens" for p, n in zip(unsure, counts, strict=True) if n > limit}
+    return over
 
 
 def prepare_dataset(
-    config: DataConfig, tokenizer: PreTrainedTokenizerBase, prompt_format: PromptFormat, seed: int = 0
+    config: DataConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_format: PromptFormat,
+    seed: int = 0,
+    split: str = "train",
+    max_prompt_tokens: int | None = None,
 ) -> tuple[datasets.Dataset, int]:
-    """Load, validate and render; returns the dataset and the number of skipped rows."""
-    rows, skipped = validate_rows(load_rows(config, seed=seed), config.source, config.on_bad_row)
-    if config.max_rows is not None:
-        rows = rows[: config.max_rows]
+    """Load, validate, split, render and (with ``max_prompt_tokens``) length-check one split.
+
+    Returns the dataset and the number of rows skipped (bad rows with ``on_bad_row=skip`` plus prompts over
+    ``max_prompt_tokens`` with ``on_long_row=skip``).
+
+    Raises:
+        BadRowError: a bad row (``on_bad_row=error``) or a prompt over ``max_prompt_tokens``
+            (``on_long_row=error``), naming the row's index in the source and its token count.
+        NotEnoughRowsError: no usable row is left in the split.
+    """
+    indexed, skipped = _split_rows(config, seed, split)
+    rows = [row for _, row in indexed]
+    prompts = render_prompts(rows, tokenizer, prompt_format)
+    if max_prompt_tokens is not None:
+        over = _prompts_over_budget(prompts, tokenizer, max_prompt_tokens)
+        if over and config.on_long_row == "error":
+            position = min(over)
+            size = over[position]
+            raise BadRowError(
+                    f"{config.source}: row {indexed[position][0]}: the teacher prompt has {size}, over the "
+                    f"{max_prompt_tokens:,}-token prompt budget: shorten the row, or set data.on_long_row=skip "
+                    "to drop such rows"
+                )
+        if over:
+            logger.warning("%s: skipped %d %s rows whose teacher prompt exceeds %d tokens (source rows %s)",
+                           config.source, len(over), split, max_prompt_tokens,
+                           sorted(indexed[p][0] for p in over)[:20])
+            rows = [row for p, row in enumerate(rows) if p not in over]
+            prompts = [prompt for p, prompt in enumerate(prompts) if p not in over]
+            skipped += len(over)
     if not rows:
-        raise ValueError(f"data.source={config.source}: no valid rows")
-    logger.info("data: %d rows from %s (%d skipped)", len(rows), config.source, skipped)
-    return build_prompt_dataset(rows, tokenizer, prompt_format), skipped
+        hint = ("hold questions out with data.eval_rows=N or data.eval_fraction=F" if split == "eval" else
+                "fix the rows, or hold fewer out (data.eval_rows / data.eval_fraction)")
+        raise NotEnoughRowsError(f"data.source={config.source}: no usable {split} rows ({skipped} skipped): {hint}")
+    return _as_dataset(rows, prompts), skipped
+
+
+def check_enough_rows(n_rows: int, prompts_per_step: int, source: str, skipped: int = 0) -> None:
+    """Raise ``NotEnoughRowsError`` when ``n_rows`` training rows cannot fill one optimizer step.
+
+    TRL's sampler draws ``prompts_per_step`` distinct prompts per step and drops an incomplete draw, so with
+    fewer rows it runs zero steps and saves an untrained teacher without a word.
+    """
+    if n_rows >= prompts_per_step:
+        return
+    raise NotEnoughRowsError(
+        f"data.source={source} has {n_rows} usable training rows ({skipped} skipped) but one optimizer step needs "
+        f"{prompts_per_step} distinct prompts (trainer.per_device_train_batch_size x gradient_accumulation_steps "
+        "/ num_generations): add rows, lower trainer.per_device_train_batch_size or gradient_accumulation_steps, "
+        "raise trainer.num_generations, or hold fewer rows out (data.eval_rows / data.eval_fraction)"
+    )
