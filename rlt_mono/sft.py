@@ -1,0 +1,325 @@
+"""The SFT stage: supervised fine-tuning of the teacher (RLT's warm-up) or of a student, with TRL's SFTTrainer.
+
+One code path for two stages, chosen by the run config's ``stage``:
+
+- ``teacher_sft`` trains ``model`` on the teacher chat. Prompt: the chat rendered with the teacher's chat template
+  up to and including the prefilled ``<|begin_of_explanation|>`` + ``\\n\\n`` (exactly what the RL stage continues).
+  Completion: the explanation (column ``sft.explanation_column``, default ``reasoning_trace``) +
+  ``<|end_of_explanation|>``.
+- ``student_sft`` trains ``student`` on the student chat. Prompt: student system prompt + question, with the
+  generation prompt. Completion: ``PromptFormat.student_completion(explanation, solution)``, the explanation being
+  a distilled one (``explanation``, written by the distill stage) or the raw trace (``reasoning_trace``, baseline).
+
+Both are TRL prompt-completion rows with ``completion_only_loss``: the loss covers only what the model writes.
+TRL appends ``eos_token`` to each completion; unless ``sft.eos_token`` names one, it is the token the chat template
+closes an assistant turn with (``<|im_end|>`` in ChatML), so the model learns to end its turn right after the
+closing tag, where the RL stage and vLLM stop generating. Method and warm-up settings: docs/METHOD.md.
+
+Before and after training the loss on held-out rows is measured (TRL's ``eval_loss``: the token-mean NLL of the
+completions, averaged over eval batches). A run leaves in ``<output_dir>``: ``config.yaml``, ``metrics.jsonl``,
+``checkpoint-*`` (resumable), ``final/`` (model + tokenizer, loadable as ``model.model_name_or_path=<dir>/final``)
+and ``sft_summary.json``.
+
+Run::
+
+    ./launch_mono.sh cfgs/run_cfg/teacher_sft_tiny.yaml                     # CPU, embedded tiny teacher
+    ./launch_mono.sh cfgs/run_cfg/teacher_sft.yaml data=custom data.source=rows.jsonl
+    ./launch_mono.sh cfgs/run_cfg/student_sft.yaml data.source=outputs/distill/.../rows.jsonl
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+import torch
+import trl
+from omegaconf import DictConfig, OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+from rlt_mono import checkpoints
+from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_model_path, resolve_output_dir
+from rlt_mono.config import instantiate
+from rlt_mono.data import DataConfig, load_rows, validate_rows
+from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.outputs import METRICS_FILE, RunFilesCallback, read_metrics
+from rlt_mono.prompts import PromptFormat
+from rlt_mono.teacher_rlt import save_final
+
+logger = logging.getLogger(__name__)
+
+# stage -> the config group of the model it trains
+STAGE_MODEL_GROUP = {"teacher_sft": "model", "student_sft": "student"}
+SUMMARY_FILE = "sft_summary.json"
+# data.py's column for an SFT target: the stage's explanation column is validated under this name.
+TARGET_COLUMN = "reasoning_trace"
+
+
+@dataclass
+class SFTStageConfig(trl.SFTConfig):
+    """``trl.SFTConfig`` plus the stage's own option (the ``sft`` config group); TRL's fields keep their meaning."""
+
+    explanation_column: str = field(
+        default="reasoning_trace",
+        metadata={
+            "help": "Data column holding the explanation trained on: reasoning_trace (the data's traces: the "
+            "teacher warm-up, the raw-trace student baseline) or explanation (rows written by the distill stage)."
+        },
+    )
+
+
+# ---- examples ---------------------------------------------------------------------------------------------------
+def build_sft_dataset(
+    rows: list[dict], tokenizer: PreTrainedTokenizerBase, stage: str, explanation_column: str,
+    prompt_format: PromptFormat | None = None,
+) -> datasets.Dataset:
+    """TRL prompt-completion examples (plain strings) of ``stage``'s chat, one per row.
+
+    ``prompt``: the chat rendered with ``tokenizer``'s template up to where the model starts writing;
+    ``completion``: what it writes, without the end-of-turn token (TRL appends ``eos_token``).
+    """
+    prompt_format = prompt_format or PromptFormat()
+    prompts, completions = [], []
+    for row in rows:
+        explanation = row[explanation_column]
+        if stage == "teacher_sft":
+            messages = prompt_format.teacher_messages(row["question"], row["solution"])
+            prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True))
+            completions.append(explanation + prompt_format.explanation_end)
+        elif stage == "student_sft":
+            messages = prompt_format.student_messages(row["question"], explanation, row["solution"])[:-1]
+            prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+            completions.append(prompt_format.student_completion(explanation, row["solution"]))
+        else:
+            raise UserError(f"stage={stage!r} is not an SFT stage; use one of {sorted(STAGE_MODEL_GROUP)}")
+    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})
+
+
+def end_of_turn_token(tokenizer: PreTrainedTokenizerBase, key: str) -> str | None:
+    """The token ``tokenizer``'s chat template closes an assistant turn with (``<|im_end|>`` in ChatML), or None
+    when the template writes nothing after the assistant's text (TRL then appends the tokenizer's eos)."""
+    marker = "\u2063ASSISTANT-TEXT\u2063"  # a string no template writes itself
+    chat = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker}]
+    closing = tokenizer.apply_chat_template(chat, tokenize=False).split(marker, 1)[1].strip()
+    if not closing:
+        return None
+    if closing not in tokenizer.get_vocab():
+        raise UserError(f"{key}: its chat template closes an assistant turn with {closing!r}, which is not one "
+                        "token: set sft.eos_token=<the token that ends a turn>")
+    return closing
+
+
+# ---- rows -------------------------------------------------------------------------------------------------------
+def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_column: str
+                  ) -> tuple[list[dict], list[dict], int]:
+    """Train rows, held-out rows and the number of skipped train rows; every row kept has ``question``,
+    ``solution`` and a non-empty ``explanation_column``.
+
+    Raises:
+        UserError: unreadable source, no row with ``explanation_column``, a bad row (with ``on_bad_row=error``).
+    """
+    train, heldout = _split_rows(data_config, seed)
+    train, skipped = _usable_rows(train, data_config, stage, explanation_column)
+    if data_config.max_rows is not None:
+        train = train[: data_config.max_rows]
+    if not train:
+        raise UserError(f"data.source={data_config.source}: no usable rows for {stage}")
+    heldout, _ = _usable_rows(heldout, data_config, stage, explanation_column)
+    return train, heldout, skipped
+
+
+def _split_rows(data_config: DataConfig, seed: int) -> tuple[list[dict], list[dict]]:
+    """Raw train and held-out rows.
+
+    Until data.py has held-out splits, training uses every row; the embedded source gets held-out rows as fresh
+    draws of its generator (another seed), other sources none (no held-out loss is measured).
+    """
+    try:
+        train = load_rows(data_config, seed=seed)
+    except (OSError, ValueError) as err:  # data.py's one-line messages (missing file, unsupported type)
+        raise UserError(str(err)) from err
+    if data_config.source != "embedded":
+        return train, []
+    heldout = load_rows(DataConfig(source="embedded", embedded_rows=HELDOUT_EMBEDDED_ROWS), seed=seed + 1)
+    return train, heldout
+
+
+HELDOUT_EMBEDDED_ROWS = 64
+
+
+def _usable_rows(rows: list[dict], data_config: DataConfig, stage: str, column: str) -> tuple[list[dict], int]:
+    """``validate_rows`` plus the explanation column: a bad row raises or is dropped, as ``data.on_bad_row`` says.
+
+    The explanation column goes through ``validate_rows`` as data.py's SFT target column (``reasoning_trace``),
+    the one extra column it checks and keeps.
+    """
+    source = data_config.source
+    if rows and not any(column in row for row in rows):
+        raise UserError(f"{stage} trains on column {column!r}, which data.source={source} does not have (columns: "
+                        f"{sorted(rows[0])}): set sft.explanation_column to the column with the explanations")
+    with_target = []
+    for index, row in enumerate(rows):
+        value = row.get(column)
+        if isinstance(value, str) and value.strip():
+            with_target.append({**row, TARGET_COLUMN: value})
+        elif data_config.on_bad_row == "error":
+            what = ("is missing" if value is None else "is empty" if isinstance(value, str)
+                    else f"is a {type(value).__name__}, not a string")
+            raise UserError(f"{source}: row {index}: column {column!r} {what} (fix the row, or set "
+                            "data.on_bad_row=skip to drop such rows)")
+    try:
+        valid, skipped = validate_rows(with_target, source, data_config.on_bad_row)
+    except ValueError as err:  # BadRowError: names the source, the row and the column
+        raise UserError(str(err)) from err
+    skipped += len(rows) - len(with_target)
+    if len(with_target) < len(rows):
+        logger.warning("%s: skipped %d rows without a usable %r", source, len(rows) - len(with_target), column)
+    return [{**row, column: row[TARGET_COLUMN]} for row in valid], skipped
+
+
+# ---- the stage --------------------------------------------------------------------------------------------------
+@dataclass
+class SFTRun:
+    """An SFT stage built from its config, ready to train (``build_sft``); ``run_sft`` trains it."""
+
+    stage: str
+    trainer: trl.SFTTrainer
+    output_dir: Path
+    # Verified checkpoint to resume from (None: a fresh run).
+    resume_checkpoint: str | None
+    # Folder or hub id of the model trained.
+    model_path: str
+    # Rows: "train", "heldout", "skipped" (bad rows dropped), "truncated" (train rows cut at max_length).
+    rows: dict[str, int]
+
+
+def build_sft(cfg: DictConfig) -> SFTRun:
+    """Build the SFT stage a run config describes. Reads top to bottom: run folder -> typed configs -> resume
+    check -> rows -> model -> trainer. Errors a user can fix raise ``UserError``, before any model loads if they can.
+    """
+    stage = cfg.get("stage")
+    if stage not in STAGE_MODEL_GROUP:
+        raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
+    resuming = cfg.resume_from_checkpoint not in (None, False)
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_name, resuming=resuming,
+                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
+    # ---- typed configs: every value checked before a model loads -------------------------------------------------
+    sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)
+    sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
+                      report_to=list(cfg.logging.report_to))
+    data_config = instantiate(DataConfig, cfg.data, "data")
+    args = instantiate(SFTStageConfig, sft_kwargs, "sft")
+    # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
+    resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
+                                                   args.max_steps if args.max_steps > 0 else sys.maxsize)
+    if "wandb" in args.report_to:
+        os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)
+        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+    # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
+    train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
+    logger.info("%s: %d train rows, %d held-out rows from %s (%d skipped)", stage, len(train_rows),
+                len(heldout_rows), data_config.source, skipped)
+    # ---- model ----------------------------------------------------------------------------------------------------
+    group = STAGE_MODEL_GROUP[stage]
+    key = f"{group}.model_name_or_path"
+    model_path = resolve_model_path(cfg[group].model_name_or_path, cfg.seed, key)
+    tokenizer = load_tokenizer(model_path, key)
+    model = load_model(model_path, key, **model_kwargs(cfg[group]))
+    if args.eos_token is None:
+        args.eos_token = end_of_turn_token(tokenizer, key)
+    # ---- trainer --------------------------------------------------------------------------------------------------
+    output_dir.mkdir(parents=True, exist_ok=True)
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column),
+        eval_dataset=build_sft_dataset(heldout_rows, tokenizer, stage, args.explanation_column) if heldout_rows
+        else None,
+        processing_class=tokenizer,
+        callbacks=[RunFilesCallback(output_dir, samples_per_step=0, plot=False)],
+    )
+    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
+    if truncated:
+        logger.warning("%d of %d train rows are longer than sft.max_length=%s tokens: their ends are cut, so the "
+                       "model does not learn to close them; raise sft.max_length", truncated, len(train_rows),
+                       args.max_length)
+    rows = {"train": len(train_rows), "heldout": len(heldout_rows), "skipped": skipped, "truncated": truncated}
+    return SFTRun(stage, trainer, output_dir, resume_checkpoint, model_path, rows)
+
+
+def run_sft(cfg: DictConfig) -> Path:
+    """Run the SFT stage ``cfg.stage`` describes; returns the run folder (the trained model is in ``final/``).
+
+    Held-out loss before -> train (or resume) -> held-out loss after -> ``final/`` -> ``sft_summary.json``.
+    """
+    run = build_sft(cfg)
+    trainer, output_dir = run.trainer, run.output_dir
+    measured = trainer.eval_dataset is not None
+    before = _heldout_loss_before(trainer, output_dir, resuming=run.resume_checkpoint is not None) if measured \
+        else None
+    try:
+        trainer.train(resume_from_checkpoint=run.resume_checkpoint)
+        after = _heldout_loss_after(trainer) if measured else None
+        final = save_final(trainer, output_dir)
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        raise UserError(f"disk full while writing {err.filename or output_dir}: free space, then resume with "
+                        f"output_dir={output_dir} resume_from_checkpoint=true") from err
+    except torch.OutOfMemoryError as err:
+        raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower sft.max_length or "
+                        "sft.per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch); "
+                        f"resume with output_dir={output_dir} resume_from_checkpoint=true") from err
+    except KeyboardInterrupt as err:
+        raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with output_dir={output_dir} "
+                             "resume_from_checkpoint=true") from err
+    train_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    summary = {
+        "stage": run.stage,
+        "model": run.model_path,
+        "explanation_column": trainer.args.explanation_column,
+        "rows": run.rows,
+        "steps": trainer.state.global_step,
+        "train_loss_first": train_losses[0] if train_losses else None,
+        "train_loss_last": train_losses[-1] if train_losses else None,
+        # null when the data has no held-out rows
+        "heldout_loss_before": before,
+        "heldout_loss_after": after,
+        "final": str(final),
+    }
+    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    logger.info("%s done: %d steps, held-out loss %s -> %s; model in %s", run.stage, summary["steps"], before,
+                after, final)
+    return output_dir
+
+
+def count_truncated(dataset: datasets.Dataset, num_rows: int, eos_token_id: int) -> int:
+    """Rows TRL cut at ``max_length``: those whose tokens no longer end with the eos it appended, plus those it
+    dropped (cut before their completion started)."""
+    kept_whole = sum(1 for ids in dataset["input_ids"] if ids[-1] == eos_token_id)
+    return num_rows - kept_whole
+
+
+def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path, resuming: bool) -> float:
+    """Held-out loss of the model before training. A resumed run takes the value its first start logged (the step-0
+    row of metrics.jsonl) rather than logging a second step-0 row."""
+    if resuming and (output_dir / METRICS_FILE).exists():
+        for row in read_metrics(output_dir / METRICS_FILE):
+            if row.get("step") == 0 and "eval_loss" in row:
+                return row["eval_loss"]
+    return trainer.evaluate()["eval_loss"]
+
+
+def _heldout_loss_after(trainer: trl.SFTTrainer) -> float:
+    """Held-out loss after training: the evaluation ``sft.eval_strategy`` ran at the last step, else a new one."""
+    for row in reversed(trainer.state.log_history):
+        if "eval_loss" in row and row.get("step") == trainer.state.global_step:
+            return row["eval_loss"]
+    return trainer.evaluate()["eval_loss"]

@@ -1,0 +1,168 @@
+"""The SFT stage (rlt_mono.sft) on CPU with the embedded tiny pair: the loss covers exactly what the model writes,
+SFT lowers the held-out explanation loss, the final model loads and differs from the start, a run resumes, and bad
+inputs stop with one-line errors."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import trl
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlt_mono.config import ConfigError, compose, instantiate
+from rlt_mono.errors import UserError
+from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.prompts import PromptFormat
+from rlt_mono.sft import SUMMARY_FILE, SFTStageConfig, build_sft, end_of_turn_token, run_sft
+
+QUESTION, SOLUTION = "What is 2 + 5?", "The answer is 7."
+TRACE = "2 + 5 = 7. The answer is 7."
+# Token ids in the tiny tokenizer, checked by hand (tokens shown): "2" "Ġ+" "Ġ" "5" "Ġ=" "Ġ" "7" "." "ĠThe"
+# "Ġanswer" "Ġis" "Ġ" "7" "."; the tags and <|im_end|> are single tokens.
+TRACE_IDS = [20, 341, 223, 23, 282, 223, 25, 16, 296, 308, 275, 223, 25, 16]
+BEGIN_EXPLANATION, END_EXPLANATION, IM_END, NEWLINES = 701, 702, 2, 324
+BEGIN_THOUGHT, END_SOLUTION = 703, 700
+# Few, small steps: the whole file stays fast on a shared 2-core machine.
+FAST = ["sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=1", "+sft.disable_tqdm=true"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # At these sizes OpenMP synchronisation costs more than it saves (see rlt_mono/embedded/tiny_models.py).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _rows_file(tmp_path, rows):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _labelled(example):
+    """(prompt ids, ids with a loss) of a prepared example; the loss span must be one block at the end."""
+    ids, labels = example["input_ids"], example["labels"]
+    start = next(i for i, label in enumerate(labels) if label != -100)
+    assert labels[start:] == ids[start:]  # one block, up to the end
+    return ids[:start], ids[start:]
+
+
+def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_path, tiny_pair):
+    rows = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": TRACE}])
+    run = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "data=custom",
+                                                 f"data.source={rows}"]))
+    prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
+    assert loss_ids == [*TRACE_IDS, END_EXPLANATION, IM_END]
+    assert prompt_ids[-2:] == [BEGIN_EXPLANATION, NEWLINES]
+    # the prompt is exactly the RL stage's: the teacher chat up to the prefilled explanation opening
+    tokenizer = run.trainer.processing_class
+    rl_prompt = tokenizer.apply_chat_template(PromptFormat().teacher_messages(QUESTION, SOLUTION), tokenize=False,
+                                              continue_final_message=True)
+    assert prompt_ids == tokenizer(rl_prompt, add_special_tokens=False)["input_ids"]
+    assert run.rows == {"train": 1, "heldout": 0, "skipped": 0, "truncated": 0}
+
+
+def test_student_example_has_a_loss_on_exactly_the_assistant_turn(tmp_path, tiny_pair):
+    distilled = "Add two and five: 7."
+    rows = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": TRACE,
+                                  "explanation": distilled}])
+    run = build_sft(compose("student_sft_tiny", [f"output_dir={tmp_path / 'run'}", "data=custom",
+                                                 f"data.source={rows}", "sft.explanation_column=explanation"]))
+    tokenizer = run.trainer.processing_class
+    prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
+    prompt_format = PromptFormat()
+    turn = prompt_format.student_completion(distilled, SOLUTION) + "<|im_end|>"
+    assert loss_ids == tokenizer(turn, add_special_tokens=False)["input_ids"]
+    assert (loss_ids[0], loss_ids[-2:]) == (BEGIN_THOUGHT, [END_SOLUTION, IM_END])
+    assert tokenizer.decode(prompt_ids) == tokenizer.apply_chat_template(
+        prompt_format.student_messages(QUESTION, distilled, SOLUTION)[:-1], tokenize=False, add_generation_prompt=True)
+    assert tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
+
+
+def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes(tmp_path, tiny_pair):
+    out = tmp_path / "run"
+    # The tiny teacher is already warmed up on this very format (tiny_models.py), so a few steps barely move it;
+    # the tiny student has never seen the teacher chat: it starts where a real warm-up does.
+    overrides = [f"output_dir={out}", "model.model_name_or_path=embedded:student", "data.embedded_rows=96",
+                 "sft.learning_rate=3e-3", "sft.save_steps=4", *FAST]
+    run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=4"]))
+
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert summary["steps"] == 4 and summary["rows"] == {"train": 96, "heldout": 64, "skipped": 0, "truncated": 0}
+    assert summary["heldout_loss_after"] < summary["heldout_loss_before"] - 0.1
+    evals = [row for row in read_metrics(out / METRICS_FILE) if "eval_loss" in row]
+    assert [(row["step"], row["eval_loss"]) for row in evals] == [
+        (0, summary["heldout_loss_before"]), (4, summary["heldout_loss_after"])]
+    assert [row["step"] for row in read_metrics(out / METRICS_FILE) if "loss" in row] == [1, 2, 3, 4]
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_pair.student_path)
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert AutoTokenizer.from_pretrained(out / "final").eos_token == "<|im_end|>"
+    start_weights = dict(start.named_parameters())
+    assert all(not torch.equal(p, start_weights[n]) for n, p in final.named_parameters())
+
+    # resume from the step-4 checkpoint up to step 6: each step is logged once, the "before" loss is the first start's
+    run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=6", "resume_from_checkpoint=true"]))
+    resumed = json.loads((out / SUMMARY_FILE).read_text())
+    assert resumed["steps"] == 6 and resumed["heldout_loss_before"] == summary["heldout_loss_before"]
+    rows = read_metrics(out / METRICS_FILE)
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in rows if "eval_loss" in row] == [0, 4, 6]
+
+
+def test_bad_inputs_stop_with_one_line_errors(tmp_path, tiny_pair):
+    no_trace = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION}])
+    cases = [
+        (compose("teacher_sft_tiny", ["data=custom", f"data.source={no_trace}"]),
+         r"teacher_sft trains on column 'reasoning_trace', which data.source=.* does not have .*"
+         r"set sft.explanation_column"),
+        (compose("student_sft_tiny", ["data=custom", f"data.source={no_trace}", "sft.explanation_column=solutoin"]),
+         "student_sft trains on column 'solutoin'"),
+        (compose("student_sft", []), r"data.source must be set"),
+        (compose("teacher_sft_tiny", ["+sft.max_stepz=3"]), r"sft: unknown keys \['max_stepz'\]"),
+        (compose("teacher_sft_tiny", ["stage=teacher_stf"]), "stage='teacher_stf': rlt_mono.sft runs student_sft or "
+                                                             "teacher_sft"),
+    ]
+    empty = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "explanation": "x"},
+                                  {"question": QUESTION, "solution": SOLUTION, "explanation": " "}])
+    cases.append((compose("student_sft_tiny", ["data=custom", f"data.source={empty}",
+                                               "sft.explanation_column=explanation"]),
+                  r"rows.jsonl: row 1: column 'explanation' is empty \(fix the row, or set data.on_bad_row=skip"))
+    for index, (cfg, message) in enumerate(cases):
+        cfg.output_dir = str(tmp_path / f"run{index}")
+        with pytest.raises(UserError, match=message) as caught:
+            build_sft(cfg)
+        assert "\n" not in str(caught.value)
+    assert issubclass(ConfigError, UserError)
+
+
+def test_end_of_turn_token_comes_from_the_chat_template(tokenizer):
+    assert end_of_turn_token(tokenizer, "model.model_name_or_path") == "<|im_end|>"
+    plain = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    plain.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    assert end_of_turn_token(plain, "model.model_name_or_path") is None  # TRL appends the tokenizer's eos
+    plain.chat_template = "{% for m in messages %}{{ m['content'] }} END OF TURN{% endfor %}"
+    with pytest.raises(UserError, match=r"closes an assistant turn with 'END OF TURN', which is not one token"):
+        end_of_turn_token(plain, "model.model_name_or_path")
+
+
+def test_sft_configs_have_rlt_warmup_settings_and_instantiate(tmp_path):
+    assert {f.name for f in dataclasses.fields(SFTStageConfig)} - {f.name for f in dataclasses.fields(trl.SFTConfig)} \
+        == {"explanation_column"}
+    for name, stage in [("teacher_sft_tiny", "teacher_sft"), ("student_sft_tiny", "student_sft"),
+                        ("teacher_sft", "teacher_sft"), ("student_sft", "student_sft")]:
+        cfg = compose(name, [f"output_dir={tmp_path}"])
+        assert (cfg.stage, cfg.output_dir, cfg.resume_from_checkpoint) == (stage, str(tmp_path), None)
+        sft = dict(cfg.sft, output_dir=str(tmp_path), bf16=False, use_cpu=True, optim="adamw_torch")  # CPU-checkable
+        args = instantiate(SFTStageConfig, sft, "sft")
+        assert args.completion_only_loss is True and args.eos_token is None
+    gpu = compose("teacher_sft").sft
+    assert (gpu.learning_rate, gpu.lr_scheduler_type, gpu.warmup_steps, gpu.adam_beta2, gpu.weight_decay,
+            gpu.num_train_epochs) == (1e-5, "cosine", 0.05, 0.95, 1e-4, 10)
+    assert gpu.per_device_train_batch_size * gpu.gradient_accumulation_steps == 16
+    assert gpu.bf16 and gpu.gradient_checkpointing
+    assert compose("student_sft").sft.explanation_column == "explanation"
+    assert compose("teacher_sft").model.dtype == "float32"
