@@ -382,7 +382,7 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
     colours.update(PHASE_COLOURS)
     titles = {
         "reward": "RLT teacher reward per step (mean over the step's completions)",
-        "unmatched": "completions whose explanation is not scored in full",
+        "unmatched": "share of the step's completions",
         "seconds": "seconds per step, by phase",
     }
     names = list(panels)
@@ -396,10 +396,14 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
             window = max(window, smoothing_window(len(series.values)))
             ax.plot(series.steps, [v * scale for v in series.values], linestyle="none", marker="o", markersize=3,
                     alpha=0.35, color=colour)
+            # Dashed after the first line of a panel: series that coincide (often all at 0%) stay distinguishable.
             ax.plot(series.steps, [v * scale for v in series.smoothed], color=colour, label=series.label,
-                    linewidth=2.4 if series.label.startswith("reward") else 1.6)
-        if percent:
-            ax.yaxis.set_major_formatter(PercentFormatter())
+                    linewidth=2.4 if series.label.startswith("reward") else 1.6,
+                    linestyle="--" if percent and i else "-")
+        if percent:  # a fraction: 0 to at least 10%, so a flat 0% reads as "none" rather than as noise
+            top = max([10.0] + [v * scale for series in panels[name] for v in series.values])
+            ax.set_ylim(-0.04 * top, 1.08 * top)
+            ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
         if name == "reward":
             ax.axhline(0.0, color="lightgray", linewidth=0.8, zorder=0)
         ax.set_title(titles[name] + (f"; lines: running mean over {window} steps" if window > 1 else ""),
