@@ -145,6 +145,7 @@ def read_hub(dataset_id: str, split: str) -> list[dict]:
             not in the hub cache; the message says that a local file works offline.
     """
     import datasets
+    import httpx
 
     offline = datasets.config.HF_HUB_OFFLINE
     if not offline:
@@ -157,7 +158,8 @@ def read_hub(dataset_id: str, split: str) -> list[dict]:
             )
     try:
         return list(datasets.load_dataset(dataset_id, split=split))
-    except (OSError, ValueError, datasets.exceptions.DatasetsError) as err:
+    # huggingface_hub raises OSError subclasses, but a connection lost mid-download surfaces as httpx's own.
+    except (OSError, ValueError, datasets.exceptions.DatasetsError, httpx.HTTPError) as err:
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
         mode = " in offline mode (HF_HUB_OFFLINE=1)" if offline else ""
         raise DataSourceError(
@@ -196,7 +198,9 @@ def stratos_row(row: dict) -> dict:
     the text inside the solution tags, each with ONE ``"\\n\\n"`` removed at each end (the padding that the
     data puts inside every tag) and nothing else touched. The RLT teacher data moves the thought's leading
     padding into the prompt, after ``<|begin_of_explanation|>``: rlt_mono's ``PromptFormat.explanation_prefix``
-    (``"\\n\\n"``) puts it back, so a teacher prompt ends as RLT's does. A part whose tags are missing is left
+    (``"\\n\\n"``) puts it back, so a teacher prompt ends as RLT's does. RLT also keeps the solution's padding
+    inside the solution tags; rlt_mono writes every dataset's solution flush against its tags, so its teacher
+    and student chats differ from RLT's there by those four newlines. A part whose tags are missing is left
     out of the row, which validation then reports as a missing column.
     """
     turns = row.get("conversations")
@@ -205,9 +209,9 @@ def stratos_row(row: dict) -> dict:
     question = _first_turn(turns, "user")
     if question is not None:
         mapped["question"] = question
-    answer = _first_turn(turns, "assistant") or ""
+    assistant = _first_turn(turns, "assistant") or ""
     for column, tag in (("reasoning_trace", "thought"), ("solution", "solution")):
-        inside = _between(answer, begin_tag(tag), end_tag(tag))
+        inside = _between(assistant, begin_tag(tag), end_tag(tag))
         if inside is not None:
             mapped[column] = inside.removeprefix("\n\n").removesuffix("\n\n")
     return mapped

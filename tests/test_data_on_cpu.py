@@ -6,6 +6,7 @@ import time
 from dataclasses import fields
 
 import datasets
+import httpx
 import pytest
 import yaml
 from huggingface_hub import constants as hub_constants
@@ -177,6 +178,21 @@ def test_unreachable_hub_fails_fast_with_one_line(monkeypatch):
     assert message.startswith("data.source=made-up-owner/made-up-dataset: could not load the dataset from the hub "
                               "(cannot reach 127.0.0.1:")
     assert "a local .jsonl/.json/.parquet/.csv file works offline" in message and "\n" not in message
+
+
+def test_connection_lost_after_the_reachability_check_is_one_line(monkeypatch):
+    def lose_connection(*args, **kwargs):
+        raise httpx.ConnectError("[Errno 104] Connection reset by peer")
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(data_sources, "hub_unreachable_reason", lambda: None)
+    monkeypatch.setattr(datasets, "load_dataset", lose_connection)
+    with pytest.raises(DataSourceError) as err:
+        load_split(DataConfig(source="owner/name", split="test"))
+    assert str(err.value) == (
+        "data.source=owner/name: could not load the dataset from the hub ([Errno 104] Connection reset by peer): "
+        "check the id and data.split=test, or use a local .jsonl/.json/.parquet/.csv file, which works offline"
+    )
 
 
 def test_hub_dataset_missing_from_the_offline_cache_fails_with_one_line(monkeypatch):
