@@ -64,7 +64,7 @@ logger = logging.getLogger(__name__)
 DISTILL_FILE = "distill.jsonl"
 SELECTIONS = ("best", "all")
 # A resumed run must score like the run that wrote the file, or the rows of one file would not be comparable.
-RESUME_KEYS = ("stage", "model.model_name_or_path", "student.model_name_or_path", "reward",
+RESUME_KEYS = ("model.model_name_or_path", "student.model_name_or_path", "reward",
                "distill.samples_per_question", "distill.selection", "distill.temperature")
 
 
@@ -328,12 +328,13 @@ def stage_output_dir(cfg: DictConfig) -> Path:
 
 
 def check_resume_matches(output_dir: Path, cfg: DictConfig, keys: tuple[str, ...]) -> None:
-    """Refuse to add rows to a folder written under other settings (``config.yaml`` of the earlier run)."""
+    """Refuse a folder that another stage wrote, or (``keys``) that this stage wrote under other settings, as
+    recorded in the earlier run's ``config.yaml``."""
     saved_path = output_dir / "config.yaml"
     if not saved_path.exists():
         return
     saved = OmegaConf.load(saved_path)
-    for key in keys:
+    for key in ("stage", *keys):
         before, now = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
         if before != now:
             raise UserError(f"output_dir={output_dir} was written with {key}={_short(before)}, not {_short(now)}: "
@@ -382,8 +383,8 @@ def run_distill(cfg: DictConfig) -> Path:
                           "model.model_name_or_path=outputs/teacher_rlt_mono/<time>/final)")
     output_dir = stage_output_dir(cfg)
     out_path = output_dir / DISTILL_FILE
-    if out_path.exists():
-        check_resume_matches(output_dir, cfg, RESUME_KEYS)
+    # Settings that change the rows must match the rows already written (none yet: any settings do).
+    check_resume_matches(output_dir, cfg, RESUME_KEYS if out_path.exists() else ())
     per_question = options.samples_per_question if options.selection == "all" else 1
     rows, source = stage_rows(cfg, "train")
     done = completed_keys(out_path, per_question)

@@ -34,12 +34,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.distill import (
     SamplingOptions,
     StageModels,
+    check_resume_matches,
     explain,
     load_stage_models,
     open_generator,
@@ -190,6 +191,8 @@ def run_eval(cfg: DictConfig) -> Path:
                           "set a teacher, or eval.student_accuracy=true")
     rows, source = stage_rows(cfg, "eval")
     output_dir = stage_output_dir(cfg)
+    check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
+    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
     logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)

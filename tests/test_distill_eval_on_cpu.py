@@ -226,3 +226,57 @@ def test_stage_options_are_checked_before_a_model_loads(tmp_path):
                                        "eval.student_accuracy=false"]))
     with pytest.raises(ConfigError, match="distill needs a teacher"):
         run_distill(compose("distill_tiny", [f"output_dir={tmp_path}", "model.model_name_or_path=null"]))
+    OmegaConf.save(compose("eval_tiny"), tmp_path / "config.yaml")  # another stage's folder is left alone
+    with pytest.raises(UserError, match=r"^output_dir=.* was written with stage=\"eval\", not \"distill\""):
+        run_distill(compose("distill_tiny", [f"output_dir={tmp_path}"]))
+
+
+@pytest.mark.gpu
+def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path, monkeypatch):
+    """vLLM generates (asleep while the reward scores), two engines start one after the other in eval, and the
+    kept explanation is the best of the generated ids by a direct reward call on the same GPU."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlt_mono.distill import VLLMGenerator
+
+    for role, path in (("teacher", tiny_pair.teacher_path), ("student", tiny_pair.student_path)):
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(tmp_path / role)
+        AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / role)
+    calls = []
+    original = VLLMGenerator.generate
+
+    def recording(self, prompt_ids, n, temperature):
+        completions = original(self, prompt_ids, n, temperature)
+        calls.append((prompt_ids, n, temperature, completions))
+        return completions
+
+    monkeypatch.setattr(VLLMGenerator, "generate", recording)
+    models = [f"model.model_name_or_path={tmp_path / 'teacher'}", f"student.model_name_or_path={tmp_path / 'student'}",
+              "model.dtype=bfloat16", "student.dtype=bfloat16", "placement.rollout=vllm"]
+    cfg = compose("distill_tiny", [*models, f"output_dir={tmp_path / 'distill'}", "data.max_rows=4",
+                                   "distill.samples_per_question=4", "distill.vllm_gpu_memory_utilization=0.3"])
+    run_distill(cfg)
+    written = _lines(tmp_path / "distill" / DISTILL_FILE)
+    rows = load_split(DataConfig(**OmegaConf.to_container(cfg.data)), 0, "train")
+    assert [r["question"] for r in written] == [r["question"] for r in rows]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "teacher")
+    teacher = AutoModelForCausalLM.from_pretrained(tmp_path / "teacher", dtype=torch.bfloat16).cuda().eval()
+    student = AutoModelForCausalLM.from_pretrained(tmp_path / "student", dtype=torch.bfloat16).cuda().eval()
+    reward = _direct_reward(cfg, tokenizer, student, teacher)
+    [(_, n, _, completions)] = calls
+    assert n == 4
+    end = end_tag("explanation")
+    for row, per_row, line in zip(rows, completions, written):
+        for completion in per_row:  # vLLM stops at the closing tag and hands back no token after it
+            text = tokenizer.decode(completion).removesuffix(tokenizer.eos_token)
+            assert end not in text or text.index(end) == len(text) - len(end)
+        scores = _score(reward, tokenizer, row, per_row)
+        assert line["explanation"] == scores[line["sample_index"]]["explanation"]
+        assert line["total"] == pytest.approx(max(s["total"] for s in scores), abs=0.05)  # bf16, other batches
+
+    run_eval(compose("eval_tiny", [*models, f"output_dir={tmp_path / 'eval'}", "data.max_rows=4",
+                                   "eval.vllm_gpu_memory_utilization=0.3"]))
+    result = json.loads((tmp_path / "eval" / EVAL_FILE).read_text())
+    assert set(result["metrics"]) == {"teacher/reward", "teacher/r_ss", "teacher/r_kl", "teacher/match_penalty",
+                                      "teacher/unmatched_frac", "student/solution_log_prob", "student/accuracy"}
+    assert [c[2] for c in calls[1:]] == [0.7, 0.0]  # the teacher samples, then the student answers greedily
