@@ -15,8 +15,9 @@ TRL appends ``eos_token`` to each completion; unless ``sft.eos_token`` names one
 closes an assistant turn with (``<|im_end|>`` in ChatML), so the model learns to end its turn right after the
 closing tag, where the RL stage and vLLM stop generating. Method and warm-up settings: docs/METHOD.md.
 
-Before and after training the loss on held-out rows is measured (TRL's ``eval_loss``: the token-mean NLL of the
-completions, averaged over eval batches). A run leaves in ``<output_dir>``: ``config.yaml``, ``metrics.jsonl``,
+Rows are split as data.py splits them (by question; ``data.eval_rows`` / ``data.eval_fraction``): the model never
+trains on a held-out question, and its loss on them is measured before and after training (TRL's ``eval_loss``:
+the token-mean NLL of the completions, averaged over eval batches; none when nothing is held out). A run leaves in ``<output_dir>``: ``config.yaml``, ``metrics.jsonl``,
 ``checkpoint-*`` (resumable), ``final/`` (model + tokenizer, loadable as ``model.model_name_or_path=<dir>/final``)
 and ``sft_summary.json``.
 
@@ -34,7 +35,7 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -46,7 +47,7 @@ from transformers import PreTrainedTokenizerBase
 from rlt_mono import checkpoints
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_model_path, resolve_output_dir
 from rlt_mono.config import instantiate
-from rlt_mono.data import DataConfig, load_rows, validate_rows
+from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.outputs import METRICS_FILE, RunFilesCallback, read_metrics
 from rlt_mono.prompts import PromptFormat
@@ -118,46 +119,40 @@ def end_of_turn_token(tokenizer: PreTrainedTokenizerBase, key: str) -> str | Non
 # ---- rows -------------------------------------------------------------------------------------------------------
 def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_column: str
                   ) -> tuple[list[dict], list[dict], int]:
-    """Train rows, held-out rows and the number of skipped train rows; every row kept has ``question``,
-    ``solution`` and a non-empty ``explanation_column``.
+    """Train rows, held-out rows and the number of bad rows skipped; every row kept has ``question``,
+    ``solution`` and a non-empty ``explanation_column``. ``data.max_rows`` caps each split.
+
+    The split is data.py's (``load_split``): by question, the same held-out questions as the distill and eval
+    stages. It is applied here to the source's rows with every column kept, because ``load_split`` keeps only
+    data.py's own columns and a distill row's ``explanation`` is not one of them.
 
     Raises:
-        UserError: unreadable source, no row with ``explanation_column``, a bad row (with ``on_bad_row=error``).
+        UserError: unreadable source, no row with ``explanation_column``, a bad row (with ``on_bad_row=error``),
+            no train row.
     """
-    train, heldout = _split_rows(data_config, seed)
-    train, skipped = _usable_rows(train, data_config, stage, explanation_column)
+    heldout_questions = {_question_key(row["question"])
+                         for row in load_split(replace(data_config, max_rows=None), seed, "eval")}
+    rows, skipped = _usable_rows(load_rows(data_config, seed=seed), data_config, stage, explanation_column)
+    train = [row for row in rows if _question_key(row["question"]) not in heldout_questions]
+    heldout = [row for row in rows if _question_key(row["question"]) in heldout_questions]
     if data_config.max_rows is not None:
-        train = train[: data_config.max_rows]
+        train, heldout = train[: data_config.max_rows], heldout[: data_config.max_rows]
     if not train:
-        raise UserError(f"data.source={data_config.source}: no usable rows for {stage}")
-    heldout, _ = _usable_rows(heldout, data_config, stage, explanation_column)
+        raise UserError(f"data.source={data_config.source}: no usable train rows for {stage} ({skipped} skipped, "
+                        f"{len(heldout)} held out): add rows, or hold fewer out (data.eval_rows / data.eval_fraction)")
     return train, heldout, skipped
 
 
-def _split_rows(data_config: DataConfig, seed: int) -> tuple[list[dict], list[dict]]:
-    """Raw train and held-out rows.
-
-    Until data.py has held-out splits, training uses every row; the embedded source gets held-out rows as fresh
-    draws of its generator (another seed), other sources none (no held-out loss is measured).
-    """
-    try:
-        train = load_rows(data_config, seed=seed)
-    except (OSError, ValueError) as err:  # data.py's one-line messages (missing file, unsupported type)
-        raise UserError(str(err)) from err
-    if data_config.source != "embedded":
-        return train, []
-    heldout = load_rows(DataConfig(source="embedded", embedded_rows=HELDOUT_EMBEDDED_ROWS), seed=seed + 1)
-    return train, heldout
-
-
-HELDOUT_EMBEDDED_ROWS = 64
+def _question_key(question: str) -> str:
+    """A question's identity in data.py's split: runs of whitespace read as one space."""
+    return " ".join(question.split())
 
 
 def _usable_rows(rows: list[dict], data_config: DataConfig, stage: str, column: str) -> tuple[list[dict], int]:
     """``validate_rows`` plus the explanation column: a bad row raises or is dropped, as ``data.on_bad_row`` says.
 
     The explanation column goes through ``validate_rows`` as data.py's SFT target column (``reasoning_trace``),
-    the one extra column it checks and keeps.
+    which it checks and keeps.
     """
     source = data_config.source
     if rows and not any(column in row for row in rows):
@@ -173,14 +168,11 @@ def _usable_rows(rows: list[dict], data_config: DataConfig, stage: str, column: 
                     else f"is a {type(value).__name__}, not a string")
             raise UserError(f"{source}: row {index}: column {column!r} {what} (fix the row, or set "
                             "data.on_bad_row=skip to drop such rows)")
-    try:
-        valid, skipped = validate_rows(with_target, source, data_config.on_bad_row)
-    except ValueError as err:  # BadRowError: names the source, the row and the column
-        raise UserError(str(err)) from err
-    skipped += len(rows) - len(with_target)
     if len(with_target) < len(rows):
-        logger.warning("%s: skipped %d rows without a usable %r", source, len(rows) - len(with_target), column)
-    return [{**row, column: row[TARGET_COLUMN]} for row in valid], skipped
+        logger.warning("%s: skipped %d of %d rows without a usable %r", source, len(rows) - len(with_target),
+                       len(rows), column)
+    valid, skipped = validate_rows(with_target, source, data_config.on_bad_row)
+    return [{**row, column: row[TARGET_COLUMN]} for row in valid], skipped + len(rows) - len(with_target)
 
 
 # ---- the stage --------------------------------------------------------------------------------------------------

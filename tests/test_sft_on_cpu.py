@@ -4,6 +4,7 @@ inputs stop with one-line errors."""
 
 import dataclasses
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono.config import ConfigError, compose, instantiate
+from rlt_mono.data import DataConfig, load_split
 from rlt_mono.errors import UserError
 from rlt_mono.outputs import METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.sft import SUMMARY_FILE, SFTStageConfig, build_sft, end_of_turn_token, run_sft
+from rlt_mono.sft import SUMMARY_FILE, SFTStageConfig, build_sft, end_of_turn_token, load_sft_rows, run_sft
 
 QUESTION, SOLUTION = "What is 2 + 5?", "The answer is 7."
 TRACE = "2 + 5 = 7. The answer is 7."
@@ -87,11 +89,11 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     # The tiny teacher is already warmed up on this very format (tiny_models.py), so a few steps barely move it;
     # the tiny student has never seen the teacher chat: it starts where a real warm-up does.
     overrides = [f"output_dir={out}", "model.model_name_or_path=embedded:student", "data.embedded_rows=96",
-                 "sft.learning_rate=3e-3", "sft.save_steps=4", *FAST]
+                 "data.eval_rows=32", "sft.learning_rate=3e-3", "sft.save_steps=4", *FAST]
     run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=4"]))
 
     summary = json.loads((out / SUMMARY_FILE).read_text())
-    assert summary["steps"] == 4 and summary["rows"] == {"train": 96, "heldout": 64, "skipped": 0, "truncated": 0}
+    assert summary["steps"] == 4 and summary["rows"] == {"train": 64, "heldout": 32, "skipped": 0, "truncated": 0}
     assert summary["heldout_loss_after"] < summary["heldout_loss_before"] - 0.1
     evals = [row for row in read_metrics(out / METRICS_FILE) if "eval_loss" in row]
     assert [(row["step"], row["eval_loss"]) for row in evals] == [
@@ -111,6 +113,22 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     rows = read_metrics(out / METRICS_FILE)
     assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]
     assert [row["step"] for row in rows if "eval_loss" in row] == [0, 4, 6]
+
+
+def test_rows_are_split_by_question_like_data_py_and_keep_the_explanation_column(tmp_path):
+    # distill rows with selection "all": two explanations per question
+    rows = [{"question": f"Q{q}?", "solution": f"S{q}", "explanation": f"E{q}.{k}", "total": 0.5}
+            for q in range(5) for k in range(2)]
+    data_config = DataConfig(source=str(_rows_file(tmp_path, rows)), eval_rows=2)
+    train, heldout, skipped = load_sft_rows(data_config, 0, "student_sft", "explanation")
+    eval_questions = {row["question"] for row in load_split(data_config, 0, "eval")}
+    assert {row["question"] for row in heldout} == eval_questions and len(eval_questions) == 2
+    assert not eval_questions & {row["question"] for row in train}
+    assert sorted(row["explanation"] for row in train + heldout) == sorted(row["explanation"] for row in rows)
+    assert all(row["explanation"][1] == row["question"][1] for row in train + heldout) and skipped == 0
+    # data.max_rows caps each split, never moves a question across
+    capped, capped_heldout, _ = load_sft_rows(replace(data_config, max_rows=1), 0, "student_sft", "explanation")
+    assert (capped, capped_heldout) == (train[:1], heldout[:1])
 
 
 def test_bad_inputs_stop_with_one_line_errors(tmp_path, tiny_pair):
