@@ -17,9 +17,12 @@ closing tag, where the RL stage and vLLM stop generating. Method and warm-up set
 
 Rows are split as data.py splits them (by question; ``data.eval_rows`` / ``data.eval_fraction``): the model never
 trains on a held-out question, and its loss on them is measured before and after training (TRL's ``eval_loss``:
-the token-mean NLL of the completions, averaged over eval batches; none when nothing is held out). A run leaves in ``<output_dir>``: ``config.yaml``, ``metrics.jsonl``,
-``checkpoint-*`` (resumable), ``final/`` (model + tokenizer, loadable as ``model.model_name_or_path=<dir>/final``)
-and ``sft_summary.json``.
+the token-mean NLL of the completions, averaged over eval batches; none when nothing is held out).
+
+A run leaves in ``<output_dir>``: ``config.yaml``, ``metrics.jsonl`` (train and held-out losses by step),
+``checkpoint-*`` (resumable with ``resume_from_checkpoint``), ``final/`` (model + tokenizer; the RL stage loads it
+as ``model.model_name_or_path=<output_dir>/final``) and ``sft_summary.json`` (rows, steps, train loss first/last,
+held-out loss before/after).
 
 Run::
 

@@ -65,6 +65,11 @@ def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_
                                               continue_final_message=True)
     assert prompt_ids == tokenizer(rl_prompt, add_special_tokens=False)["input_ids"]
     assert run.rows == {"train": 1, "heldout": 0, "skipped": 0, "truncated": 0}
+    # a max_length that cuts the explanation: the loss keeps its start, and the row is counted as truncated
+    cut = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'cut'}", "data=custom", f"data.source={rows}",
+                                                 f"sft.max_length={len(prompt_ids) + 5}"]))
+    assert _labelled(cut.trainer.train_dataset[0]) == (prompt_ids, TRACE_IDS[:5])
+    assert cut.rows["truncated"] == 1
 
 
 def test_student_example_has_a_loss_on_exactly_the_assistant_turn(tmp_path, tiny_pair):
