@@ -153,7 +153,7 @@ def format_summary_line(logs: Mapping, step: int, max_steps: int, steps_run: int
         parts[0] += f" in {_duration(runtime)}{per_step}"
     trend = reward_trend([step for step, _ in rewards], [reward for _, reward in rewards])
     if trend is not None:
-        parts.append(f"mean reward {_describe_block(trend[0])} -> {_describe_block(trend[1])}")
+        parts.append(f"mean reward {describe_trend(trend)}")
     parts.append(f"outputs in {output_dir}")
     return " | ".join(parts)
 
@@ -451,6 +451,12 @@ def reward_trend(steps: Sequence[int], rewards: Sequence[float]) -> tuple[Block,
     return tuple(Block(steps[s][0], steps[s][-1], sum(rewards[s]) / width) for s in (head, tail))
 
 
+def describe_trend(trend: tuple[Block, Block]) -> str:
+    """``-3.020 (steps 1-7) -> -2.410 (steps 34-40)``; one block when both are the same steps."""
+    first, last = trend
+    return _describe_block(first) if first == last else f"{_describe_block(first)} -> {_describe_block(last)}"
+
+
 def _describe_block(block: Block) -> str:
     steps = f"step {block.first}" if block.first == block.last else f"steps {block.first}-{block.last}"
     return f"{block.mean:.3f} ({steps})"
@@ -532,7 +538,7 @@ def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[M
         ("steps done", f"{steps_done}{of_max}: {status}"),
     ]
     if trend is not None:
-        facts.append(("mean reward", f"{_describe_block(trend[0])} -> {_describe_block(trend[1])}"))
+        facts.append(("mean reward", describe_trend(trend)))
     lines = [
         f"# rlt_mono run `{cfg_dict.get('run_name', output_dir.name)}`: {output_dir.name}",
         "",

@@ -21,6 +21,7 @@ from rlt_mono.outputs import (
     drop_rows_after,
     format_step_line,
     format_summary_line,
+    launch_command,
     metric_series,
     plot_metrics,
     read_metrics,
@@ -83,7 +84,7 @@ def test_compact_callback_writes_lines_not_dicts(caplog):
         callback.on_log(args, state, control, logs={"train_runtime": 3.0, "train_loss": 0.0})
     assert [r.getMessage() for r in caplog.records] == [
         format_step_line(FULL_LOG, 1, 2),
-        "done: step 1/2 in 3.0 s (3.0 s/step) | mean reward -2.713 (step 1) -> -2.713 (step 1) | outputs in /runs/b",
+        "done: step 1/2 in 3.0 s (3.0 s/step) | mean reward -2.713 (step 1) | outputs in /runs/b",
     ]
 
 
@@ -249,3 +250,10 @@ def test_callback_writes_the_readme_at_each_save(tmp_path):
     callback.on_log(SimpleNamespace(), _state(1), TrainerControl(), logs={"reward": 0.5})
     callback.on_save(SimpleNamespace(), _state(1), TrainerControl())
     assert "| steps done | 1 of 2: stopped, or still running |" in (tmp_path / "README.md").read_text()
+
+
+def test_launch_command_is_known_only_for_the_command_line_entry(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["/repo/rlt_mono/train.py", "demo_tiny", "data.source=my rows.jsonl"])
+    assert launch_command() == "./launch_mono.sh demo_tiny 'data.source=my rows.jsonl'"
+    monkeypatch.setattr("sys.argv", ["/usr/bin/ipykernel_launcher.py", "-f", "kernel.json"])
+    assert launch_command() is None
