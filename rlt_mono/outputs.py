@@ -44,6 +44,8 @@ SUMMARY_EVENT = "summary"
 SAMPLE_KEYS_FIRST = ("step", "question", "solution", "explanation", "total", "r_ss", "r_kl", "match_penalty")
 # Short names of the phases in the progress line (others keep their name).
 PHASE_SHORT_NAMES = {"generate": "gen"}
+# Phases in the order a step runs them; any other phase follows, by name.
+PHASE_ORDER = ("generate", "score", "train")
 
 
 # ---- the terminal -------------------------------------------------------------------------------------
@@ -82,7 +84,7 @@ class CompactProgressCallback(TrainerCallback):
             line = format_summary_line(logs, state.global_step, state.max_steps, state.global_step - self._start_step,
                                        self._rewards, args.output_dir)
         else:
-            if isinstance(logs.get("reward"), (int, float)):
+            if _is_number(logs.get("reward")):
                 self._rewards.append((state.global_step, float(logs["reward"])))
             line = format_step_line(logs, state.global_step, state.max_steps)
         if self.bar is not None:
@@ -133,8 +135,7 @@ def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
               if key.startswith("phase/") and key.endswith("/seconds") and key.count("/") == 2 and _is_number(value)}
     step_seconds = logs.get("step_time") if _is_number(logs.get("step_time")) else sum(phases.values()) or None
     if step_seconds is not None:
-        order = {"generate": 0, "score": 1, "train": 2}
-        names = sorted(phases, key=lambda name: (order.get(name, 3), name))
+        names = _in_phase_order(phases)
         digits = 1 if step_seconds >= 1 else 2  # one precision for the step and its phases
         details = ", ".join(f"{PHASE_SHORT_NAMES.get(name, name)} {phases[name]:.{digits}f}" for name in names)
         parts.append(f"{step_seconds:.{digits}f} s/step" + (f" ({details})" if details else ""))
@@ -164,7 +165,7 @@ class RunFilesCallback(TrainerCallback):
     writes the run's README (when given ``run_config``); at the end draws the plot.
 
     On a resume, rows of the steps after the checkpoint (which are about to run again) are dropped first, so each
-    step appears once, and so is a last line a killed process left unfinished.
+    step appears once; so is a last line that a killed process left unfinished.
 
     Args:
         run_config: the resolved run config as plain containers (``OmegaConf.to_container(cfg, resolve=True)``),
@@ -356,8 +357,7 @@ def metric_series(rows: Sequence[Mapping]) -> dict[str, list[Series]]:
     if any(_is_number(row.get(UNMATCHED_SERIES[0][0])) for row in rows):
         panels["unmatched"] = [s for key, label, _ in UNMATCHED_SERIES if (s := _series(rows, key, label))]
     phases = {k.split("/")[1] for row in rows for k in row if k.startswith("phase/") and k.endswith("/seconds")}
-    order = {"generate": 0, "score": 1, "train": 2}
-    for phase in sorted(phases, key=lambda name: (order.get(name, 3), name)):
+    for phase in _in_phase_order(phases):
         series = _series(rows, f"phase/{phase}/seconds", phase)
         if series is not None:
             panels["seconds"].append(series)
@@ -371,11 +371,10 @@ def _same_values(rows: Sequence[Mapping], key: str, other: str) -> bool:
 
 def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
     """A matplotlib figure of ``metric_series``'s panels, stacked, sharing the step axis; legends right of the
-    axes. Returns the figure (the caller saves and closes it)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    axes. Returns the figure, on an Agg canvas of its own (pyplot's state and backend are left alone, so a
+    notebook's inline plots keep working)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
     colours = {label: colour for table in (REWARD_SERIES, UNMATCHED_SERIES) for _, label, colour in table}
@@ -386,7 +385,9 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
         "seconds": "seconds per step, by phase",
     }
     names = list(panels)
-    fig, axes = plt.subplots(len(names), 1, figsize=(11, 3.2 * len(names)), sharex=True, squeeze=False)
+    fig = Figure(figsize=(11, 3.2 * len(names)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(names), 1, sharex=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         percent = name == "unmatched"
         scale = 100.0 if percent else 1.0
@@ -419,8 +420,6 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
 def plot_metrics(metrics_path: str | Path, out_path: str | Path) -> dict[str, list[Series]]:
     """Draw the step rows of ``metrics_path`` into the PNG ``out_path``; returns the series drawn
     (``metric_series``)."""
-    import matplotlib.pyplot as plt
-
     panels = metric_series(read_metrics(metrics_path))
     if not panels:
         logger.info("%s has no step metrics to plot", metrics_path)
@@ -428,7 +427,6 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path) -> dict[str, li
     fig = draw_metric_series(panels)
     out_path = Path(out_path)
     fig.savefig(out_path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
     logger.info("wrote %s", out_path)
     return panels
 
@@ -590,6 +588,11 @@ def _file_order(name: str) -> tuple:
 
 
 # ---- number formatting ----------------------------------------------------------------------------------
+def _in_phase_order(names) -> list[str]:
+    return sorted(names, key=lambda name: (PHASE_ORDER.index(name) if name in PHASE_ORDER else len(PHASE_ORDER),
+                                           name))
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
