@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, prepare_dataset
+from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.phases import PhaseController
@@ -80,7 +80,13 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
                  device=placement.device(Role.CRITIC))
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
-    dataset, _ = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed)
+    # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
+    max_prompt_tokens = teacher.config.max_position_embeddings - args.max_completion_length
+    dataset, skipped = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed,
+                                       max_prompt_tokens=max_prompt_tokens)
+    # TRL's sampler draws generation_batch_size / num_generations distinct prompts per generation; with fewer
+    # rows it yields no batch and the run ends after 0 steps.
+    check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
     # ---- reward ---------------------------------------------------------------------------------------
     try:
         reward = TeacherKLReward(
