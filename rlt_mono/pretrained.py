@@ -189,7 +189,10 @@ def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "b
             record = {"gguf_file": str(source), "sha256": sha256, "size": source.stat().st_size, "dtype": dtype,
                       "format_version": FORMAT_VERSION, "transformers_version": _transformers_version()}
             (staging / SOURCE_RECORD).write_text(json.dumps(record, indent=2) + "\n")
-            staging.chmod(0o755)  # mkdtemp makes it owner-only
+            # mkdtemp makes the folder owner-only, and transformers 5.17 writes model.safetensors owner-only too
+            staging.chmod(0o755)
+            for path in staging.rglob("*"):
+                path.chmod(0o755 if path.is_dir() else 0o644)
             os.replace(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -307,7 +310,6 @@ def _convert(source: Path, folder: Path, dtype: str) -> None:
     # Ignored by transformers for byte-level BPE tokenizers anyway (with a warning at every load), and false in
     # the original SmolLM2 and Qwen2.5 tokenizer configs.
     tokenizer.clean_up_tokenization_spaces = False
-    model.config.name_or_path = str(folder)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     if tokenizer.chat_template is None:

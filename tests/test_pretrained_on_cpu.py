@@ -141,6 +141,7 @@ def test_tiny_gguf_becomes_a_plain_bf16_folder_with_the_files_weights_and_tokens
     assert folder == cache / "gguf" / f"tiny-qwen2.Q8_0-{sha[:16]}-bfloat16-v{pretrained.FORMAT_VERSION}"
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
             "generation_config.json", "gguf_source.json"} <= {p.name for p in folder.iterdir()}
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o644}  # readable as any cached model
     record = json.loads((folder / "gguf_source.json").read_text())
     assert (record["sha256"], record["size"], record["dtype"]) == (sha, source.stat().st_size, "bfloat16")
     config = json.loads((folder / "config.json").read_text())
