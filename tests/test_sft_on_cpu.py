@@ -20,11 +20,9 @@ from rlt_mono.sft import SUMMARY_FILE, SFTStageConfig, build_sft, end_of_turn_to
 
 QUESTION, SOLUTION = "What is 2 + 5?", "The answer is 7."
 TRACE = "2 + 5 = 7. The answer is 7."
-# Token ids in the tiny tokenizer, checked by hand (tokens shown): "2" "Ġ+" "Ġ" "5" "Ġ=" "Ġ" "7" "." "ĠThe"
-# "Ġanswer" "Ġis" "Ġ" "7" "."; the tags and <|im_end|> are single tokens.
-TRACE_IDS = [20, 341, 223, 23, 282, 223, 25, 16, 296, 308, 275, 223, 25, 16]
-BEGIN_EXPLANATION, END_EXPLANATION, IM_END, NEWLINES = 701, 702, 2, 324
-BEGIN_THOUGHT, END_SOLUTION = 703, 700
+# TRACE in the tiny tokenizer, checked by hand ("Ġ" is a space, "ĊĊ" is "\n\n"; tags are single tokens). Tokens,
+# not ids: the tokenizer is trained on the rendered chats, so a change of the prompts renumbers its vocabulary.
+TRACE_TOKENS = ["2", "Ġ+", "Ġ", "5", "Ġ=", "Ġ", "7", ".", "ĠThe", "Ġanswer", "Ġis", "Ġ", "7", "."]
 # Few, small steps: the whole file stays fast on a shared 2-core machine.
 FAST = ["sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=1", "+sft.disable_tqdm=true"]
 
@@ -56,11 +54,11 @@ def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_
     rows = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": TRACE}])
     run = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "data=custom",
                                                  f"data.source={rows}"]))
-    prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
-    assert loss_ids == [*TRACE_IDS, END_EXPLANATION, IM_END]
-    assert prompt_ids[-2:] == [BEGIN_EXPLANATION, NEWLINES]
-    # the prompt is exactly the RL stage's: the teacher chat up to the prefilled explanation opening
     tokenizer = run.trainer.processing_class
+    prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
+    assert tokenizer.convert_ids_to_tokens(loss_ids) == [*TRACE_TOKENS, "<|end_of_explanation|>", "<|im_end|>"]
+    assert tokenizer.convert_ids_to_tokens(prompt_ids[-2:]) == ["<|begin_of_explanation|>", "ĊĊ"]
+    # the prompt is exactly the RL stage's: the teacher chat up to the prefilled explanation opening
     rl_prompt = tokenizer.apply_chat_template(PromptFormat().teacher_messages(QUESTION, SOLUTION), tokenize=False,
                                               continue_final_message=True)
     assert prompt_ids == tokenizer(rl_prompt, add_special_tokens=False)["input_ids"]
@@ -68,7 +66,8 @@ def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_
     # a max_length that cuts the explanation: the loss keeps its start, and the row is counted as truncated
     cut = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'cut'}", "data=custom", f"data.source={rows}",
                                                  f"sft.max_length={len(prompt_ids) + 5}"]))
-    assert _labelled(cut.trainer.train_dataset[0]) == (prompt_ids, TRACE_IDS[:5])
+    cut_prompt_ids, cut_loss_ids = _labelled(cut.trainer.train_dataset[0])
+    assert (cut_prompt_ids, tokenizer.convert_ids_to_tokens(cut_loss_ids)) == (prompt_ids, TRACE_TOKENS[:5])
     assert cut.rows["truncated"] == 1
 
 
@@ -83,7 +82,8 @@ def test_student_example_has_a_loss_on_exactly_the_assistant_turn(tmp_path, tiny
     prompt_format = PromptFormat()
     turn = prompt_format.student_completion(distilled, SOLUTION) + "<|im_end|>"
     assert loss_ids == tokenizer(turn, add_special_tokens=False)["input_ids"]
-    assert (loss_ids[0], loss_ids[-2:]) == (BEGIN_THOUGHT, [END_SOLUTION, IM_END])
+    tokens = tokenizer.convert_ids_to_tokens(loss_ids)
+    assert (tokens[0], tokens[-2:]) == ("<|begin_of_thought|>", ["<|end_of_solution|>", "<|im_end|>"])
     assert tokenizer.decode(prompt_ids) == tokenizer.apply_chat_template(
         prompt_format.student_messages(QUESTION, distilled, SOLUTION)[:-1], tokenize=False, add_generation_prompt=True)
     assert tokenizer.decode(prompt_ids).endswith("<|im_start|>assistant\n")
