@@ -20,7 +20,7 @@ from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.outputs import RunFilesCallback
+from rlt_mono.outputs import RunFilesCallback, replace_progress_callback
 from rlt_mono.phases import PhaseController
 from rlt_mono.placement import PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat
@@ -69,8 +69,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
     phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
-    teacher_path = resolve_model_path(cfg.model.model_name_or_path, cfg.seed, "model.model_name_or_path")
-    student_path = resolve_model_path(cfg.student.model_name_or_path, cfg.seed, "student.model_name_or_path")
+    teacher_path = model_path(cfg.model, cfg.seed, "model")
+    student_path = model_path(cfg.student, cfg.seed, "student")
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
@@ -114,8 +114,10 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         offload_reference=Role.REFERENCE in placement.offloaded,
         critic_reward=reward if placement.device(Role.CRITIC) != placement.device(Role.ACTOR) else None,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
-        callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics)],
+        callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
+                                    run_config=OmegaConf.to_container(cfg, resolve=True))],
     )
+    replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.teacher_reward = reward
     trainer.resume_checkpoint = resume_checkpoint
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -151,9 +153,21 @@ def stop_token_ids(model, tokenizer) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path") -> str:
-    """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; a local path must exist; a
-    hub id is returned unchanged."""
+def model_path(group: DictConfig, seed: int, name: str) -> str:
+    """The folder or hub id to load for config group ``name`` (``model`` or ``student``), GGUF files included."""
+    return resolve_model_path(group.model_name_or_path, seed, f"{name}.model_name_or_path",
+                              gguf_file=group.get("gguf_file"), dtype=group.get("dtype", "bfloat16"))
+
+
+def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path",
+                       gguf_file: str | None = None, dtype: str = "bfloat16") -> str:
+    """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; with ``gguf_file`` (a path or
+    ``pypi:<name>``) -> its dequantized folder (``rlt_mono.pretrained``); a local path must exist; a hub id is
+    returned unchanged."""
+    if gguf_file is not None:
+        from rlt_mono.pretrained import materialize
+
+        return materialize(name_or_path, gguf_file, dtype, group=key.split(".")[0])
     if name_or_path.startswith(EMBEDDED_PREFIX):
         from rlt_mono.embedded import build_tiny_pair
 

@@ -13,10 +13,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono import checkpoints
 from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.outputs import METRICS_FILE, launch_command, read_metrics, write_run_readme
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
                 "ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
             )
         final = save_final(trainer, output_dir)
+        write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
+                         read_metrics(output_dir / METRICS_FILE), command=launch_command())
     except OSError as err:
         if err.errno != errno.ENOSPC:
             raise

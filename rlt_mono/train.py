@@ -24,7 +24,12 @@ logger = logging.getLogger("rlt_mono")
 
 # stage -> "module:function"; each function takes the composed config and returns the run folder.
 STAGES = {
+    "teacher_sft": "rlt_mono.sft:run_sft",
     "teacher_rlt": "rlt_mono.teacher_rlt:run_teacher_rlt",
+    "distill": "rlt_mono.distill:run_distill",
+    "student_sft": "rlt_mono.sft:run_sft",
+    "eval": "rlt_mono.evaluate:run_eval",
+    "pipeline": "rlt_mono.pipeline:run_pipeline",
 }
 
 

@@ -1,0 +1,138 @@
+"""The whole RLT method in one command (``stage: pipeline``): teacher SFT -> RL -> distill -> student SFT -> eval.
+
+Each stage is its own run config (``pipeline.<stage>.config``) launched in its own process, exactly as
+``./launch_mono.sh <config>`` would launch it, so a stage gets the whole GPU and gives all of it back (vLLM
+included) when it ends. The pipeline adds only the wiring between stages, as overrides after the stage's own:
+
+    teacher_sft   output_dir=<root>/1_teacher_sft
+    teacher_rlt   output_dir=<root>/2_teacher_rlt  model.model_name_or_path=<root>/1_teacher_sft/final
+    distill       output_dir=<root>/3_distill      model.model_name_or_path=<root>/2_teacher_rlt/final
+    student_sft   output_dir=<root>/4_student_sft  data=custom data.source=<root>/3_distill/distill.jsonl
+                  sft.explanation_column=explanation
+    eval          output_dir=<root>/5_eval         model.model_name_or_path=<root>/2_teacher_rlt/final
+                  student.model_name_or_path=<root>/4_student_sft/final
+
+(with ``<group>.gguf_file=null`` beside each trained folder). Run it again with ``output_dir=<root>`` to continue: a stage whose output exists (``final/``, ``eval.json``)
+is skipped, a training stage with a complete checkpoint resumes from it, and distill skips the rows it wrote.
+
+    ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml                      # CPU, embedded pair
+    ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml output_dir=outputs/pipeline_tiny/<time>   # continue
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlt_mono import checkpoints
+from rlt_mono.config import ConfigError, compose
+from rlt_mono.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+ORDER = ("teacher_sft", "teacher_rlt", "distill", "student_sft", "eval")
+SUMMARY_FILE = "pipeline.json"
+DISTILL_FILE = "distill.jsonl"  # rlt_mono.distill.DISTILL_FILE (not imported: it pulls in torch)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of a pipeline run: its run config, every override (its own, then the wiring) and its folder."""
+
+    stage: str
+    config: str
+    overrides: tuple[str, ...]
+    folder: Path
+
+
+def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
+    """The five stages with their wiring; each stage config is composed now, so a mistake in any of them
+    stops the pipeline before the first stage runs."""
+    stages = cfg.pipeline
+    unknown = sorted(set(stages) - set(ORDER))
+    if unknown:
+        raise ConfigError(f"pipeline: unknown stages {unknown}; the stages are {list(ORDER)}")
+    folders = {stage: root / f"{i}_{stage}" for i, stage in enumerate(ORDER, start=1)}
+    def load(group: str, folder: Path) -> list[str]:  # a trained folder replaces the group's model (and GGUF)
+        return [f"{group}.model_name_or_path={folder / 'final'}", f"{group}.gguf_file=null"]
+
+    wiring = {
+        "teacher_sft": [],
+        "teacher_rlt": load("model", folders["teacher_sft"]),
+        "distill": load("model", folders["teacher_rlt"]),
+        "student_sft": ["data=custom", f"data.source={folders['distill'] / DISTILL_FILE}",
+                        "sft.explanation_column=explanation"],
+        "eval": [*load("model", folders["teacher_rlt"]), *load("student", folders["student_sft"])],
+    }
+    plans = []
+    for stage in ORDER:
+        if stage not in stages:
+            raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
+        own = [str(o) for o in stages[stage].get("overrides") or []]
+        overrides = (*own, f"seed={cfg.seed}", f"output_dir={folders[stage]}", *wiring[stage])
+        composed = compose(stages[stage].config, list(overrides))
+        if composed.get("stage") != stage:
+            raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
+                              f"{composed.get('stage')!r}, not {stage!r}")
+        plans.append(StagePlan(stage, str(stages[stage].config), overrides, folders[stage]))
+    return plans
+
+
+def stage_done(plan_: StagePlan) -> bool:
+    """Whether a stage's output is complete (distill is never 'done': rerunning it skips rows it wrote)."""
+    if plan_.stage == "eval":
+        return (plan_.folder / "eval.json").is_file()
+    if plan_.stage == "distill":
+        return False
+    return (plan_.folder / "final" / "config.json").is_file()
+
+
+def resume_overrides(plan_: StagePlan) -> list[str]:
+    """A training stage whose folder holds a complete checkpoint continues from it."""
+    if plan_.stage in ("distill", "eval") or not plan_.folder.is_dir():
+        return []
+    try:
+        checkpoints.newest_complete_checkpoint(plan_.folder)
+    except checkpoints.CheckpointError:
+        if checkpoints.previous_run_files(plan_.folder):  # started, no checkpoint yet: start the stage again
+            aside = plan_.folder.with_name(f"{plan_.folder.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
+            plan_.folder.rename(aside)
+            logger.warning("%s stopped before its first checkpoint; moved aside to %s", plan_.folder, aside)
+        return []
+    return ["resume_from_checkpoint=true"]
+
+
+def run_pipeline(cfg: DictConfig) -> Path:
+    """Run (or continue) every stage in order; returns the pipeline folder (``pipeline.json`` sums it up)."""
+    root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
+    root.mkdir(parents=True, exist_ok=True)
+    plans = plan(cfg, root)
+    OmegaConf.save(cfg, root / "config.yaml", resolve=True)
+    summary = {"stages": {}}
+    for i, stage in enumerate(plans, start=1):
+        if stage_done(stage):
+            logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)
+            summary["stages"][stage.stage] = {"folder": str(stage.folder), "skipped": True}
+            continue
+        overrides = [*stage.overrides, *resume_overrides(stage)]
+        logger.info("[%d/%d] %s: ./launch_mono.sh %s %s", i, len(plans), stage.stage, stage.config,
+                    " ".join(overrides))
+        start = time.perf_counter()
+        code = subprocess.run([sys.executable, "-m", "rlt_mono.train", stage.config, *overrides],
+                              env=os.environ.copy(), check=False).returncode
+        seconds = time.perf_counter() - start
+        if code != 0:
+            raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "
+                            f"same command with output_dir={root} to continue from this stage")
+        summary["stages"][stage.stage] = {"folder": str(stage.folder), "seconds": round(seconds, 1)}
+        (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
+    logger.info("pipeline done: %s", root)
+    return root
