@@ -218,6 +218,9 @@ class VLLMGenerator:
                  seed: int = 0):
         from vllm import LLM
 
+        # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
+        # so vLLM would fork its engine process, whose CUDA init then fails: make it spawn (vLLM's own switch).
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True)
