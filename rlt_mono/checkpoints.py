@@ -9,15 +9,18 @@ Nothing here imports torch: the checks run before any model loads.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-from rlt_mono.errors import UserError
+from rlt_mono.errors import RunInterrupted, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -199,3 +202,93 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
         )
     logger.info("resuming from %s (step %d of %d)", checkpoint, step, max_steps)
     return str(checkpoint)
+
+
+# ---- trainers --------------------------------------------------------------------------------------
+class VerifiedCheckpoints:
+    """Mixin for a transformers ``Trainer`` (``class T(VerifiedCheckpoints, trl.GRPOTrainer)``): every checkpoint
+    is written into a staging folder, gets a manifest, and is renamed to ``checkpoint-N`` once complete, so a
+    crash or a full disk mid-save leaves no ``checkpoint-N`` behind. TRL's generic model card is not written
+    (the run folder's README says what the run was)."""
+
+    _staging_root: str | None = None
+
+    def save_extra_checkpoint_files(self, folder: Path) -> None:
+        """Files a subclass adds to each checkpoint (written first, into the staging folder)."""
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+
+        run_dir = Path(super()._get_output_dir(trial=trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging_root = run_dir / f"{STAGING_PREFIX}{name}"
+        shutil.rmtree(staging_root, ignore_errors=True)
+        staging = staging_root / name
+        if self.args.should_save:
+            staging.mkdir(parents=True)
+            self.save_extra_checkpoint_files(staging)
+        self._staging_root = str(staging_root)
+        try:
+            super()._save_checkpoint(model, trial)  # writes into staging (see _get_output_dir)
+        finally:
+            self._staging_root = None
+        if self.args.should_save:
+            write_manifest(staging, self.state.global_step)
+            publish(staging, run_dir / name)
+            shutil.rmtree(staging_root)
+            # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _get_output_dir(self, trial):
+        if self._staging_root is not None:
+            return self._staging_root
+        return super()._get_output_dir(trial=trial)
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """Not written: TRL's card is generic (it links to "None"); the run folder has its own README."""
+
+
+FINAL_DIR = "final"
+
+
+def save_final(trainer, output_dir: Path) -> Path:
+    """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete."""
+    staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
+    shutil.rmtree(staging, ignore_errors=True)
+    trainer.save_model(str(staging))
+    publish(staging, Path(output_dir) / FINAL_DIR)
+    return Path(output_dir) / FINAL_DIR
+
+
+@contextlib.contextmanager
+def training_failures(trainer, output_dir: Path, memory_hint: str) -> Iterator[None]:
+    """Turn what a user can act on during training into one-line ``UserError``s that say how to resume:
+    a full disk, a card out of memory (``memory_hint``: the settings to lower), Ctrl-C."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        raise UserError(f"disk full while writing {err.filename or output_dir}: free space, then resume with "
+                        f"{_resume_hint(output_dir)}") from err
+    except KeyboardInterrupt as err:
+        raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with "
+                             f"{_resume_hint(output_dir)}") from err
+    except RuntimeError as err:
+        if type(err).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
+            raise
+        raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; resume "
+                        f"with {_resume_hint(output_dir)}") from err
+
+
+def _resume_hint(output_dir: Path) -> str:
+    """Evaluated when the failure happens, so it names the checkpoint that exists then."""
+    return f"output_dir={output_dir} resume_from_checkpoint=true ({_last_checkpoint(output_dir)})"
+
+
+def _last_checkpoint(output_dir: Path) -> str:
+    try:
+        return f"last complete checkpoint: {newest_complete_checkpoint(output_dir)}"
+    except CheckpointError:
+        return "no complete checkpoint yet"

@@ -12,8 +12,10 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
     eval          output_dir=<root>/5_eval         model.model_name_or_path=<root>/2_teacher_rlt/final
                   student.model_name_or_path=<root>/4_student_sft/final
 
-(with ``<group>.gguf_file=null`` beside each trained folder). Run it again with ``output_dir=<root>`` to continue: a stage whose output exists (``final/``, ``eval.json``)
-is skipped, a training stage with a complete checkpoint resumes from it, and distill skips the rows it wrote.
+with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
+distilled explanation can be empty). Run it again with ``output_dir=<root>`` to continue: a stage whose output
+exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
+distill skips the rows it wrote.
 
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml                      # CPU, embedded pair
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml output_dir=outputs/pipeline_tiny/<time>   # continue
@@ -69,7 +71,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         "teacher_rlt": load("model", folders["teacher_sft"]),
         "distill": load("model", folders["teacher_rlt"]),
         "student_sft": ["data=custom", f"data.source={folders['distill'] / DISTILL_FILE}",
-                        "sft.explanation_column=explanation"],
+                        "data.on_bad_row=skip", "sft.explanation_column=explanation"],
         "eval": [*load("model", folders["teacher_rlt"]), *load("student", folders["student_sft"])],
     }
     plans = []

@@ -33,7 +33,6 @@ Run::
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -42,19 +41,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
-import torch
 import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints
-from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_model_path, resolve_output_dir
+from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir
+from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
-from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.errors import UserError
 from rlt_mono.outputs import METRICS_FILE, RunFilesCallback, read_metrics
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.teacher_rlt import save_final
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +192,13 @@ class SFTRun:
     rows: dict[str, int]
 
 
+MEMORY_HINT = "sft.max_length or sft.per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch)"
+
+
+class StageSFTTrainer(checkpoints.VerifiedCheckpoints, trl.SFTTrainer):
+    """TRL's SFT trainer with verified, atomic checkpoints (``checkpoints.VerifiedCheckpoints``)."""
+
+
 def build_sft(cfg: DictConfig) -> SFTRun:
     """Build the SFT stage a run config describes. Reads top to bottom: run folder -> typed configs -> resume
     check -> rows -> model -> trainer. Errors a user can fix raise ``UserError``, before any model loads if they can.
@@ -223,14 +228,14 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     # ---- model ----------------------------------------------------------------------------------------------------
     group = STAGE_MODEL_GROUP[stage]
     key = f"{group}.model_name_or_path"
-    model_path = resolve_model_path(cfg[group].model_name_or_path, cfg.seed, key)
+    model_path = resolve_model(cfg[group], cfg.seed, group)
     tokenizer = load_tokenizer(model_path, key)
     model = load_model(model_path, key, **model_kwargs(cfg[group]))
     if args.eos_token is None:
         args.eos_token = end_of_turn_token(tokenizer, key)
     # ---- trainer --------------------------------------------------------------------------------------------------
     output_dir.mkdir(parents=True, exist_ok=True)
-    trainer = trl.SFTTrainer(
+    trainer = StageSFTTrainer(
         model=model,
         args=args,
         train_dataset=build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column),
@@ -259,22 +264,10 @@ def run_sft(cfg: DictConfig) -> Path:
     measured = trainer.eval_dataset is not None
     before = _heldout_loss_before(trainer, output_dir, resuming=run.resume_checkpoint is not None) if measured \
         else None
-    try:
+    with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
         trainer.train(resume_from_checkpoint=run.resume_checkpoint)
         after = _heldout_loss_after(trainer) if measured else None
-        final = save_final(trainer, output_dir)
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
-        raise UserError(f"disk full while writing {err.filename or output_dir}: free space, then resume with "
-                        f"output_dir={output_dir} resume_from_checkpoint=true") from err
-    except torch.OutOfMemoryError as err:
-        raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower sft.max_length or "
-                        "sft.per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch); "
-                        f"resume with output_dir={output_dir} resume_from_checkpoint=true") from err
-    except KeyboardInterrupt as err:
-        raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with output_dir={output_dir} "
-                             "resume_from_checkpoint=true") from err
+        final = checkpoints.save_final(trainer, output_dir)
     train_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     summary = {
         "stage": run.stage,

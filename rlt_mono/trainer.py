@@ -8,6 +8,7 @@
 - ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column.
 - TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup; once a
   mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
+- Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
 - Split placement: the student half of the reward starts on the critic's GPU right after generation and
   runs while TRL's policy and reference passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -26,7 +26,6 @@ import torch
 import trl
 from transformers import TrainerCallback, TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from rlt_mono import checkpoints
@@ -38,7 +37,7 @@ logger = logging.getLogger(__name__)
 REFERENCE_FILE = "reference_model.safetensors"
 
 
-class RLTTrainer(trl.GRPOTrainer):
+class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     """GRPO trainer for an RLT teacher (see the module docstring).
 
     Args:
@@ -70,7 +69,6 @@ class RLTTrainer(trl.GRPOTrainer):
         self._critic_job: Future | None = None
         self._capturing_policy_log_probs = False
         self._policy_log_probs: torch.Tensor | None = None
-        self._staging_root: str | None = None
         super().__init__(*args, **kwargs)
         if self.ref_model is not None:
             phases.place(self.ref_model, "reference", offload=offload_reference)
@@ -204,37 +202,10 @@ class RLTTrainer(trl.GRPOTrainer):
     def _reference_is_mixed(self, step: int) -> bool:
         return self.ref_model is not None and self.args.sync_ref_model and step >= self.args.ref_model_sync_steps
 
-    def _save_checkpoint(self, model, trial):
-        """transformers' checkpoint, written into a staging folder and renamed to ``checkpoint-N`` once complete
-        (with a manifest of its files): a crash or a full disk mid-save leaves no ``checkpoint-N`` behind."""
-        run_dir = super()._get_output_dir(trial=trial)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        staging_root = os.path.join(run_dir, checkpoints.STAGING_PREFIX + name)
-        shutil.rmtree(staging_root, ignore_errors=True)
-        staging = os.path.join(staging_root, name)
-        if self._reference_is_mixed(self.state.global_step) and self.args.should_save:
-            os.makedirs(staging, exist_ok=True)
-            safetensors.torch.save_model(self.ref_model, os.path.join(staging, REFERENCE_FILE))
-        self._staging_root = staging_root
-        try:
-            super()._save_checkpoint(model, trial)  # writes into staging (see _get_output_dir)
-        finally:
-            self._staging_root = None
-        if self.args.should_save:
-            checkpoints.write_manifest(staging, self.state.global_step)
-            checkpoints.publish(staging, os.path.join(run_dir, name))
-            shutil.rmtree(staging_root)
-            # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
-
-    def _get_output_dir(self, trial):
-        if self._staging_root is not None:
-            return self._staging_root
-        return super()._get_output_dir(trial=trial)
-
-    def create_model_card(self, *args, **kwargs) -> None:
-        """TRL's generic model card is not written: the run folder's README says what the run was."""
+    def save_extra_checkpoint_files(self, folder) -> None:
+        """Once a mixup has happened, the mixed reference goes into the checkpoint too (TRL saves none)."""
+        if self._reference_is_mixed(self.state.global_step):
+            safetensors.torch.save_model(self.ref_model, os.path.join(folder, REFERENCE_FILE))
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)

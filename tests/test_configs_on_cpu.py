@@ -14,7 +14,18 @@ from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
 
 
-@pytest.mark.parametrize("name", available_run_configs())
+def _stage(name: str) -> str:
+    return compose(name).get("stage")
+
+
+def test_every_run_config_composes_and_names_a_known_stage():
+    from rlt_mono.train import STAGES
+
+    assert {name: _stage(name) in STAGES for name in available_run_configs()} == \
+        {name: True for name in available_run_configs()}
+
+
+@pytest.mark.parametrize("name", [n for n in available_run_configs() if _stage(n) == "teacher_rlt"])
 def test_run_config_composes_and_instantiates(name, tmp_path):
     cfg = compose(name, [f"output_dir={tmp_path}"])
     assert set(cfg) >= {"model", "student", "data", "reward", "trainer", "placement", "logging", "seed"}
@@ -56,18 +67,19 @@ def test_rlt_fields_do_not_shadow_grpo_config():
     ours = {f.name for f in dataclasses.fields(RLTConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize"}
     with pytest.raises(ValueError, match="explanation_samples_per_step must be >= 0"):
-        RLTConfig(output_dir="/tmp/x", explanation_samples_per_step=-1, use_cpu=True)
+        RLTConfig(output_dir="/tmp/x", max_steps=1, explanation_samples_per_step=-1, use_cpu=True)
 
 
 def test_vllm_rollouts_skip_detokenization_unless_stop_strings_need_it():
-    args = RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, generation_kwargs={"min_tokens": 3})
+    args = RLTConfig(output_dir="/tmp/x", max_steps=1, use_cpu=True, use_vllm=True, generation_kwargs={"min_tokens": 3})
     assert args.generation_kwargs == {"detokenize": False, "min_tokens": 3}
-    args = RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, vllm_detokenize=True)
+    args = RLTConfig(output_dir="/tmp/x", max_steps=1, use_cpu=True, use_vllm=True, vllm_detokenize=True)
     assert args.generation_kwargs == {"detokenize": True}
     # transformers rollouts: GenerationConfig has no such flag, nothing is added
-    assert RLTConfig(output_dir="/tmp/x", use_cpu=True).generation_kwargs is None
+    assert RLTConfig(output_dir="/tmp/x", max_steps=1, use_cpu=True).generation_kwargs is None
     with pytest.raises(ValueError, match="trainer.vllm_detokenize=true"):
-        RLTConfig(output_dir="/tmp/x", use_cpu=True, use_vllm=True, generation_kwargs={"stop": ["</think>"]})
+        RLTConfig(output_dir="/tmp/x", max_steps=1, use_cpu=True, use_vllm=True,
+                  generation_kwargs={"stop": ["</think>"]})
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIG_DIR)))
@@ -85,7 +97,7 @@ def test_no_key_is_declared_twice_across_groups():
     seen = {}
     for group in groups:
         for key in cfg[group]:
-            if group in ("model", "student") and key in ("model_name_or_path", "dtype"):
+            if group in ("model", "student") and key in ("model_name_or_path", "dtype", "gguf_file"):
                 continue  # the same field of two different models
             assert key not in seen, f"{group}.{key} also declared in {seen.get(key)}"
             seen[key] = group
