@@ -1,13 +1,17 @@
-"""The reward maths against values computed by hand (RLT_REFERENCE.md, "Reward")."""
+"""The reward maths against values computed by hand (docs/METHOD.md, "The reward")."""
 
+import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.maths import kl_estimate, masked_reduce, normalize, teacher_reward_terms
 
+REWARD_YAML = Path(__file__).resolve().parent.parent / "cfgs" / "reward" / "rlt.yaml"
 VALUES = torch.tensor([[4.0, 1.0, 3.0, 2.0], [5.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]])
 MASK = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
 
@@ -134,8 +138,32 @@ def test_sum_median_quartile_reductions_with_custom_coefficients():
         (dict(reduction_kl_fn=["mean", "p99"]), r"reduction_kl_fn has unknown reductions \['p99'\]"),
         (dict(normalize_kl_fn="log"), "normalize_kl_fn='log' is not one of"),
         (dict(unbias_student_log_probs_temp=0.0), "unbias_student_log_probs_temp must be > 0"),
+        # Sign errors: each would turn a penalty into a bonus (clip_kl=-1 caps every KL at -1).
+        (dict(clip_kl=-1.0), r"clip_kl must be > 0 or null, got -1.0"),
+        (dict(clip_kl=0.0), r"clip_kl must be > 0 or null, got 0.0"),
+        (dict(clip_log_prob=-5.0), r"clip_log_prob must be > 0 or null, got -5.0"),
+        (dict(answer_log_prob_coeff=[1.0, -0.01]),
+         r"answer_log_prob_coeff must hold coefficients >= 0, got \[1.0, -0.01\]"),
+        (dict(kl_penalty_reward_coeff=[-3.0, 0.03]),
+         r"kl_penalty_reward_coeff must hold coefficients >= 0, got \[-3.0, 0.03\]"),
+        (dict(not_matched_penalty=1.0), r"not_matched_penalty must be <= 0 \(a penalty\), got 1.0"),
     ],
 )
 def test_config_errors_name_the_field(options, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=message) as raised:
         TeacherRewardConfig(**options)
+    assert "\n" not in str(raised.value)
+
+
+def test_zero_coefficients_and_penalty_are_allowed():
+    config = TeacherRewardConfig(answer_log_prob_coeff=[1.0, 0.0], kl_penalty_reward_coeff=[0.0, 0.0],
+                                 not_matched_penalty=0.0, clip_kl=0.5, clip_log_prob=10.0)
+    assert config.clip_kl == 0.5
+
+
+def test_defaults_are_the_reward_config_group():
+    """The dataclass defaults and cfgs/reward/rlt.yaml say the same thing (the YAML is what runs use)."""
+    yaml = OmegaConf.to_container(OmegaConf.load(REWARD_YAML))
+    defaults = dataclasses.asdict(TeacherRewardConfig())
+    assert yaml == defaults
+    assert defaults["micro_batch_size"] == 4

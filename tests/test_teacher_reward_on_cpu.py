@@ -73,8 +73,11 @@ def test_batched_reward_matches_per_sample_computation(tokenizer, student, teach
         assert totals[i] == pytest.approx(float(expected), abs=1e-4)
         assert scored["total"] == pytest.approx(totals[i])
         assert scored["unmatched"] == (i == 2)
+        assert (scored["question"], scored["solution"]) == (question, solution)  # samples.jsonl shows the problem
+        assert scored["explanation"] == explanation and not scored["noncanonical"]
 
     assert metrics["alignment/unmatched_frac"] == pytest.approx(1 / 3)
+    assert metrics["alignment/noncanonical_frac"] == 0.0
     for key in ("teacher_reward/r_ss/mean", "teacher_reward/r_ss/min", "teacher_reward/r_kl/mean",
                 "teacher_reward/r_kl/max", "teacher_reward/r_ss", "teacher_reward/r_kl",
                 "teacher_reward/match_penalty", "teacher_reward/total"):

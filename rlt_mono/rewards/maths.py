@@ -1,4 +1,4 @@
-"""Pure tensor maths of the RLT teacher reward (RLT_REFERENCE.md, "Reward").
+"""Pure tensor maths of the RLT teacher reward (docs/METHOD.md, "The reward").
 
 Every function takes right-padded ``(B, T)`` tensors with a boolean ``(B, T)`` mask of the valid
 positions and is independent of models and tokenizers, so it is unit-tested against hand-computed values.
@@ -8,6 +8,9 @@ Conventions carried over from the RLT code:
   linearly (``torch.nanquantile``).
 - A reduction over an empty span gives NaN; the reward then replaces a NaN solution score by
   ``not_matched_penalty`` and a NaN KL score by ``-not_matched_penalty`` (an empty explanation is penalised).
+  Deliberately unlike the original for ``sum`` (0 there), ``min``/``max`` (the float32 extremes there, a reward
+  of +-3e38 times the coefficient) and the no-entropy variant (whose NaN KL became ``+not_matched_penalty``
+  there, a bonus for an empty explanation): every empty reduction is penalised the same way here.
 - Normalisation is applied per token before the reduction; clipping after normalisation:
   ``clip_log_prob`` bounds the solution term from below at ``-clip_log_prob``, ``clip_kl`` bounds the KL from above.
 """

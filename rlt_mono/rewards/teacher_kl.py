@@ -1,6 +1,6 @@
 """``TeacherKLReward``: the RLT teacher reward as a plain TRL reward function.
 
-reward = r_SS - r_KL + match_penalty (RLT_REFERENCE.md), where r_SS scores how likely the frozen student
+reward = r_SS - r_KL + match_penalty (docs/METHOD.md), where r_SS scores how likely the frozen student
 finds the solution after reading the teacher's explanation, and r_KL how unnatural the explanation is to the
 student (KL between teacher and student on the explanation tokens).
 
@@ -22,7 +22,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.rewards.alignment import AlignedSample, align_sample, token_bytes
+from rlt_mono.rewards.alignment import AlignedSample, align_samples, token_bytes
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.rewards.maths import NORMALIZATIONS, REDUCTIONS, RewardTerms, teacher_reward_terms
 
@@ -48,9 +48,10 @@ class TeacherRewardConfig:
     normalize_log_prob_fn: str = "none"
     # Per-token normalisation of the KL: none | exp | exp_norm.
     normalize_kl_fn: str = "none"
-    # Lower bound -clip_log_prob on the normalised solution log-probs (None: no clip).
+    # Lower bound -clip_log_prob on the normalised solution log-probs (None: no clip; the RLT run's 100000 never
+    # binds, so None is the same reward).
     clip_log_prob: float | None = None
-    # Upper bound on the normalised per-token KL (None: no clip).
+    # Upper bound on the normalised per-token KL (None: no clip; likewise for the RLT run's 100000).
     clip_kl: float | None = None
     # Use Schulman's k3 estimator k - 1 + exp(-k) instead of k = lp_teacher - lp_student.
     use_schulman_kl_estimation: bool = False
@@ -63,7 +64,7 @@ class TeacherRewardConfig:
     # Divide the teacher's logits by the generation temperature (else by 1).
     unbias_teacher_log_probs: bool = True
     # Completions per scoring forward pass (student and teacher).
-    micro_batch_size: int = 8
+    micro_batch_size: int = 4
 
     def __post_init__(self) -> None:
         pairs = (("answer_log_prob_coeff", "reduction_log_prob_fn"), ("kl_penalty_reward_coeff", "reduction_kl_fn"))
@@ -81,6 +82,16 @@ class TeacherRewardConfig:
         for name in ("normalize_log_prob_fn", "normalize_kl_fn"):
             if getattr(self, name) not in NORMALIZATIONS:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {NORMALIZATIONS}")
+        for name in ("clip_log_prob", "clip_kl"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 or null, got {value} (a bound <= 0 flips the sign of its term)")
+        for name in ("answer_log_prob_coeff", "kl_penalty_reward_coeff"):
+            negative = [c for c in getattr(self, name) if c < 0]
+            if negative:
+                raise ValueError(f"{name} must hold coefficients >= 0, got {list(getattr(self, name))}")
+        if self.not_matched_penalty > 0:
+            raise ValueError(f"not_matched_penalty must be <= 0 (a penalty), got {self.not_matched_penalty}")
         if self.unbias_student_log_probs_temp <= 0:
             raise ValueError(f"unbias_student_log_probs_temp must be > 0, got {self.unbias_student_log_probs_temp}")
         if self.micro_batch_size < 1:
@@ -132,8 +143,10 @@ class StudentScore:
 class TeacherKLReward:
     """RLT teacher reward; a TRL reward function (see the module docstring).
 
-    After each call ``last_scores`` holds one dict per completion (explanation text, every reward
-    component, alignment flags) for inspection in notebooks.
+    After each call ``last_scores`` holds one dict per completion (question, solution, completion, explanation
+    text, every reward component, alignment flags) for inspection in notebooks and ``samples.jsonl``. Metrics:
+    ``teacher_reward/*`` (each component's batch mean) and ``alignment/*_frac`` (unmatched, trimmed, retokenized,
+    noncanonical: see ``rlt_mono.rewards.alignment``).
     """
 
     __name__ = "teacher_kl"
@@ -197,7 +210,7 @@ class TeacherKLReward:
             [s.explanation_log_probs for s in student_scores],
             teacher_explanation,
         )
-        self._record(samples, completions, terms, log_metric)
+        self._record(samples, completions, question, solution, terms, log_metric)
         return terms.total.tolist()
 
     def score_students(
@@ -208,10 +221,8 @@ class TeacherKLReward:
 
     def align(self, question: list[str], solution: list[str], completion_ids: list[list[int]]) -> list[AlignedSample]:
         """Token alignment of every completion (tokenizer work: keep it on the calling thread)."""
-        return [
-            align_sample(self.tokenizer, self.prompt_format, q, s, list(ids), self.stop_ids)
-            for q, s, ids in zip(question, solution, completion_ids, strict=True)
-        ]
+        return align_samples(self.tokenizer, self.prompt_format, list(question), list(solution),
+                             [list(ids) for ids in completion_ids], self.stop_ids)
 
     def student_pass(self, samples: list[AlignedSample]) -> list[StudentScore]:
         """One batched student pass over aligned samples. Needs no teacher output and no tokenizer, so with a
@@ -312,6 +323,8 @@ class TeacherKLReward:
         self,
         samples: list[AlignedSample],
         completions: list[str],
+        question: list[str],
+        solution: list[str],
         terms: RewardTerms,
         log_metric: Callable[[str, float], None] | None,
     ) -> None:
@@ -324,16 +337,19 @@ class TeacherKLReward:
             "unmatched": [not s.matched for s in samples],
             "trimmed": [s.trimmed for s in samples],
             "retokenized": [s.retokenized for s in samples],
+            "noncanonical": [s.noncanonical for s in samples],
         }
         self.last_scores = [
             {
+                "question": q,
+                "solution": sol,
                 "completion": completion,
                 "explanation": s.explanation_text,
                 "explanation_tokens": len(s.explanation_ids),
                 **{name: float(values[i]) for name, values in columns.items()},
                 **{name: values[i] for name, values in flags.items()},
             }
-            for i, (s, completion) in enumerate(zip(samples, completions))
+            for i, (s, completion, q, sol) in enumerate(zip(samples, completions, question, solution, strict=True))
         ]
         if log_metric is None:
             return
