@@ -219,7 +219,10 @@ class VLLMGenerator:
         from vllm import LLM
 
         # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
-        # so vLLM would fork its engine process, whose CUDA init then fails: make it spawn (vLLM's own switch).
+        # so vLLM would fork its engine process, whose CUDA init then fails: make it spawn (vLLM's own switch). A
+        # script that runs a stage therefore needs an `if __name__ == "__main__":` guard. The engine core cannot
+        # run in this process instead: a second sleep-mode engine there (eval's student) failed in vLLM 0.25.1's
+        # CuMem allocator ("invalid argument", then out of memory with 78 of 79 GiB free).
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
@@ -241,7 +244,7 @@ class VLLMGenerator:
         return [[list(c.token_ids) for c in out.outputs] for out in outputs]
 
     def close(self) -> None:
-        """Shut the engine down so that another one (the student's, in eval) can start."""
+        """Stop the engine's process (its GPU memory goes with it), so that another engine can start."""
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
 
