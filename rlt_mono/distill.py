@@ -47,7 +47,7 @@ from rlt_mono.build import (
     load_model,
     load_tokenizer,
     model_kwargs,
-    resolve_model_path,
+    model_path,
     resolve_rollout,
     stop_token_ids,
 )
@@ -64,8 +64,8 @@ logger = logging.getLogger(__name__)
 DISTILL_FILE = "distill.jsonl"
 SELECTIONS = ("best", "all")
 # A resumed run must score like the run that wrote the file, or the rows of one file would not be comparable.
-RESUME_KEYS = ("model.model_name_or_path", "student.model_name_or_path", "reward",
-               "distill.samples_per_question", "distill.selection", "distill.temperature")
+RESUME_KEYS = ("model.model_name_or_path", "model.gguf_file", "student.model_name_or_path", "student.gguf_file",
+               "reward", "distill.samples_per_question", "distill.selection", "distill.temperature")
 
 
 @dataclass
@@ -135,7 +135,7 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
         raise ConfigError(str(err)) from err
     use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
     phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
-    student_path = resolve_model_path(cfg.student.model_name_or_path, cfg.seed, "student.model_name_or_path")
+    student_path = model_path(cfg.student, cfg.seed, "student")  # a GGUF file is dequantized once, here
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
@@ -144,7 +144,7 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     if not with_teacher:
         return StageModels(student_tokenizer, student_tokenizer, student, student_path, None, None, None, phases,
                            use_vllm, prompt_format)
-    teacher_path = resolve_model_path(cfg.model.model_name_or_path, cfg.seed, "model.model_name_or_path")
+    teacher_path = model_path(cfg.model, cfg.seed, "model")
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model)).eval()
     teacher.requires_grad_(False)
