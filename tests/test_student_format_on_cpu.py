@@ -6,6 +6,7 @@ chat is cut before encoding matters; the tiny embedded tokenizer (tags as added 
 """
 
 import hashlib
+import unicodedata
 
 import pytest
 import torch
@@ -201,6 +202,20 @@ def test_scored_span_is_the_generated_ids_with_or_without_the_prefix(qwen):
     # The prefix adds its "\n\n" to the thought tag's last token: ">" becomes ">\n\n", one token either way.
     assert qwen.convert_ids_to_tokens(with_prefix.student_ids[with_prefix.explanation_span[0] - 1]) == ">ĊĊ"
     assert qwen.convert_ids_to_tokens(without.student_ids[without.explanation_span[0] - 1]) == ">"
+
+
+def test_text_the_tokenizer_rewrites_is_flagged_not_mis_scored(qwen):
+    # Qwen2 normalises to NFC: a question with a combining accent does not encode byte-exactly, so no offset in its
+    # tokens can be trusted; every piece is encoded on its own and both flags say so.
+    question = "Cafe\u0301 sells 3 bags of 4 apples. How many apples?"
+    ids = _generated(qwen, "So 3 * 4 = 12")
+    sample = align_sample(qwen, FMT, question, "12", ids, _stops(qwen))
+    assert sample.noncanonical and sample.retokenized
+    text = qwen.apply_chat_template(FMT.student_messages(question, "So 3 * 4 = 12", "12"), tokenize=False)
+    assert qwen.decode(sample.student_ids) == unicodedata.normalize("NFC", text)
+    e0, e1 = sample.explanation_span
+    s0, s1 = sample.solution_span
+    assert qwen.decode(sample.student_ids[e0:e1]) == "So 3 * 4 = 12" and qwen.decode(sample.student_ids[s0:s1]) == "12"
 
 
 def test_batched_alignment_equals_one_by_one(qwen):

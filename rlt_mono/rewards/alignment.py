@@ -200,26 +200,22 @@ def _context(
     head: str,
     body: str,
     tail: tuple[str, str, str],
-    canonical: list[int] | None = None,
+    canonical: list[int] | None,
 ) -> _Context:
     """Canonical ids of the chat around ``body`` in ``text = head + body + before_solution + solution + after``.
 
-    ``tail`` is ``(before_solution, solution, after)``; ``canonical`` is ``encode(text)`` when the caller has it
-    (encoded in a batch), else it is computed here.
+    ``tail`` is ``(before_solution, solution, after)``; ``canonical`` is ``encode(text)``, or None for a tokenizer
+    that does not encode text byte-exactly (e.g. its normalizer rewrites the text): then byte offsets mean nothing,
+    and every piece is encoded on its own, the solution by itself so that its span is exact.
     """
     before_solution, solution, after = tail
     tail_text = before_solution + solution + after
-    text = head + body + tail_text
-    text_bytes = text.encode()
     if canonical is None:
-        canonical = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if b"".join(token_bytes(tokenizer, canonical)) != text_bytes:
-        # Not a byte-exact tokenizer (e.g. its normalizer rewrites the text): byte offsets mean nothing here, so
-        # every piece is encoded on its own, the solution by itself so that its span is exact.
         parts = [_encode(tokenizer, part) for part in tail]
         solution_span = (len(parts[0]), len(parts[0]) + len(parts[1]))
         return _Context(_encode(tokenizer, head), [i for part in parts for i in part], solution_span, True)
-    start, end = len(head.encode()), len(text_bytes) - len(tail_text.encode())
+    start = len(head.encode())
+    end = start + len(body.encode())
     ends = _token_ends(tokenizer, canonical)
     first_body, first_tail = _boundary(ends, start), _boundary(ends, end)
     head_ids = canonical[:first_body] if first_body is not None else _encode(tokenizer, head)
@@ -288,18 +284,39 @@ def align_samples(
         head, middle, after = _student_template(tokenizer, fmt, question)
         body = tokenizer.decode(explanation_ids)
         drafts.append(_Draft(explanation_ids, leftover, matched, trimmed, head, body, middle, solution, after))
-    encoded = tokenizer([d.text for d in drafts], add_special_tokens=False)["input_ids"] if drafts else []
+    encoded = _encode_batch(tokenizer, [d.text for d in drafts])
     return [_assemble(tokenizer, draft, canonical) for draft, canonical in zip(drafts, encoded, strict=True)]
+
+
+def _encode_batch(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
+    """``tokenizer(texts, add_special_tokens=False)["input_ids"]``; through the Rust tokenizer's offset-free batch
+    call where there is one (``tokenizers`` >= 0.21: 1.8x faster on 4K-token chats)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if not texts:
+        return []
+    if hasattr(backend, "encode_batch_fast"):
+        return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _decodes_to(tokenizer: PreTrainedTokenizerBase, token_ids: list[int], text: str) -> bool:
+    """``decode(token_ids) == text`` for a byte-level vocabulary, without a decode call."""
+    return b"".join(token_bytes(tokenizer, token_ids)).decode("utf-8", errors="replace") == text
 
 
 def _assemble(tokenizer: PreTrainedTokenizerBase, draft: _Draft, canonical: list[int]) -> AlignedSample:
     explanation_ids = draft.explanation_ids
     explanation_text = draft.body + draft.leftover
-    context = _context(tokenizer, draft.head, draft.body, (draft.leftover + draft.middle, draft.solution, draft.after),
-                       canonical)
+    text = draft.text
+    tail = (draft.leftover + draft.middle, draft.solution, draft.after)
+    context = _context(tokenizer, draft.head, draft.body, tail, canonical)
     student_ids = context.head_ids + explanation_ids + context.tail_ids
-    # Same test as decode(student_ids) == text for a byte-level vocabulary, without a decode call.
-    retokenized = b"".join(token_bytes(tokenizer, student_ids)).decode("utf-8", errors="replace") != draft.text
+    retokenized = not _decodes_to(tokenizer, student_ids, text)
+    if retokenized and b"".join(token_bytes(tokenizer, canonical)) != text.encode():
+        canonical = None  # not a byte-exact tokenizer: the offsets used above were wrong, not the explanation
+        context = _context(tokenizer, draft.head, draft.body, tail, canonical)
+        student_ids = context.head_ids + explanation_ids + context.tail_ids
+        retokenized = not _decodes_to(tokenizer, student_ids, text)
     if retokenized:  # the text is the same; the trimmed token's characters join the re-encoded explanation
         explanation_ids = _encode(tokenizer, explanation_text)
         context = _context(tokenizer, draft.head, explanation_text, (draft.middle, draft.solution, draft.after),
