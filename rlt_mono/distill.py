@@ -135,7 +135,9 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
         raise ConfigError(str(err)) from err
     use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
     phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
-    student_path = model_path(cfg.student, cfg.seed, "student")  # a GGUF file is dequantized once, here
+    # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).
+    teacher_path = model_path(cfg.model, cfg.seed, "model") if with_teacher else None
+    student_path = model_path(cfg.student, cfg.seed, "student")
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
@@ -144,7 +146,6 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     if not with_teacher:
         return StageModels(student_tokenizer, student_tokenizer, student, student_path, None, None, None, phases,
                            use_vllm, prompt_format)
-    teacher_path = model_path(cfg.model, cfg.seed, "model")
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model)).eval()
     teacher.requires_grad_(False)
