@@ -28,7 +28,7 @@ import zipfile
 from pathlib import Path
 
 from rlt_mono.errors import UserError
-from rlt_mono.prompts import begin_tag, end_tag
+from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
 
@@ -194,14 +194,12 @@ def stratos_row(row: dict) -> dict:
 
     The row has ``conversations = [{"from": "user", "value": question}, {"from": "assistant", "value":
     "<|begin_of_thought|>\\n\\n{thought}\\n\\n<|end_of_thought|>\\n\\n<|begin_of_solution|>\\n\\n{solution}
-    \\n\\n<|end_of_solution|>"}]``. ``reasoning_trace`` is the text inside the thought tags, ``solution``
-    the text inside the solution tags, each with ONE ``"\\n\\n"`` removed at each end (the padding that the
-    data puts inside every tag) and nothing else touched. The RLT teacher data moves the thought's leading
-    padding into the prompt, after ``<|begin_of_explanation|>``: rlt_mono's ``PromptFormat.explanation_prefix``
-    (``"\\n\\n"``) puts it back, so a teacher prompt ends as RLT's does. RLT also keeps the solution's padding
-    inside the solution tags; rlt_mono writes every dataset's solution flush against its tags, so its teacher
-    and student chats differ from RLT's there by those four newlines. A part whose tags are missing is left
-    out of the row, which validation then reports as a missing column.
+    \\n\\n<|end_of_solution|>"}]``. ``PromptFormat.split_student_completion`` splits the assistant turn the way
+    the RLT teacher data does: ``reasoning_trace`` is the thought without its leading ``"\\n\\n"`` (which the
+    teacher prompt already ends with, after ``<|begin_of_explanation|>``), ``solution`` everything inside the
+    solution tags, padding kept; so the student chat rebuilt from the columns is the dataset's turn, character
+    for character (docs/METHOD.md). A part whose tags are missing is left out of the row, which validation then
+    reports as a missing column.
     """
     turns = row.get("conversations")
     turns = turns if isinstance(turns, list) else []
@@ -209,11 +207,11 @@ def stratos_row(row: dict) -> dict:
     question = _first_turn(turns, "user")
     if question is not None:
         mapped["question"] = question
-    assistant = _first_turn(turns, "assistant") or ""
-    for column, tag in (("reasoning_trace", "thought"), ("solution", "solution")):
-        inside = _between(assistant, begin_tag(tag), end_tag(tag))
-        if inside is not None:
-            mapped[column] = inside.removeprefix("\n\n").removesuffix("\n\n")
+    explanation, solution = PromptFormat().split_student_completion(_first_turn(turns, "assistant") or "")
+    if explanation is not None:
+        mapped["reasoning_trace"] = explanation
+    if solution is not None:
+        mapped["solution"] = solution
     return mapped
 
 
@@ -222,18 +220,6 @@ def _first_turn(turns: list, speaker: str) -> str | None:
         if isinstance(turn, dict) and turn.get("from") == speaker:
             return turn.get("value")
     return None
-
-
-def _between(text: str, start: str, end: str) -> str | None:
-    begin = text.find(start)
-    if begin < 0:
-        return None
-    begin += len(start)
-    stop = text.find(end, begin)
-    return text[begin:stop] if stop >= 0 else None
-
-
-# ---- CHAMP ------------------------------------------------------------------------------------------------
 
 
 def read_champ(cache_dir: Path) -> list[dict]:

@@ -310,7 +310,7 @@ def _stratos(question, thought, solution):
 
 
 def test_bespoke_stratos_rows_map_onto_the_columns(tmp_path):
-    thought = "First, 2 + 2.\n\nThat is 4.\n\n"  # a trailing "\n\n" of its own: only the padding goes
+    thought = "First, 2 + 2.\n\nThat is 4."
     rows = [_stratos("What is 2 + 2?", thought, "**Answer:** \\boxed{4}"), _stratos("What is 3 + 3?", "6", "6")]
     broken = _stratos("What is 5 + 5?", "10", "10")
     broken["conversations"][1]["value"] = broken["conversations"][1]["value"].replace("<|end_of_solution|>", "")
@@ -318,10 +318,16 @@ def test_bespoke_stratos_rows_map_onto_the_columns(tmp_path):
     values = OmegaConf.to_container(compose("demo_tiny", ["data=bespoke_stratos"]).data, resolve=True)
     assert values["source"] == "bespokelabs/Bespoke-Stratos-17k"
     config = DataConfig(**{**values, "source": str(path), "on_bad_row": "skip"})
+    # As the RLT teacher data: only the thought's leading "\n\n" goes (the teacher prompt ends with it); the
+    # student chat rebuilt from the columns is the dataset's assistant turn, character for character.
     assert load_split(config) == [
-        {"question": "What is 2 + 2?", "solution": "**Answer:** \\boxed{4}", "reasoning_trace": thought},
-        {"question": "What is 3 + 3?", "solution": "6", "reasoning_trace": "6"},
+        {"question": "What is 2 + 2?", "solution": "\n\n**Answer:** \\boxed{4}\n\n",
+         "reasoning_trace": thought + "\n\n"},
+        {"question": "What is 3 + 3?", "solution": "\n\n6\n\n", "reasoning_trace": "6\n\n"},
     ]
+    row = load_split(config)[0]
+    assert PromptFormat().student_completion(row["reasoning_trace"], row["solution"]) == \
+        rows[0]["conversations"][1]["value"]
     with pytest.raises(BadRowError, match=r"stratos.jsonl: row 2: column 'solution' is missing"):
         load_split(DataConfig(**{**values, "source": str(path)}))
 

@@ -45,7 +45,7 @@ from rlt_mono.prompts import ALL_TAGS, PromptFormat
 logger = logging.getLogger(__name__)
 
 # Bump when the recipe changes in a way the hashed sizes below do not capture.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 NUM_ROWS = 2000
 VOCAB_SIZE = 1024
 PAD_TOKEN, CHAT_START, CHAT_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
