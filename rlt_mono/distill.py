@@ -28,6 +28,7 @@ Run::
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -426,6 +427,15 @@ def run_distill(cfg: DictConfig) -> Path:
     except KeyboardInterrupt as err:
         raise RunInterrupted(f"distill interrupted after {written} of {len(todo)} questions; resume with "
                              f"output_dir={output_dir}") from err
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        raise UserError(f"disk full while writing {out_path}: free space, then resume with output_dir={output_dir}"
+                        ) from err
+    except torch.OutOfMemoryError as err:
+        raise UserError(f"out of GPU memory after {written} of {len(todo)} questions: lower reward.micro_batch_size, "
+                        "distill.rows_per_batch or distill.vllm_gpu_memory_utilization; resume with "
+                        f"output_dir={output_dir}") from err
     finally:
         generator.close()
     logger.info("distill: wrote %d questions to %s (%s)", written, out_path,

@@ -48,6 +48,7 @@ from rlt_mono.distill import (
     stage_rows,
     teacher_prompts,
 )
+from rlt_mono.errors import UserError
 from rlt_mono.prompts import begin_tag
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
@@ -197,12 +198,16 @@ def run_eval(cfg: DictConfig) -> Path:
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)
     records = [{k: row[k] for k in ("question", "solution", "answer") if k in row} for row in rows]
-    if with_teacher:
-        for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
-            record.update(teacher_record)
-    if options.student_accuracy:
-        for record, student_record in zip(records, student_half(models, options, cfg, rows)):
-            record.update(student_record)
+    try:
+        if with_teacher:
+            for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
+                record.update(teacher_record)
+        if options.student_accuracy:
+            for record, student_record in zip(records, student_half(models, options, cfg, rows)):
+                record.update(student_record)
+    except torch.OutOfMemoryError as err:
+        raise UserError("out of GPU memory: lower reward.micro_batch_size, eval.rows_per_batch or "
+                        "eval.vllm_gpu_memory_utilization") from err
     metrics = {
         name: summarize([float(r[field]) for r in records if r.get(field) is not None], options.confidence,
                         options.bootstrap_resamples, cfg.seed)
@@ -255,8 +260,6 @@ def _cell(metric: dict | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: the table on stdout."""
     import argparse
-
-    from rlt_mono.errors import UserError
 
     parser = argparse.ArgumentParser(prog="python -m rlt_mono.evaluate", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
