@@ -25,6 +25,7 @@ Run::
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -191,6 +192,10 @@ def run_eval(cfg: DictConfig) -> Path:
         raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
                           "set a teacher, or eval.student_accuracy=true")
     rows, source = stage_rows(cfg, "eval")
+    needs_math_verify = any(r.get("answer") and not _THE_ANSWER_IS.search(r["solution"]) for r in rows)
+    if options.student_accuracy and needs_math_verify and importlib.util.find_spec("math_verify") is None:
+        raise UserError("the held-out rows' answers are checked with math-verify, which is not installed: "
+                        "pip install math-verify, or set eval.student_accuracy=false")
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
     OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
