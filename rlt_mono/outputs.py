@@ -105,10 +105,11 @@ def replace_progress_callback(trainer) -> CompactProgressCallback:
     in a terminal, ``NotebookProgressCallback`` in Jupyter, ``PrinterCallback`` (a bare ``print`` of the dict)
     when ``args.disable_tqdm``; whichever it is goes.
     """
-    from transformers.utils.notebook import NotebookProgressCallback
-
-    for kind in (ProgressCallback, NotebookProgressCallback, PrinterCallback):
-        trainer.remove_callback(kind)
+    display = (ProgressCallback, PrinterCallback)
+    for callback in list(trainer.callback_handler.callbacks):
+        # By name: transformers.utils.notebook imports IPython, which a plain Python (the GPU machine) lacks.
+        if isinstance(callback, display) or type(callback).__name__ == "NotebookProgressCallback":
+            trainer.remove_callback(callback)
     callback = CompactProgressCallback()
     trainer.add_callback(callback)
     return callback
