@@ -9,8 +9,10 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
     distill       output_dir=<root>/3_distill      model.model_name_or_path=<root>/2_teacher_rlt/final
     student_sft   output_dir=<root>/4_student_sft  data=custom data.source=<root>/3_distill/distill.jsonl
                   sft.explanation_column=explanation
-    eval          output_dir=<root>/5_eval         model.model_name_or_path=<root>/2_teacher_rlt/final
-                  student.model_name_or_path=<root>/4_student_sft/final
+    eval_teacher  output_dir=<root>/5_eval_teacher model.model_name_or_path=<root>/2_teacher_rlt/final
+                  (the student stays the frozen one the RL reward used: the teacher's held-out reward)
+    eval_student  output_dir=<root>/6_eval_student model.model_name_or_path=null
+                  student.model_name_or_path=<root>/4_student_sft/final   (the distilled student's accuracy)
 
 with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
 distilled explanation can be empty). Run it again with ``output_dir=<root>`` to continue: a stage whose output
@@ -41,7 +43,13 @@ from rlt_mono.errors import UserError
 logger = logging.getLogger(__name__)
 
 ORDER = ("teacher_sft", "teacher_rlt", "distill", "student_sft", "eval")
+# The eval config runs twice: the RL teacher scored by the frozen student the RL reward used (its reward, r_ss,
+# r_kl, unmatched fraction, solution log-prob), then the distilled student alone (its held-out accuracy).
+STEPS = (*ORDER[:-1], "eval_teacher", "eval_student")
 SUMMARY_FILE = "pipeline.json"
+# The two evaluations side by side: the RL teacher (scored by the frozen student; the frozen student's accuracy)
+# and the distilled student's accuracy.
+TABLE_FILE = "eval_table.md"
 DISTILL_FILE = "distill.jsonl"  # rlt_mono.distill.DISTILL_FILE (not imported: it pulls in torch)
 
 
@@ -62,7 +70,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     unknown = sorted(set(stages) - set(ORDER))
     if unknown:
         raise ConfigError(f"pipeline: unknown stages {unknown}; the stages are {list(ORDER)}")
-    folders = {stage: root / f"{i}_{stage}" for i, stage in enumerate(ORDER, start=1)}
+    folders = {step: root / f"{i}_{step}" for i, step in enumerate(STEPS, start=1)}
     def load(group: str, folder: Path) -> list[str]:  # a trained folder replaces the group's model (and GGUF)
         return [f"{group}.model_name_or_path={folder / 'final'}", f"{group}.gguf_file=null"]
 
@@ -72,25 +80,29 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         "distill": load("model", folders["teacher_rlt"]),
         "student_sft": ["data=custom", f"data.source={folders['distill'] / DISTILL_FILE}",
                         "data.on_bad_row=skip", "sft.explanation_column=explanation"],
-        "eval": [*load("model", folders["teacher_rlt"]), *load("student", folders["student_sft"])],
+        "eval_teacher": load("model", folders["teacher_rlt"]),
+        "eval_student": ["model.model_name_or_path=null", "model.gguf_file=null",
+                         *load("student", folders["student_sft"])],
     }
-    plans = []
     for stage in ORDER:
         if stage not in stages:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
+    plans = []
+    for step in STEPS:
+        stage = step if step in ORDER else "eval"
         own = [str(o) for o in stages[stage].get("overrides") or []]
-        overrides = (*own, f"seed={cfg.seed}", f"output_dir={folders[stage]}", *wiring[stage])
+        overrides = (*own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))
         if composed.get("stage") != stage:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
-        plans.append(StagePlan(stage, str(stages[stage].config), overrides, folders[stage]))
+        plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step]))
     return plans
 
 
 def stage_done(plan_: StagePlan) -> bool:
     """Whether a stage's output is complete (distill is never 'done': rerunning it skips rows it wrote)."""
-    if plan_.stage == "eval":
+    if plan_.stage.startswith("eval"):
         return (plan_.folder / "eval.json").is_file()
     if plan_.stage == "distill":
         return False
@@ -99,7 +111,7 @@ def stage_done(plan_: StagePlan) -> bool:
 
 def resume_overrides(plan_: StagePlan) -> list[str]:
     """A training stage whose folder holds a complete checkpoint continues from it."""
-    if plan_.stage in ("distill", "eval") or not plan_.folder.is_dir():
+    if plan_.stage == "distill" or plan_.stage.startswith("eval") or not plan_.folder.is_dir():
         return []
     try:
         checkpoints.newest_complete_checkpoint(plan_.folder)
@@ -118,11 +130,12 @@ def run_pipeline(cfg: DictConfig) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     plans = plan(cfg, root)
     OmegaConf.save(cfg, root / "config.yaml", resolve=True)
-    summary = {"stages": {}}
+    summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the timings of the stages it skips
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"stages": {}}
     for i, stage in enumerate(plans, start=1):
         if stage_done(stage):
             logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)
-            summary["stages"][stage.stage] = {"folder": str(stage.folder), "skipped": True}
+            summary["stages"].setdefault(stage.stage, {"folder": str(stage.folder)})
             continue
         overrides = [*stage.overrides, *resume_overrides(stage)]
         logger.info("[%d/%d] %s: ./launch_mono.sh %s %s", i, len(plans), stage.stage, stage.config,
@@ -135,6 +148,10 @@ def run_pipeline(cfg: DictConfig) -> Path:
             raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "
                             f"same command with output_dir={root} to continue from this stage")
         summary["stages"][stage.stage] = {"folder": str(stage.folder), "seconds": round(seconds, 1)}
-        (root / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
-    logger.info("pipeline done: %s", root)
+        summary_path.write_text(json.dumps(summary, indent=1))
+    from rlt_mono.evaluate import compare_table
+
+    table = compare_table([plans[-2].folder / "eval.json", plans[-1].folder / "eval.json"])
+    (root / TABLE_FILE).write_text(table + "\n")
+    logger.info("pipeline done: %s\n%s", root, table)
     return root
