@@ -45,7 +45,7 @@ def new_run_dir(root: str | Path, now: datetime.datetime | None = None) -> Path:
     """Create and return a fresh ``root/<date_time>`` folder. Two runs started in the same second get
     ``..._2``, ``..._3``: ``mkdir`` without ``exist_ok`` is atomic, so no two processes share one."""
     stamp = (now or datetime.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    Path(root).mkdir(parents=True, exist_ok=True)
+    _make_dir(Path(root), "the outputs folder")
     for attempt in range(1, 1000):
         folder = Path(root) / (stamp if attempt == 1 else f"{stamp}_{attempt}")
         try:
@@ -75,6 +75,15 @@ def check_fresh_output_dir(output_dir: str | Path) -> None:
             f"output_dir={output_dir} already holds a run ({', '.join(found[:4])}): continue it with "
             "resume_from_checkpoint=true, or start a new one in another output_dir (or leave output_dir unset)"
         )
+    _make_dir(Path(output_dir), f"output_dir={output_dir}")
+
+
+def _make_dir(folder: Path, what: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"{what}: cannot create {folder} ({err.strerror or err}): choose a folder you can "
+                              "write to (output_dir=...)") from err
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------

@@ -48,6 +48,9 @@ def test_reusing_an_output_dir_without_resume_names_both_ways_forward(tmp_path):
                        r"with resume_from_checkpoint=true, or start a new one in another output_dir"):
         resolve_output_dir(str(tmp_path), "demo", resuming=False)
     assert resolve_output_dir(str(tmp_path / "empty"), "demo", resuming=False) == tmp_path / "empty"
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(checkpoints.CheckpointError, match=r"cannot create .*a_file/run \(Not a directory\)"):
+        resolve_output_dir(str(tmp_path / "a_file" / "run"), "demo", resuming=False)
     assert resolve_output_dir(str(tmp_path), "demo", resuming=True) == tmp_path
 
 
