@@ -18,9 +18,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.console import replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.outputs import RunFilesCallback, replace_progress_callback
+from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.phases import PhaseController
 from rlt_mono.placement import PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat

@@ -14,7 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono import checkpoints
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import METRICS_FILE, launch_command, read_metrics, write_run_readme
+from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.run_readme import launch_command, write_run_readme
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,150 @@
+"""What a run shows in the terminal while it trains: a progress bar and, under it, one line per logged step
+(``CompactProgressCallback``, in place of transformers' dump of the whole metrics dict), and one line when training
+ends.
+
+``replace_progress_callback`` installs it on a trainer; ``format_step_line`` and ``format_summary_line`` are the
+lines, as plain functions (the notebook prints them from ``metrics.jsonl`` rows). Every metric stays in
+``metrics.jsonl`` (``rlt_mono.outputs``) and the loggers (``report_to``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from rlt_mono.outputs import in_phase_order, is_number, is_summary_log
+from rlt_mono.run_readme import describe_trend, reward_trend
+
+logger = logging.getLogger(__name__)
+
+# Short names of the phases in the progress line (others keep their name).
+PHASE_SHORT_NAMES = {"generate": "gen"}
+
+
+class CompactProgressCallback(TrainerCallback):
+    """transformers' progress bar, with one short line per logged step under it instead of the metrics dict.
+
+    ``step 12/40 | reward -2.71 (r_ss -1.90, r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train
+    1.1)``; at the end ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7) -> -2.41
+    (steps 34-40) | outputs in <dir>``. With ``disable_tqdm`` there is no bar and the lines go to ``logging``.
+    Every metric stays in ``metrics.jsonl`` and the loggers (``report_to``).
+    """
+
+    def __init__(self):
+        self.bar = None
+        self._bar_step = 0
+        self._start_step = 0
+        self._rewards: list[tuple[int, float]] = []
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._start_step = self._bar_step = state.global_step
+        self._rewards = []
+        if state.is_world_process_zero and not args.disable_tqdm:
+            from tqdm.auto import tqdm  # what transformers' ProgressCallback uses (a widget in a notebook)
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self._bar_step)
+        self._bar_step = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        if is_summary_log(logs):
+            line = format_summary_line(logs, state.global_step, state.max_steps, state.global_step - self._start_step,
+                                       self._rewards, args.output_dir)
+        else:
+            if is_number(logs.get("reward")):
+                self._rewards.append((state.global_step, float(logs["reward"])))
+            line = format_step_line(logs, state.global_step, state.max_steps)
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            logger.info(line)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def replace_progress_callback(trainer) -> CompactProgressCallback:
+    """Swap the progress display transformers gave ``trainer`` for a ``CompactProgressCallback``.
+
+    transformers adds it at the end of ``Trainer.__init__`` (after the callbacks passed in): ``ProgressCallback``
+    in a terminal, ``NotebookProgressCallback`` in Jupyter, ``PrinterCallback`` (a bare ``print`` of the dict)
+    when ``args.disable_tqdm``; whichever it is goes.
+    """
+    display = (ProgressCallback, PrinterCallback)
+    for callback in list(trainer.callback_handler.callbacks):
+        # By name: transformers.utils.notebook imports IPython, which a plain Python (the GPU machine) lacks.
+        if isinstance(callback, display) or type(callback).__name__ == "NotebookProgressCallback":
+            trainer.remove_callback(callback)
+    callback = CompactProgressCallback()
+    trainer.add_callback(callback)
+    return callback
+
+
+def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
+    """One line for a step's logs; a missing metric is left out, e.g. ``step 12/40 | reward -2.71 (r_ss -1.90,
+    r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)``."""
+    parts = [f"step {step}/{max_steps}"]
+    details = [f"{name} {_reward_number(logs[key])}" for name, key in
+               (("r_ss", "teacher_reward/r_ss"), ("r_kl", "teacher_reward/r_kl")) if is_number(logs.get(key))]
+    if is_number(logs.get("alignment/unmatched_frac")):
+        details.append(f"unmatched {logs['alignment/unmatched_frac']:.0%}")
+    if is_number(logs.get("reward")):
+        parts.append(f"reward {_reward_number(logs['reward'])}" + (f" ({', '.join(details)})" if details else ""))
+    elif details:
+        parts.append(", ".join(details))
+    phases = {key.split("/")[1]: value for key, value in logs.items()
+              if key.startswith("phase/") and key.endswith("/seconds") and key.count("/") == 2 and is_number(value)}
+    step_seconds = logs.get("step_time") if is_number(logs.get("step_time")) else sum(phases.values()) or None
+    if step_seconds is not None:
+        names = in_phase_order(phases)
+        digits = 1 if step_seconds >= 1 else 2  # one precision for the step and its phases
+        details = ", ".join(f"{PHASE_SHORT_NAMES.get(name, name)} {phases[name]:.{digits}f}" for name in names)
+        parts.append(f"{step_seconds:.{digits}f} s/step" + (f" ({details})" if details else ""))
+    return " | ".join(parts)
+
+
+def format_summary_line(logs: Mapping, step: int, max_steps: int, steps_run: int,
+                        rewards: Sequence[tuple[int, float]], output_dir: str | Path) -> str:
+    """The end-of-training line: ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7)
+    -> -2.41 (steps 34-40) | outputs in <dir>``. ``rewards`` are the (step, reward) pairs this call logged;
+    ``steps_run`` the steps it ran (fewer than ``step`` after a resume)."""
+    parts = [f"done: step {step}/{max_steps}"]
+    runtime = logs.get("train_runtime")
+    if is_number(runtime):
+        per_step = f" ({_seconds(runtime / steps_run)} s/step)" if steps_run > 0 else ""
+        parts[0] += f" in {_duration(runtime)}{per_step}"
+    trend = reward_trend([step for step, _ in rewards], [reward for _, reward in rewards])
+    if trend is not None:
+        parts.append(f"mean reward {describe_trend(trend)}")
+    parts.append(f"outputs in {output_dir}")
+    return " | ".join(parts)
+
+
+# ---- number formatting ----------------------------------------------------------------------------------
+def _reward_number(value: float) -> str:
+    return f"{value:.2f}" if value == 0 or abs(value) >= 0.01 else f"{value:.1e}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"

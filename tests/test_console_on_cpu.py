@@ -1,0 +1,74 @@
+"""The terminal without a model: the step and summary lines, the compact callback, and swapping transformers'
+progress display for it."""
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from transformers import TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
+from transformers.utils.notebook import NotebookProgressCallback
+
+from rlt_mono.console import (
+    CompactProgressCallback,
+    format_step_line,
+    format_summary_line,
+    replace_progress_callback,
+)
+
+FULL_LOG = {
+    "loss": 1e-7, "reward": -2.7134, "teacher_reward/r_ss": -1.9012, "teacher_reward/r_kl": 0.8122,
+    "teacher_reward/total": -2.7134, "alignment/unmatched_frac": 0.0625, "phase/generate/seconds": 1.21,
+    "phase/score/seconds": 0.84, "phase/train/seconds": 1.07, "step_time": 3.14, "perf/mfu": 0.1,
+}
+
+
+def _state(step, max_steps=40):
+    state = TrainerState(max_steps=max_steps)
+    state.global_step = step
+    return state
+
+
+def test_step_line_is_one_compact_line():
+    assert format_step_line(FULL_LOG, 12, 40) == (
+        "step 12/40 | reward -2.71 (r_ss -1.90, r_kl 0.81, unmatched 6%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)"
+    )
+
+
+def test_step_line_omits_missing_keys():
+    assert format_step_line({"reward": -0.004}, 3, 5) == "step 3/5 | reward -4.0e-03"
+    assert format_step_line({"phase/generate/seconds": 0.25, "phase/train/seconds": 0.5}, 1, 2) == (
+        "step 1/2 | 0.75 s/step (gen 0.25, train 0.50)"  # no step_time: the phases' sum
+    )
+    assert format_step_line({"loss": 0.1}, 1, 2) == "step 1/2"
+
+
+def test_summary_line_says_time_trend_and_folder():
+    rewards = [(step, float(step)) for step in range(31, 41)]  # a resumed call: steps 31-40, window 3
+    line = format_summary_line({"train_runtime": 125.0, "train_loss": 0.0}, 40, 40, 10, rewards, "/runs/a")
+    assert line == ("done: step 40/40 in 2 min 5 s (12.5 s/step) | mean reward 32.000 (steps 31-33) -> 39.000 "
+                    "(steps 38-40) | outputs in /runs/a")
+
+
+def test_compact_callback_writes_lines_not_dicts(caplog):
+    callback = CompactProgressCallback()
+    args = SimpleNamespace(disable_tqdm=True, output_dir="/runs/b")  # no bar: the lines go to logging
+    state, control = _state(0, 2), TrainerControl()
+    callback.on_train_begin(args, state, control)
+    with caplog.at_level(logging.INFO, logger="rlt_mono.console"):
+        state.global_step = 1
+        callback.on_log(args, state, control, logs=dict(FULL_LOG))
+        callback.on_log(args, state, control, logs={"train_runtime": 3.0, "train_loss": 0.0})
+    assert [r.getMessage() for r in caplog.records] == [
+        format_step_line(FULL_LOG, 1, 2),
+        "done: step 1/2 in 3.0 s (3.0 s/step) | mean reward -2.713 (step 1) | outputs in /runs/b",
+    ]
+
+
+@pytest.mark.parametrize("default", [ProgressCallback, NotebookProgressCallback, PrinterCallback])
+def test_replace_progress_callback_removes_whichever_transformers_added(default):
+    handler = CallbackHandler([default()], None, None, None, None)
+    trainer = SimpleNamespace(callback_handler=handler, remove_callback=handler.remove_callback,
+                              add_callback=handler.add_callback)
+    added = replace_progress_callback(trainer)
+    assert handler.callbacks == [added] and isinstance(added, CompactProgressCallback)
