@@ -38,7 +38,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.distill import (
+from rlt_mono.errors import UserError
+from rlt_mono.explanations import (
     SamplingOptions,
     StageModels,
     check_resume_matches,
@@ -49,7 +50,6 @@ from rlt_mono.distill import (
     stage_rows,
     teacher_prompts,
 )
-from rlt_mono.errors import UserError
 from rlt_mono.prompts import begin_tag
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs

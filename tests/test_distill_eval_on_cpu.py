@@ -1,7 +1,11 @@
 """The distill and eval stages on the embedded tiny pair: numbers against direct computations, resume, compare."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,13 +13,34 @@ from omegaconf import OmegaConf
 
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig, load_split
-from rlt_mono.distill import DISTILL_FILE, TransformersGenerator, run_distill
+from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
 from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, bootstrap_interval, compare_table, main, run_eval
+from rlt_mono.explanations import TransformersGenerator
 from rlt_mono.prompts import PromptFormat, end_tag
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 
 FMT = PromptFormat()
+ROOT = Path(__file__).resolve().parent.parent
+# Runs one stage as `python -m rlt_mono.train <args>` does, appending every VLLMGenerator.generate call to the file
+# named by $RLT_MONO_VLLM_CALLS, one JSON line [prompt_ids, n, temperature, completions] per call. Passed with
+# `python -c`, it needs no `__main__` guard: vLLM's spawned engine process re-runs only a main module with a file.
+RECORD_VLLM_CALLS = """
+import json, os, sys
+from rlt_mono.explanations import VLLMGenerator
+from rlt_mono.train import main
+
+generate = VLLMGenerator.generate
+
+def recording(self, prompt_ids, n, temperature):
+    completions = generate(self, prompt_ids, n, temperature)
+    with open(os.environ["RLT_MONO_VLLM_CALLS"], "a") as f:
+        f.write(json.dumps([prompt_ids, n, temperature, completions]) + "\\n")
+    return completions
+
+VLLMGenerator.generate = recording
+sys.exit(main(sys.argv[1:]))
+"""
 
 
 @pytest.fixture
@@ -231,31 +256,39 @@ def test_stage_options_are_checked_before_a_model_loads(tmp_path):
         run_distill(compose("distill_tiny", [f"output_dir={tmp_path}"]))
 
 
-@pytest.mark.gpu
-def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path, monkeypatch):
-    """vLLM generates (asleep while the reward scores), two engines start one after the other in eval, and the
-    kept explanation is the best of the generated ids by a direct reward call on the same GPU."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _run_stage_recording_vllm(calls_path, *args, timeout=600):
+    """Run a stage in a new Python process; returns its VLLMGenerator.generate calls, as ``RECORD_VLLM_CALLS``
+    writes them."""
+    env = {**os.environ, "RLT_MONO_VLLM_CALLS": str(calls_path)}
+    result = subprocess.run([sys.executable, "-c", RECORD_VLLM_CALLS, *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _lines(calls_path)
 
-    from rlt_mono.distill import VLLMGenerator
+
+@pytest.mark.gpu
+def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path):
+    """vLLM generates (asleep while the reward scores), two engines start one after the other in eval, and the
+    kept explanation is the best of the generated ids by a direct reward call on the same GPU.
+
+    Each stage runs in its own process, as it does from the command line: vLLM's CuMem allocator serves one
+    sleep-mode engine per process, and an earlier GPU test in this pytest process may have made one.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for role, path in (("teacher", tiny_pair.teacher_path), ("student", tiny_pair.student_path)):
         AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(tmp_path / role)
         AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / role)
-    calls = []
-    original = VLLMGenerator.generate
-
-    def recording(self, prompt_ids, n, temperature):
-        completions = original(self, prompt_ids, n, temperature)
-        calls.append((prompt_ids, n, temperature, completions))
-        return completions
-
-    monkeypatch.setattr(VLLMGenerator, "generate", recording)
     models = [f"model.model_name_or_path={tmp_path / 'teacher'}", f"student.model_name_or_path={tmp_path / 'student'}",
               "model.dtype=bfloat16", "student.dtype=bfloat16", "placement.rollout=vllm"]
-    cfg = compose("distill_tiny", [*models, f"output_dir={tmp_path / 'distill'}", "data.max_rows=4",
-                                   "distill.samples_per_question=4", "distill.vllm_gpu_memory_utilization=0.3"])
-    run_distill(cfg)
+    distill_overrides = [*models, f"output_dir={tmp_path / 'distill'}", "data.max_rows=4",
+                         "distill.samples_per_question=4", "distill.vllm_gpu_memory_utilization=0.3"]
+    distill_calls = _run_stage_recording_vllm(tmp_path / "distill_calls.jsonl", "distill_tiny", *distill_overrides)
+    eval_calls = _run_stage_recording_vllm(tmp_path / "eval_calls.jsonl", "eval_tiny", *models,
+                                           f"output_dir={tmp_path / 'eval'}", "data.max_rows=4",
+                                           "eval.vllm_gpu_memory_utilization=0.3")
+
+    cfg = compose("distill_tiny", distill_overrides)
     written = _lines(tmp_path / "distill" / DISTILL_FILE)
     rows = load_split(DataConfig(**OmegaConf.to_container(cfg.data)), 0, "train")
     assert [r["question"] for r in written] == [r["question"] for r in rows]
@@ -263,7 +296,7 @@ def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path, monkeypatch):
     teacher = AutoModelForCausalLM.from_pretrained(tmp_path / "teacher", dtype=torch.bfloat16).cuda().eval()
     student = AutoModelForCausalLM.from_pretrained(tmp_path / "student", dtype=torch.bfloat16).cuda().eval()
     reward = _direct_reward(cfg, tokenizer, student, teacher)
-    [(_, n, _, completions)] = calls
+    [(_, n, _, completions)] = distill_calls
     assert n == 4
     end = end_tag("explanation")
     for row, per_row, line in zip(rows, completions, written):
@@ -274,9 +307,7 @@ def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path, monkeypatch):
         assert line["explanation"] == scores[line["sample_index"]]["explanation"]
         assert line["total"] == pytest.approx(max(s["total"] for s in scores), abs=0.05)  # bf16, other batches
 
-    run_eval(compose("eval_tiny", [*models, f"output_dir={tmp_path / 'eval'}", "data.max_rows=4",
-                                   "eval.vllm_gpu_memory_utilization=0.3"]))
     result = json.loads((tmp_path / "eval" / EVAL_FILE).read_text())
     assert set(result["metrics"]) == {"teacher/reward", "teacher/r_ss", "teacher/r_kl", "teacher/match_penalty",
                                       "teacher/unmatched_frac", "student/solution_log_prob", "student/accuracy"}
-    assert [c[2] for c in calls[1:]] == [0.7, 0.0]  # the teacher samples, then the student answers greedily
+    assert [c[2] for c in eval_calls] == [0.7, 0.0]  # the teacher samples, then the student answers greedily

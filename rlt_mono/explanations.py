@@ -1,0 +1,317 @@
+"""A teacher explains rows, with vLLM or ``transformers``, and the RLT reward scores each explanation.
+
+The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt_mono.evaluate``) share:
+
+- ``load_stage_models``: the student, and the teacher with its ``TeacherKLReward``, where ``placement`` puts
+  them (on a GPU both wait in CPU memory and are swapped in for their passes, leaving the GPU to vLLM);
+- ``open_generator``: sampling with vLLM (``VLLMGenerator``, one engine per model, asleep between calls) or
+  ``transformers`` ``generate`` (``TransformersGenerator``: CPU, or a GPU without vLLM), by
+  ``placement.rollout``; both take and return token ids, so the reward scores exactly the generated ids;
+- ``explain``: ``n`` explanations of each row from the RL stage's teacher prompt
+  (``rlt_mono.data.render_prompts``), scored by the reward in one batched call;
+- the stages' shared conventions: their rows (``stage_rows``, each question + solution once), their run folder
+  (``stage_output_dir``) and the check that a folder being resumed was written by the same stage and settings
+  (``check_resume_matches``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from rlt_mono import checkpoints
+from rlt_mono.build import (
+    dtype_name,
+    load_model,
+    load_tokenizer,
+    model_kwargs,
+    model_path,
+    resolve_rollout,
+    stop_token_ids,
+)
+from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.data import DataConfig, load_split, render_prompts
+from rlt_mono.errors import UserError
+from rlt_mono.phases import Phase, PhaseController
+from rlt_mono.placement import PlacementError, Role, resolve_placement
+from rlt_mono.prompts import PromptFormat
+from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SamplingOptions:
+    """How the teacher samples explanations (fields shared by ``cfgs/distill`` and ``cfgs/eval``)."""
+
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 4096
+    rows_per_batch: int = 64
+    vllm_gpu_memory_utilization: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("max_new_tokens", "rows_per_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.vllm_gpu_memory_utilization < 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}")
+
+
+# ---- models and generation --------------------------------------------------------------------------------
+@dataclass
+class StageModels:
+    """The models of a distill or eval run. ``teacher`` and ``reward`` are None when no teacher is configured;
+    ``tokenizer`` is then the student's (teacher and student share one vocabulary, checked by the reward)."""
+
+    tokenizer: PreTrainedTokenizerBase
+    student_tokenizer: PreTrainedTokenizerBase
+    student: nn.Module
+    student_path: str
+    teacher: nn.Module | None
+    teacher_path: str | None
+    reward: TeacherKLReward | None
+    phases: PhaseController
+    use_vllm: bool
+    prompt_format: PromptFormat
+
+
+def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teacher_temperature: float,
+                      with_teacher: bool = True) -> StageModels:
+    """Load the student (and the teacher with its reward) where ``placement`` puts them: on a GPU both live in
+    CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates."""
+    use_cpu = not torch.cuda.is_available()
+    try:
+        placement = resolve_placement(cfg.placement.mode, 0 if use_cpu else torch.cuda.device_count(),
+                                      offload_critic=cfg.placement.offload_student)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+    use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
+    phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
+    # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).
+    teacher_path = model_path(cfg.model, cfg.seed, "model") if with_teacher else None
+    student_path = model_path(cfg.student, cfg.seed, "student")
+    student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
+    student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
+    student.requires_grad_(False)
+    phases.place(student, "student", offload=Role.CRITIC in placement.offloaded, device=placement.device(Role.CRITIC))
+    prompt_format = PromptFormat()
+    if not with_teacher:
+        return StageModels(student_tokenizer, student_tokenizer, student, student_path, None, None, None, phases,
+                           use_vllm, prompt_format)
+    tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
+    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model)).eval()
+    teacher.requires_grad_(False)
+    # The teacher only scores here (vLLM holds its own copy for generation): CPU memory between passes.
+    phases.place(teacher, "teacher", offload=True)
+    try:
+        reward = TeacherKLReward(
+            student, tokenizer, reward_config,
+            teacher_model=teacher,
+            teacher_temperature=teacher_temperature,
+            prompt_format=prompt_format,
+            student_tokenizer=student_tokenizer,
+            model_context=phases.resident,
+            stop_token_ids=stop_token_ids(teacher, tokenizer),
+            names=(teacher_path, student_path),
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+    return StageModels(tokenizer, student_tokenizer, student, student_path, teacher, teacher_path, reward, phases,
+                       use_vllm, prompt_format)
+
+
+class TransformersGenerator:
+    """Sampling with ``model.generate`` in left-padded batches (CPU, or a GPU without vLLM)."""
+
+    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, phases: PhaseController, *,
+                 max_new_tokens: int, stop_strings: tuple[str, ...] = (), top_p: float = 1.0, batch_size: int = 64):
+        self.model, self.tokenizer, self.phases = model, tokenizer, phases
+        self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
+        self.batch_size = batch_size
+        self.stop_ids = sorted(stop_token_ids(model, tokenizer))
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
+        """``n`` completions (token ids, trailing padding removed) per prompt; ``temperature`` 0 is greedy."""
+        pad = self.tokenizer.pad_token_id
+        options = dict(max_new_tokens=self.max_new_tokens, num_return_sequences=n, pad_token_id=pad,
+                       eos_token_id=self.stop_ids, do_sample=temperature > 0)
+        if temperature > 0:
+            options.update(temperature=temperature, top_p=self.top_p)
+        if self.stop_strings:
+            options.update(stop_strings=list(self.stop_strings), tokenizer=self.tokenizer)
+        completions: list[list[list[int]]] = []
+        for first in range(0, len(prompt_ids), self.batch_size):
+            chunk = prompt_ids[first : first + self.batch_size]
+            width = max(len(ids) for ids in chunk)
+            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # (b, P), left-padded
+            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, P)
+            for row, ids in enumerate(chunk):
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention_mask[row, width - len(ids) :] = 1
+            with self.phases.resident(self.model):
+                device = next(self.model.parameters()).device
+                sequences = self.model.generate(input_ids=input_ids.to(device),
+                                                attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
+            new_tokens = sequences[:, width:].tolist()
+            for row in range(len(chunk)):
+                completions.append([_strip_trailing(ids, pad) for ids in new_tokens[row * n : (row + 1) * n]])
+        return completions
+
+    def close(self) -> None:
+        """Nothing to release: the model belongs to ``StageModels``."""
+
+
+class VLLMGenerator:
+    """A vLLM engine for one model, asleep between calls (level 1: weights in CPU memory, KV cache freed) so that
+    the scoring models can use the GPU; prompts go in as token ids, so they are the ids the reward scores."""
+
+    def __init__(self, model_path: str, *, dtype: str, max_new_tokens: int, max_prompt_tokens: int,
+                 stop_strings: tuple[str, ...] = (), top_p: float = 1.0, gpu_memory_utilization: float = 0.5,
+                 seed: int = 0):
+        from vllm import LLM
+
+        # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
+        # so vLLM would fork its engine process, whose CUDA init then fails: make it spawn (vLLM's own switch). A
+        # script that runs a stage therefore needs an `if __name__ == "__main__":` guard. The engine core cannot
+        # run in this process instead: a second sleep-mode engine there (eval's student) failed in vLLM 0.25.1's
+        # CuMem allocator ("invalid argument", then out of memory with 78 of 79 GiB free).
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
+        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True)
+        self.llm.sleep(level=1)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
+        from vllm import SamplingParams
+
+        # Stop strings are matched on detokenized text; without them the ids are all that is read.
+        params = SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
+                                stop=list(self.stop_strings) or None, include_stop_str_in_output=True,
+                                detokenize=bool(self.stop_strings))
+        self.llm.wake_up()
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        finally:
+            self.llm.sleep(level=1)
+        return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+
+    def close(self) -> None:
+        """Stop the engine's process (its GPU memory goes with it), so that another engine can start."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+
+
+def open_generator(models: StageModels, role: str, options: SamplingOptions, cfg: DictConfig, *,
+                   max_new_tokens: int, max_prompt_tokens: int, stop_strings: tuple[str, ...] = ()):
+    """A generator for ``role`` ("teacher" or "student"): vLLM when ``models.use_vllm``, else transformers."""
+    if role == "teacher":
+        model, path, tokenizer = models.teacher, models.teacher_path, models.tokenizer
+    else:
+        model, path, tokenizer = models.student, models.student_path, models.student_tokenizer
+    if not models.use_vllm:
+        return TransformersGenerator(model, tokenizer, models.phases, max_new_tokens=max_new_tokens,
+                                     stop_strings=stop_strings, top_p=options.top_p,
+                                     batch_size=options.rows_per_batch)
+    dtype = cfg.model.dtype if role == "teacher" else cfg.student.dtype
+    return VLLMGenerator(path, dtype=dtype, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
+                         stop_strings=stop_strings, top_p=options.top_p, seed=cfg.seed,
+                         gpu_memory_utilization=options.vllm_gpu_memory_utilization)
+
+
+def teacher_prompts(models: StageModels, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
+    """The RL stage's teacher prompts (text, and the token ids both generation and the reward read)."""
+    prompts = render_prompts(rows, models.tokenizer, models.prompt_format)
+    return prompts, [models.tokenizer(p)["input_ids"] for p in prompts]
+
+
+def explain(models: StageModels, generator, rows: list[dict], n: int, temperature: float) -> list[list[dict]]:
+    """``n`` explanations of each row by the teacher, each scored by the RLT reward in one batched call.
+
+    Returns, per row, ``n`` dicts: the reward's ``last_scores`` entry (``explanation``, ``r_ss``, ``r_kl``,
+    ``match_penalty``, ``total``, ``unmatched``, ...) plus ``sample_index`` and ``completion_ids``.
+    """
+    prompts, prompt_ids = teacher_prompts(models, rows)
+    with models.phases.phase(Phase.GENERATE):
+        completions = generator.generate(prompt_ids, n, temperature)  # (rows, n) lists of ids
+    flat_ids = [ids for per_row in completions for ids in per_row]
+    with models.phases.phase(Phase.SCORE):
+        models.reward(
+            prompts=[p for p in prompts for _ in range(n)],
+            completions=models.tokenizer.batch_decode(flat_ids),
+            completion_ids=flat_ids,
+            question=[r["question"] for r in rows for _ in range(n)],
+            solution=[r["solution"] for r in rows for _ in range(n)],
+        )
+    scores = [dict(s, sample_index=i % n, completion_ids=ids)
+              for i, (s, ids) in enumerate(zip(models.reward.last_scores, flat_ids, strict=True))]
+    return [scores[i * n : (i + 1) * n] for i in range(len(rows))]
+
+
+def _strip_trailing(ids: list[int], pad_id: int) -> list[int]:
+    end = len(ids)
+    while end and ids[end - 1] == pad_id:
+        end -= 1
+    return ids[:end]
+
+
+# ---- rows and run folders ---------------------------------------------------------------------------------
+def row_key(row: dict) -> tuple[str, str]:
+    """What identifies a row across runs (a question may appear with two solutions)."""
+    return row["question"], row["solution"]
+
+
+def stage_rows(cfg: DictConfig, split: str) -> tuple[list[dict], str]:
+    """The rows of ``split`` ("train": distill's, "eval": the held-out questions; ``rlt_mono.data.load_split``),
+    each question + solution once, and a description of where they came from."""
+    data_config = instantiate(DataConfig, cfg.data, "data")
+    rows = load_split(data_config, cfg.seed, split)
+    unique = list({row_key(r): r for r in rows}.values())
+    if len(unique) < len(rows):
+        logger.info("data: dropped %d repeated question+solution rows", len(rows) - len(unique))
+    if not unique:
+        raise UserError(f"data.source={data_config.source}: no {split} rows (data.eval_rows / data.eval_fraction "
+                        "set how many questions are held out)")
+    return unique, f"{data_config.source}, {split} split, {len(unique)} rows"
+
+
+def stage_output_dir(cfg: DictConfig) -> Path:
+    """``output_dir`` as given (created if missing), or a new ``outputs/<run_name>/<time>``."""
+    if cfg.output_dir is None:
+        return checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
+    folder = Path(cfg.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"output_dir={folder} is a file, not a folder: choose another output_dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def check_resume_matches(output_dir: Path, cfg: DictConfig, keys: tuple[str, ...]) -> None:
+    """Refuse a folder that another stage wrote, or (``keys``) that this stage wrote under other settings, as
+    recorded in the earlier run's ``config.yaml``."""
+    saved_path = output_dir / "config.yaml"
+    if not saved_path.exists():
+        return
+    saved = OmegaConf.load(saved_path)
+    for key in ("stage", *keys):
+        before, now = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
+        if before != now:
+            raise UserError(f"output_dir={output_dir} was written with {key}={_short(before)}, not {_short(now)}: "
+                            f"set {key} back to resume it, or choose a new output_dir")
+
+
+def _short(value) -> str:
+    return json.dumps(OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig) else value)
