@@ -167,3 +167,20 @@ def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkey
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [
         f"{checkpoints.STAGING_PREFIX}checkpoint-2", "checkpoint-1"]
     assert checkpoints.resolve_resume(out, True, max_steps=3) == str(out / "checkpoint-1")
+
+
+def test_too_few_rows_and_a_runaway_row_stop_before_training(tmp_path):
+    rows = [{"question": f"What is {i} + {i}?", "solution": f"The answer is {2 * i}."} for i in range(3)]
+    few = tmp_path / "few.jsonl"
+    few.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = _cli("demo_tiny", "data=custom", f"data.source={few}", "data.eval_rows=0",
+                  f"output_dir={tmp_path / 'a'}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "has 3 usable training rows (0 skipped) but one optimizer step needs 4 distinct prompts" in result.stderr
+    assert not (tmp_path / "a" / "final").exists()  # no untrained teacher saved as if trained
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text("".join(json.dumps(r) + "\n" for r in [*rows * 3, {"question": "x " * 500_000, "solution": "1"}]))
+    result = _cli("demo_tiny", "data=custom", f"data.source={huge}", "data.eval_rows=0",
+                  f"output_dir={tmp_path / 'b'}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "row 9" in result.stderr.splitlines()[-1] and "tokens" in result.stderr.splitlines()[-1]
