@@ -189,7 +189,8 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
     """The verified checkpoint folder a run resumes from, or None for a fresh run.
 
     ``resume_from_checkpoint`` is null/false, true (the newest complete checkpoint in ``output_dir``) or a
-    checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint or one at or past ``max_steps``.
+    checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint or one past ``max_steps``; one at
+    ``max_steps`` is returned (the run stopped before saving ``final/``: nothing trains, ``final/`` is saved).
     """
     if resume_from_checkpoint in (None, False, "", "false"):
         return None
@@ -204,11 +205,12 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
                 "an earlier checkpoint, or set resume_from_checkpoint=true for the newest complete one"
             )
     step = saved_step(checkpoint)
-    if step >= max_steps:
+    if step > max_steps:
         raise CheckpointError(
             f"{checkpoint} is at step {step} and trainer.max_steps={max_steps}: nothing left to train; "
             f"raise trainer.max_steps above {step} to continue the run"
         )
+    # step == max_steps: the run stopped after its last checkpoint, before final/; the stage saves final/ from it.
     logger.info("resuming from %s (step %d of %d)", checkpoint, step, max_steps)
     return str(checkpoint)
 

@@ -29,13 +29,19 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
 
     trainer = build_trainer(cfg)
     output_dir = Path(trainer.args.output_dir)
+    resume = trainer.resume_checkpoint
     with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
-        trainer.train(resume_from_checkpoint=trainer.resume_checkpoint)
-        if trainer.state.global_step < trainer.args.max_steps:
-            raise UserError(
-                f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data loader "
-                "ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
-            )
+        if resume is not None and checkpoints.saved_step(resume) == trainer.args.max_steps:
+            # Stopped after the last checkpoint, before final/: nothing left to train, only the teacher to restore.
+            logger.info("%s holds the last step (%d): saving the final teacher from it", resume, trainer.args.max_steps)
+            trainer._load_from_checkpoint(resume)
+        else:
+            trainer.train(resume_from_checkpoint=resume)
+            if trainer.state.global_step < trainer.args.max_steps:
+                raise UserError(
+                    f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data "
+                    "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
+                )
         final = checkpoints.save_final(trainer, output_dir)
     write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True), read_metrics(output_dir / METRICS_FILE),
                      command=launch_command())

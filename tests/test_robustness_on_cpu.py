@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlt_mono import checkpoints
 from rlt_mono.build import resolve_model_path, resolve_output_dir
@@ -184,3 +185,23 @@ def test_too_few_rows_and_a_runaway_row_stop_before_training(tmp_path):
                   f"output_dir={tmp_path / 'b'}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "row 9" in result.stderr.splitlines()[-1] and "tokens" in result.stderr.splitlines()[-1]
+
+
+def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from rlt_mono.outputs import METRICS_FILE, read_metrics
+    from rlt_mono.teacher_rlt import run_teacher_rlt
+
+    out = tmp_path / "run"
+    overrides = [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1", "trainer.plot_metrics=false",
+                 "trainer.max_completion_length=16"]
+    run_teacher_rlt(compose("demo_tiny", overrides))
+    trained = load_file(out / "final" / "model.safetensors")
+    shutil.rmtree(out / "final")  # as if killed between the checkpoint of step 2 and final/
+    run_teacher_rlt(compose("demo_tiny", [*overrides, "resume_from_checkpoint=true"]))
+    restored = load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(restored[name], trained[name]) for name in trained)  # no extra step trained
+    assert [r["step"] for r in read_metrics(out / METRICS_FILE)] == [1, 2]
