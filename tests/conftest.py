@@ -48,3 +48,12 @@ def teacher(tiny_pair):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_pair.teacher_path).eval()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors run faster on one thread than with OpenMP synchronisation on a shared 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -23,13 +23,7 @@ OPERATIONS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "/": int.__f
 HELD_OUT_SEED = 123  # rows the models were not warmed up on
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors run faster on one thread than with OpenMP sync on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

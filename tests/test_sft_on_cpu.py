@@ -27,13 +27,7 @@ TRACE_TOKENS = ["2", "Ġ+", "Ġ", "5", "Ġ=", "Ġ", "7", ".", "ĠThe", "Ġanswer
 FAST = ["sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=1", "+sft.disable_tqdm=true"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # At these sizes OpenMP synchronisation costs more than it saves (see rlt_mono/embedded/tiny_models.py).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _rows_file(tmp_path, rows):
