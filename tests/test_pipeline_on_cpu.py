@@ -1,0 +1,68 @@
+"""The pipeline stage: its wiring between stages, a whole run on the embedded tiny pair, and a continued run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlt_mono.config import ConfigError, compose
+from rlt_mono.pipeline import STEPS, plan
+
+ROOT = Path(__file__).resolve().parent.parent
+# A stage's own overrides, from the command line: a Hydra list of quoted strings.
+SMALL = ["pipeline.teacher_sft.overrides=['sft.max_steps=4']",
+         "pipeline.teacher_rlt.overrides=['trainer.max_steps=2','trainer.save_steps=2',"
+         "'trainer.max_completion_length=24']",
+         "pipeline.distill.overrides=['data.max_rows=4']",
+         "pipeline.student_sft.overrides=['sft.max_steps=2']",
+         "pipeline.eval.overrides=['data.max_rows=3']"]
+
+
+def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
+    steps = {p.stage: p for p in plan(compose("pipeline_tiny"), tmp_path)}
+    assert list(steps) == list(STEPS)
+    assert f"model.model_name_or_path={tmp_path}/1_teacher_sft/final" in steps["teacher_rlt"].overrides
+    assert f"model.model_name_or_path={tmp_path}/2_teacher_rlt/final" in steps["distill"].overrides
+    assert f"data.source={tmp_path}/3_distill/distill.jsonl" in steps["student_sft"].overrides
+    # the RL teacher is scored by the frozen student the reward used; the distilled student is evaluated alone
+    assert not any(o.startswith("student.model_name_or_path") for o in steps["eval_teacher"].overrides)
+    assert f"student.model_name_or_path={tmp_path}/4_student_sft/final" in steps["eval_student"].overrides
+    assert "model.model_name_or_path=null" in steps["eval_student"].overrides
+    assert [p.folder.name for p in steps.values()] == [f"{i}_{s}" for i, s in enumerate(STEPS, start=1)]
+    with pytest.raises(ConfigError, match="pipeline.distill.config=eval_tiny runs stage 'eval', not 'distill'"):
+        plan(compose("pipeline_tiny", ["pipeline.distill.config=eval_tiny"]), tmp_path)
+
+
+def _pipeline(out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlt_mono.train", "pipeline_tiny", f"output_dir={out}", *SMALL],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1200)
+
+
+def test_the_whole_pipeline_runs_on_the_tiny_pair_and_continues(tmp_path):
+    out = tmp_path / "pipeline"
+    result = _pipeline(out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((out / "1_teacher_sft" / "sft_summary.json").read_text())["steps"] == 4
+    assert (out / "2_teacher_rlt" / "final" / "config.json").is_file()
+    distilled = [json.loads(line) for line in (out / "3_distill" / "distill.jsonl").read_text().splitlines()]
+    assert len(distilled) == 4 and all({"explanation", "r_ss", "r_kl", "total"} <= set(r) for r in distilled)
+    assert json.loads((out / "4_student_sft" / "sft_summary.json").read_text())["steps"] == 2
+    teacher_eval = json.loads((out / "5_eval_teacher" / "eval.json").read_text())
+    student_eval = json.loads((out / "6_eval_student" / "eval.json").read_text())
+    assert teacher_eval["teacher"] == str(out / "2_teacher_rlt" / "final")
+    assert teacher_eval["metrics"]["teacher/reward"]["n"] == 3
+    assert student_eval["student"] == str(out / "4_student_sft" / "final") and student_eval["teacher"] is None
+    assert "teacher/reward" not in student_eval["metrics"]
+    table = (out / "eval_table.md").read_text()
+    assert "| teacher/reward |" in table and "| student/accuracy |" in table
+    summary = json.loads((out / "pipeline.json").read_text())["stages"]
+    assert list(summary) == list(STEPS) and all(summary[s]["seconds"] > 0 for s in STEPS)
+
+    again = _pipeline(out)  # done stages are skipped; distill finds every row written
+    assert again.returncode == 0, again.stderr[-3000:]
+    skipped = [line for line in again.stderr.splitlines() if "done already" in line]
+    assert len(skipped) == len(STEPS) - 1
+    assert "4 already written, 0 to explain" in again.stderr
+    assert len((out / "3_distill" / "distill.jsonl").read_text().splitlines()) == 4
