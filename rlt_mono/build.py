@@ -82,7 +82,11 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
     # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
-    max_prompt_tokens = teacher.config.max_position_embeddings - args.max_completion_length
+    context = teacher.config.max_position_embeddings
+    max_prompt_tokens = context - args.max_completion_length
+    if max_prompt_tokens <= 0:
+        raise ConfigError(f"trainer.max_completion_length={args.max_completion_length} leaves no room for a prompt "
+                          f"in the teacher's {context}-token context (max_position_embeddings): lower it")
     dataset, skipped = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed,
                                        max_prompt_tokens=max_prompt_tokens)
     # TRL's sampler draws generation_batch_size / num_generations distinct prompts per generation; with fewer

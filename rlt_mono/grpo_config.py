@@ -47,6 +47,13 @@ class RLTConfig(trl.GRPOConfig):
     def _check_ranges(self) -> None:
         """Values TRL or transformers accept but that make a silently wrong run (e.g. ``max_steps=-1`` falls
         back to epochs: 1,500 steps of the embedded set; ``beta<0`` rewards drifting from the reference)."""
+        numeric = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
+                   "logging_steps", "save_steps", "ref_model_sync_steps", "num_generations", "steps_per_generation",
+                   "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha")
+        for name in numeric:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{name} must be a number, got {value!r}")
         positive = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
                     "max_completion_length", "logging_steps", "save_steps", "ref_model_sync_steps")
         for name in positive:

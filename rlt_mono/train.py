@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
 
             sys.stdout.write(OmegaConf.to_yaml(cfg))
             return 0
+        if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
+            raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
         run = _stage_function(cfg.get("stage", "teacher_rlt"))
         expose_gpus(cfg.placement.mode if "placement" in cfg else "mono")
         run(cfg)

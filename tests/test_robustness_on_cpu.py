@@ -94,6 +94,7 @@ def test_resume_past_max_steps_and_resume_without_checkpoints_are_errors(tmp_pat
     ("trainer.num_generations=1", "num_generations must be >= 2"),
     ("trainer.temperature=0", "temperature must be > 0"),
     ("trainer.per_device_train_batch_size=0", "per_device_train_batch_size must be > 0"),
+    ("trainer.learning_rate=abc", "learning_rate must be a number, got 'abc'"),
 ])
 def test_trainer_values_that_change_the_run_silently_are_refused(override, message, tmp_path):
     cfg = compose("demo_tiny", [override])
@@ -137,6 +138,8 @@ def test_help_lists_config_groups_and_how_to_list_keys():
     ("demo_tiny", "data=custom", "data.source=/nowhere/rows.jsonl"),
     ("demo_tiny", "resume_from_checkpoint=true"),
     ("demo_tiny", "placement=split"),
+    ("demo_tiny", "seed=abc"),
+    ("demo_tiny", "trainer.max_completion_length=5000"),
 ])
 def test_user_mistakes_end_in_one_line_and_exit_code_2(args, tmp_path):
     result = _cli(*args, f"output_dir={tmp_path / 'run'}" if args[0] != "nope" else "")
