@@ -301,9 +301,10 @@ class TeacherKLReward:
                     "re-tokenized ones): pass teacher_model=... or the teacher_log_probs column"
                 )
             if not self._logged_teacher_pass:
-                logger.info("teacher log-probs not provided by the trainer for %d completions: running the "
-                            "teacher (TRL computes them only with vLLM importance sampling or when generation "
-                            "and optimizer steps are misaligned)", len(missing))
+                # Expected (CPU rollouts, distill, eval): a debug note, not something a user has to act on.
+                logger.debug("the reward runs the teacher for the KL term of %d completions (TRL hands its own "
+                             "log-probs over only with vLLM importance sampling or when generation and optimizer "
+                             "steps are misaligned)", len(missing))
                 self._logged_teacher_pass = True
             prompt_ids = [self.tokenizer(prompts[i])["input_ids"] for i in missing]
             with self.model_context(self.teacher_model):
