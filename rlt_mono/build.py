@@ -65,9 +65,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     checkpoints.remove_stale_staging(output_dir)
     if use_vllm:
         ensure_single_process_distributed_env()
-    if "wandb" in args.report_to:
-        os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)
-        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+    set_wandb_env(cfg.logging, args.report_to)
     phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
     teacher_path = model_path(cfg.model, cfg.seed, "model")
@@ -149,6 +147,14 @@ def resolve_output_dir(output_dir: str | None, run_name: str, *, resuming: bool,
     if not resuming:
         checkpoints.check_fresh_output_dir(output_dir)
     return Path(output_dir)
+
+
+def set_wandb_env(logging_cfg: DictConfig, report_to: list[str]) -> None:
+    """W&B reads its project and mode from the environment; the ``logging`` group sets them (a value the user
+    exported wins)."""
+    if "wandb" in report_to:
+        os.environ.setdefault("WANDB_PROJECT", logging_cfg.wandb_project)
+        os.environ.setdefault("WANDB_MODE", logging_cfg.wandb_mode)
 
 
 def stop_token_ids(model, tokenizer) -> set[int]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints
-from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir
+from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
@@ -218,9 +217,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize)
-    if "wandb" in args.report_to:
-        os.environ.setdefault("WANDB_PROJECT", cfg.logging.wandb_project)
-        os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
+    set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
     logger.info("%s: %d train rows, %d held-out rows from %s (%d skipped)", stage, len(train_rows),
