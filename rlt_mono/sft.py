@@ -10,10 +10,11 @@ One code path for two stages, chosen by the run config's ``stage``:
   generation prompt. Completion: ``PromptFormat.student_completion(explanation, solution)``, the explanation being
   a distilled one (``explanation``, written by the distill stage) or the raw trace (``reasoning_trace``, baseline).
 
-Both are TRL prompt-completion rows with ``completion_only_loss``: the loss covers only what the model writes.
-TRL appends ``eos_token`` to each completion; unless ``sft.eos_token`` names one, it is the token the chat template
-closes an assistant turn with (``<|im_end|>`` in ChatML), so the model learns to end its turn right after the
-closing tag, where the RL stage and vLLM stop generating. Method and warm-up settings: docs/METHOD.md.
+Both are tokenized here, prompt and completion apart (``build_sft_dataset``), with a ``completion_mask`` that TRL
+turns into labels (``completion_only_loss``): the loss covers only what the model writes. Each completion ends with
+``eos_token``: unless ``sft.eos_token`` names one, the token the chat template closes an assistant turn with
+(``<|im_end|>`` in ChatML), so the model learns to end its turn right after the closing tag, where the RL stage
+and vLLM stop generating. Method and warm-up settings: docs/METHOD.md.
 
 Rows are split as data.py splits them (by question; ``data.eval_rows`` / ``data.eval_fraction``): the model never
 trains on a held-out question, and its loss on them is measured before and after training (TRL's ``eval_loss``:
@@ -78,28 +79,36 @@ class SFTStageConfig(trl.SFTConfig):
 # ---- examples ---------------------------------------------------------------------------------------------------
 def build_sft_dataset(
     rows: list[dict], tokenizer: PreTrainedTokenizerBase, stage: str, explanation_column: str,
-    prompt_format: PromptFormat | None = None,
+    eos_token: str | None = None, prompt_format: PromptFormat | None = None,
 ) -> datasets.Dataset:
-    """TRL prompt-completion examples (plain strings) of ``stage``'s chat, one per row.
+    """Tokenized examples of ``stage``'s chat, one per row: ``input_ids`` and ``completion_mask``.
 
-    ``prompt``: the chat rendered with ``tokenizer``'s template up to where the model starts writing;
-    ``completion``: what it writes, without the end-of-turn token (TRL appends ``eos_token``).
+    The prompt (the chat rendered with ``tokenizer``'s template up to where the model starts writing) and the
+    completion (what it writes, then ``eos_token``) are encoded apart and joined: the prompt ids are exactly the
+    ones the RL stage and vLLM continue from. Encoding the joined text instead lets BPE merge across the boundary
+    (SmolLM2 merges the prompt's final ``\n\n`` with the completion's first token), and TRL then trains on a
+    context the model never sees at generation time.
     """
     prompt_format = prompt_format or PromptFormat()
-    prompts, completions = [], []
+    eos_ids = [tokenizer.convert_tokens_to_ids(eos_token or tokenizer.eos_token)]
+    examples = {"input_ids": [], "completion_mask": []}
     for row in rows:
         explanation = row[explanation_column]
         if stage == "teacher_sft":
             messages = prompt_format.teacher_messages(row["question"], row["solution"])
-            prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True))
-            completions.append(explanation + prompt_format.explanation_end)
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+            completion = explanation + prompt_format.explanation_end
         elif stage == "student_sft":
             messages = prompt_format.student_messages(row["question"], explanation, row["solution"])[:-1]
-            prompts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
-            completions.append(prompt_format.student_completion(explanation, row["solution"]))
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            completion = prompt_format.student_completion(explanation, row["solution"])
         else:
             raise UserError(f"stage={stage!r} is not an SFT stage; use one of {sorted(STAGE_MODEL_GROUP)}")
-    return datasets.Dataset.from_dict({"prompt": prompts, "completion": completions})
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + eos_ids
+        examples["input_ids"].append(prompt_ids + completion_ids)
+        examples["completion_mask"].append([0] * len(prompt_ids) + [1] * len(completion_ids))
+    return datasets.Dataset.from_dict(examples)
 
 
 def end_of_turn_token(tokenizer: PreTrainedTokenizerBase, key: str) -> str | None:
@@ -235,8 +244,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     trainer = StageSFTTrainer(
         model=model,
         args=args,
-        train_dataset=build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column),
-        eval_dataset=build_sft_dataset(heldout_rows, tokenizer, stage, args.explanation_column) if heldout_rows
+        train_dataset=build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token),
+        eval_dataset=build_sft_dataset(heldout_rows, tokenizer, stage, args.explanation_column, args.eos_token)
+        if heldout_rows
         else None,
         processing_class=tokenizer,
         callbacks=[RunFilesCallback(output_dir, samples_per_step=0, plot=False)],

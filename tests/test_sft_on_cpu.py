@@ -16,7 +16,15 @@ from rlt_mono.data import DataConfig, load_split
 from rlt_mono.errors import UserError
 from rlt_mono.outputs import METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.sft import SUMMARY_FILE, SFTStageConfig, build_sft, end_of_turn_token, load_sft_rows, run_sft
+from rlt_mono.sft import (
+    SUMMARY_FILE,
+    SFTStageConfig,
+    build_sft,
+    build_sft_dataset,
+    end_of_turn_token,
+    load_sft_rows,
+    run_sft,
+)
 
 QUESTION, SOLUTION = "What is 2 + 5?", "The answer is 7."
 TRACE = "2 + 5 = 7. The answer is 7."
@@ -183,3 +191,23 @@ def test_sft_configs_have_rlt_warmup_settings_and_instantiate(tmp_path):
     assert gpu.bf16 and gpu.gradient_checkpointing
     assert compose("student_sft").sft.explanation_column == "explanation"
     assert compose("teacher_sft").model.dtype == "float32"
+
+
+def test_the_prompt_ids_are_the_rl_prompt_even_where_bpe_would_merge_across_the_boundary():
+    # The teacher prompt ends with "\n\n"; with Qwen2's BPE an explanation starting with a newline merges with it
+    # into one "\n\n\n" token if the joined text is encoded, and the model would train on a context RL never
+    # shows it. The prompt and the completion are encoded apart.
+    from qwen2_tokenizer import qwen2_tokenizer
+
+    tokenizer = qwen2_tokenizer()
+    explanation = "\nAdd the apples: 3 + 5 = 8."
+    rows = [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": explanation}]
+    example = build_sft_dataset(rows, tokenizer, "teacher_sft", "reasoning_trace", "<|im_end|>")[0]
+    prompt = tokenizer.apply_chat_template(PromptFormat().teacher_messages(QUESTION, SOLUTION), tokenize=False,
+                                           continue_final_message=True)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    completion_ids = tokenizer(explanation + PromptFormat().explanation_end, add_special_tokens=False)["input_ids"]
+    assert example["input_ids"] == [*prompt_ids, *completion_ids, tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert example["completion_mask"] == [0] * len(prompt_ids) + [1] * (len(completion_ids) + 1)
+    joined = tokenizer(prompt + explanation, add_special_tokens=False)["input_ids"]
+    assert joined[: len(prompt_ids)] != prompt_ids  # encoding the joined text would indeed have merged
