@@ -67,15 +67,22 @@ def previous_run_files(output_dir: str | Path) -> list[str]:
 
 def check_fresh_output_dir(output_dir: str | Path) -> None:
     """Refuse to start a new run in a folder another run wrote (its metrics would be mixed with ours)."""
-    if Path(output_dir).exists() and not Path(output_dir).is_dir():
-        raise CheckpointError(f"output_dir={output_dir} is a file, not a folder: choose another output_dir")
     found = previous_run_files(output_dir)
     if found:
         raise CheckpointError(
             f"output_dir={output_dir} already holds a run ({', '.join(found[:4])}): continue it with "
             "resume_from_checkpoint=true, or start a new one in another output_dir (or leave output_dir unset)"
         )
-    _make_dir(Path(output_dir), f"output_dir={output_dir}")
+    ensure_output_dir(output_dir)
+
+
+def ensure_output_dir(output_dir: str | Path) -> Path:
+    """Create ``output_dir`` if it is missing; one-line errors when it is a file or cannot be created."""
+    folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"output_dir={output_dir} is a file, not a folder: choose another output_dir")
+    _make_dir(folder, f"output_dir={output_dir}")
+    return folder
 
 
 def _make_dir(folder: Path, what: str) -> None:

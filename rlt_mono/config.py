@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,6 +21,11 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "cfgs"
 
 if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.main
     OmegaConf.register_new_resolver("now", lambda pattern: datetime.datetime.now().strftime(pattern), use_cache=True)
+
+
+def default_cache_dir() -> Path:
+    """Where built and downloaded artefacts live: ``$RLT_MONO_CACHE`` if set, else ``~/.cache/rlt_mono``."""
+    return Path(os.environ.get("RLT_MONO_CACHE") or Path.home() / ".cache" / "rlt_mono")
 
 
 class ConfigError(UserError, ValueError):

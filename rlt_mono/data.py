@@ -27,6 +27,7 @@ from pathlib import Path
 import datasets
 from transformers import PreTrainedTokenizerBase
 
+from rlt_mono.config import default_cache_dir
 from rlt_mono.data_sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
 from rlt_mono.errors import UserError
 from rlt_mono.prompts import PromptFormat
@@ -111,8 +112,6 @@ def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
 
         return [_with_embedded_answer(row) for row in generate_rows(config.embedded_rows, seed=seed)]
     if config.source == "champ":
-        from rlt_mono.embedded.tiny_models import default_cache_dir
-
         return read_champ(default_cache_dir())
     rows = read_file(Path(config.source).expanduser()) if _is_path(config.source) else read_hub(config.source,
                                                                                                  config.split)

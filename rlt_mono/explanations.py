@@ -292,11 +292,7 @@ def stage_output_dir(cfg: DictConfig) -> Path:
     """``output_dir`` as given (created if missing), or a new ``outputs/<run_name>/<time>``."""
     if cfg.output_dir is None:
         return checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
-    folder = Path(cfg.output_dir)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"output_dir={folder} is a file, not a folder: choose another output_dir")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return checkpoints.ensure_output_dir(cfg.output_dir)
 
 
 def check_resume_matches(output_dir: Path, cfg: DictConfig, keys: tuple[str, ...]) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from rlt_mono.config import default_cache_dir
 from rlt_mono.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -339,9 +340,6 @@ def _set_special_tokens(tokenizer, config) -> None:
 def _cache_root(cache_dir: str | Path | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
-    # Imported here: that module imports torch and transformers, which --list and a mistyped name do not need.
-    from rlt_mono.embedded.tiny_models import default_cache_dir
-
     return default_cache_dir()
 
 

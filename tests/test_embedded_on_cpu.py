@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlt_mono.config import default_cache_dir
 from rlt_mono.embedded import TinyPair, build_tiny_pair, generate_rows, tiny_models
 from rlt_mono.prompts import ALL_TAGS, PromptFormat, begin_tag, end_tag
 
@@ -152,7 +153,7 @@ def test_crashed_build_leaves_nothing_behind(tmp_path, monkeypatch):
 
 def test_cache_location_and_recipe_hash(monkeypatch, tmp_path):
     monkeypatch.setenv("RLT_MONO_CACHE", str(tmp_path))
-    assert tiny_models.default_cache_dir() == tmp_path
+    assert default_cache_dir() == tmp_path
     assert tiny_models._recipe_hash(0, 200) != tiny_models._recipe_hash(1, 200)
     assert tiny_models._recipe_hash(0, 200) != tiny_models._recipe_hash(0, 100)
 

@@ -39,6 +39,7 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
+from rlt_mono.config import default_cache_dir
 from rlt_mono.embedded.dataset import generate_rows, write_jsonl
 from rlt_mono.prompts import ALL_TAGS, PromptFormat
 
@@ -79,11 +80,6 @@ class TinyPair:
     student_path: Path
     # JSON lines of the embedded rows ("question", "solution", "reasoning_trace").
     data_path: Path
-
-
-def default_cache_dir() -> Path:
-    """``$RLT_MONO_CACHE`` if set, else ``~/.cache/rlt_mono``."""
-    return Path(os.environ.get("RLT_MONO_CACHE") or Path.home() / ".cache" / "rlt_mono")
 
 
 def _recipe_hash(seed: int, warmup_steps: int) -> str:
