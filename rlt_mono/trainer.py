@@ -24,8 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import safetensors.torch
 import torch
 import trl
-from transformers import TrainerCallback, TrainerState
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers import TrainerCallback
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from rlt_mono import checkpoints
@@ -214,9 +213,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             # Copies into the existing (pinned CPU or GPU) tensors.
             safetensors.torch.load_model(self.ref_model, path, device=str(next(self.ref_model.parameters()).device))
             logger.info("reference model restored from %s", path)
-        elif self._reference_is_mixed(
-            TrainerState.load_from_json(os.path.join(resume_from_checkpoint, TRAINER_STATE_NAME)).global_step
-        ):
+        elif self._reference_is_mixed(checkpoints.saved_step(resume_from_checkpoint)):
             logger.warning("%s has no %s: the reference restarts from the initial weights, not the mixed ones",
                            resume_from_checkpoint, REFERENCE_FILE)
 
