@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +109,7 @@ def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
     if config.source == "embedded":
         from rlt_mono.embedded import generate_rows
 
-        return [_with_embedded_answer(row) for row in generate_rows(config.embedded_rows, seed=seed)]
+        return generate_rows(config.embedded_rows, seed=seed)
     if config.source == "champ":
         return read_champ(default_cache_dir())
     rows = read_file(Path(config.source).expanduser()) if _is_path(config.source) else read_hub(config.source,
@@ -122,12 +121,6 @@ def _is_path(source: str) -> bool:
     """A local path rather than a hub id (``name`` or ``owner/name``)."""
     path = Path(source).expanduser()
     return path.exists() or path.suffix in FILE_SUFFIXES or source.startswith(("/", ".", "~")) or source.count("/") > 1
-
-
-def _with_embedded_answer(row: dict) -> dict:
-    """The embedded generator states its final number only in the solution sentence ``"The answer is N."``."""
-    match = re.fullmatch(r"The answer is (-?\d+)\.", row["solution"])
-    return {"answer": match.group(1), **row} if match else row
 
 
 def validate_rows(rows: list[dict], source: str, on_bad_row: str = "error") -> tuple[list[dict], int]:

@@ -56,7 +56,8 @@ def test_generate_rows_is_deterministic_in_seed():
     assert rows == generate_rows(200, seed=7)
     assert rows != generate_rows(200, seed=8)
     for row in rows:
-        assert set(row) == {"question", "solution", "reasoning_trace"}
+        assert set(row) == {"question", "solution", "reasoning_trace", "answer"}
+        assert row["solution"] == f"The answer is {row['answer']}."
         assert all(isinstance(value, str) and value.strip() for value in row.values())
 
 

@@ -135,7 +135,7 @@ TEMPLATES: tuple[Callable[[random.Random], Problem], ...] = (_shopping, _distanc
 def generate_rows(num_rows: int = 2000, seed: int = 0) -> list[dict[str, str]]:
     """Generate ``num_rows`` arithmetic word problems, deterministic in ``seed``.
 
-    Returns rows ``{"question", "solution", "reasoning_trace"}``; the solution is
+    Returns rows ``{"question", "solution", "reasoning_trace", "answer"}``; the solution is
     ``"The answer is N."`` and the trace is 2-4 equation sentences followed by that same sentence.
     """
     if num_rows < 0:
@@ -145,7 +145,8 @@ def generate_rows(num_rows: int = 2000, seed: int = 0) -> list[dict[str, str]]:
     for _ in range(num_rows):
         question, steps, answer = rng.choice(TEMPLATES)(rng)
         solution = f"The answer is {answer}."
-        rows.append({"question": question, "solution": solution, "reasoning_trace": " ".join([*steps, solution])})
+        rows.append({"question": question, "solution": solution, "reasoning_trace": " ".join([*steps, solution]),
+                     "answer": str(answer)})
     return rows
 
 
