@@ -5,41 +5,60 @@ to Qwen2.5's 151,936 entries, forced completion lengths (``min_tokens = max_toke
 run generates the same number of tokens. Each mode runs in its own process (its own vLLM engine):
 
     python bench/bench_mono.py all --arch 0.5b --completion-length 1024 --steps 8 --out results.json
-    python bench/bench_mono.py rlt|trl|vllm|vllm_inproc|pcie ...   # one mode, prints one JSON line
+    python bench/bench_mono.py all --modes rlt,trl --detokenize true --steps 8   # some modes, in this order
+    python bench/bench_mono.py rlt|trl|vllm|vllm_inproc|pcie [options]           # one mode, one JSON line
     python bench/bench_mono.py envelope --arch 0.5b --cap-gib 12 --vllm-gib 4 --micro-batches 2,4,8,16
+    python bench/bench_mono.py <sub-command> --help                               # the options it takes
 
 Modes: ``rlt`` rlt_mono step (teacher + student of the same architecture, reference and student offloaded);
-``trl`` plain ``trl.GRPOTrainer`` colocate step with a constant reward on the same model, batch and lengths;
-``vllm`` standalone vLLM generation of the same prompts at the same memory utilisation, with vLLM's default
-sampling request (``n=8``) and with TRL's (``n=1`` per repeated prompt, sampled-token logprobs), with and
-without detokenization; ``vllm_inproc`` the same with the engine core in this process, as in colocate mode;
-``pcie`` a plain pinned host-to-device copy (the bound for swap time). Step time is the median of the
-optimizer steps after the first (wall time between on_step_begin and on_step_end). ``rlt`` and ``trl`` also
-time, per step, the engine calls inside generation (``calls/*``: weight sync, KV-cache wake, vLLM generate,
-sleep, prompt tokenization).
+``trl`` plain ``trl.GRPOTrainer`` colocate step with a constant reward on the same model, data, batch and
+lengths; ``vllm`` standalone vLLM generation of the same prompts at the same memory utilisation, with vLLM's
+default sampling request (``n`` = completions per prompt) and with TRL's (``n=1`` per repeated prompt,
+sampled-token logprobs), with and without detokenization; ``vllm_inproc`` the same with the engine core in
+this process, as in colocate mode; ``pcie`` a plain pinned host-to-device copy (the bound for swap time).
+Step time is the median of the optimizer steps after the first (wall time between on_step_begin and
+on_step_end). ``rlt`` and ``trl`` also time, per step, the engine calls inside generation (``calls/*``: weight
+sync, KV-cache wake, vLLM generate, sleep, prompt tokenization).
+
+The two training arms are identical by construction: both compose ``cfgs/run_cfg/teacher_rlt_mono.yaml`` with
+the same overrides (``bench_overrides``); ``rlt`` hands it to ``rlt_mono.build_trainer``, ``trl`` gets every
+``trl.GRPOConfig`` field of the same settings (``grpo_configs``) and the model and data loaded the same way.
+Each arm reports its trainer's GRPO fields and ``all`` marks the ``trl`` result an error if they differ.
 
 ``envelope``: the largest micro-batch (completions per forward/backward; completions per step =
-micro-batch x ``--accumulation``) for which two rlt_mono steps fit under a memory cap. The cap is applied with
-``torch.cuda.set_per_process_memory_fraction(cap / total)``; vLLM gets ``--vllm-gib`` of it
+micro-batch x ``--accumulation``) for which ``--steps`` rlt_mono steps fit under a memory cap. The cap is
+applied with ``torch.cuda.set_per_process_memory_fraction(cap / total)``; vLLM gets ``--vllm-gib`` of it
 (``gpu_memory_utilization = vllm_gib / total``). vLLM's pool goes through torch's allocator and stays counted
 while vLLM sleeps, so the trainer's budget is ``cap - vllm_gib`` in every phase (conservative: on a card of
 that size, sleeping vLLM returns its memory to the trainer). Micro-batches are tried in increasing order until
-one fails.
+one runs out of CUDA memory (``fits: false``); any other failure (a full disk, a bug) stops the search as
+``status: error`` with its message, since it says nothing about memory.
+
+Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
+error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
+``<workdir>/logs``. The parent prints each result as one JSON line, writes them all to ``--out``, and exits
+with 1 if a mode failed (``envelope``: if the search ended on an error rather than out of memory).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+logger = logging.getLogger("bench_mono")
 
 ARCHS = {  # Qwen2.5 architectures (config.json of the public checkpoints)
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -50,6 +69,190 @@ ARCHS = {  # Qwen2.5 architectures (config.json of the public checkpoints)
                intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
 }
 QWEN_VOCAB = 151936
+RUN_CONFIG = "teacher_rlt_mono"
+
+# ---- command line: every option once, and which sub-command takes which ------------------------------------
+
+OPTIONS = {
+    "--arch": dict(choices=list(ARCHS), default="0.5b", help="Qwen2.5 architecture of the random-weight models"),
+    "--models": dict(type=Path, default=Path("/tmp/bench_models"), help="where the random-weight models are built "
+                     "(once; reused)"),
+    "--workdir": dict(type=Path, default=Path("/tmp/bench_runs"), help="run folders and child logs"),
+    "--completion-length": dict(type=int, default=1024, help="tokens per completion (forced: EOS ignored)"),
+    "--completions": dict(type=int, default=32, help="completions per optimizer step"),
+    "--micro-batch": dict(type=int, default=4, help="completions per forward/backward"),
+    "--steps": dict(type=int, default=4, help="optimizer steps (the first is warm-up, left out of medians)"),
+    "--optim": dict(default="adamw_bnb_8bit", help="trainer.optim"),
+    "--util": dict(type=float, default=0.3, help="trainer.vllm_gpu_memory_utilization"),
+    "--detokenize": dict(choices=["true", "false"], help="trainer.vllm_detokenize, in both training arms "
+                         "(default: rlt_mono's config)"),
+    "--score-micro-batch": dict(type=int, default=4, help="reward.micro_batch_size"),
+    "--placement": dict(choices=["mono", "split"], default="mono", help="placement"),
+    "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
+    "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
+    "--pcie-gib": dict(type=float, default=1.0, help="bytes copied host to device, in GiB"),
+    "--modes": dict(default="pcie,vllm,trl,rlt", help="modes to run, comma-separated, in order"),
+    "--micro-batches": dict(default="2,4,8,16", help="micro-batches to try, comma-separated, increasing"),
+    "--accumulation": dict(type=int, default=8, help="micro-batches per optimizer step"),
+    "--out": dict(type=Path, help="write the list of results here (JSON) after each mode"),
+    "--result-file": dict(type=Path, help="write this mode's result here (JSON) instead of printing it"),
+}
+TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--completions", "--micro-batch", "--steps",
+            "--optim", "--util", "--detokenize", "--cap-gib", "--vllm-gib"]
+GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
+MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
+    "rlt": [*TRAINING, "--score-micro-batch", "--placement"],
+    "trl": TRAINING,
+    "vllm": GENERATION,
+    "vllm_inproc": GENERATION,
+    "pcie": ["--pcie-gib"],
+}
+ENVELOPE_SETS = ("--completions", "--micro-batch", "--score-micro-batch")  # envelope sets these per try
+SUBCOMMANDS = {
+    **{mode: [*options, "--result-file"] for mode, options in MODE_OPTIONS.items()},
+    "all": [*dict.fromkeys(o for options in MODE_OPTIONS.values() for o in options), "--modes", "--out"],
+    "envelope": [*(o for o in MODE_OPTIONS["rlt"] if o not in ENVELOPE_SETS), "--micro-batches", "--accumulation",
+                 "--out"],
+}
+HELP = {
+    "rlt": "one rlt_mono step benchmark", "trl": "one plain TRL GRPOTrainer step benchmark",
+    "vllm": "standalone vLLM generation", "vllm_inproc": "standalone vLLM, engine core in this process",
+    "pcie": "pinned host-to-device copy", "all": "several modes, each in its own process",
+    "envelope": "largest micro-batch that fits a memory cap",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    for name, flags in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=HELP[name], description=HELP[name])
+        for flag in flags:
+            sub.add_argument(flag, **OPTIONS[flag])
+    commands.choices["envelope"].set_defaults(steps=2)
+    return parser
+
+
+def dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def child_argv(mode: str, options: argparse.Namespace) -> list[str]:
+    """The command line of ``mode``'s child: each option it takes, with the parent's value (unset ones left out)."""
+    argv = []
+    for flag in MODE_OPTIONS[mode]:
+        value = getattr(options, dest(flag))
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+# ---- one configuration for both training arms ----------------------------------------------------------------
+
+# Option -> the teacher_rlt_mono keys it sets ({accumulation} = completions // micro_batch); an option a
+# sub-command does not take leaves its keys at the run config's values.
+OVERRIDES = {
+    "steps": ["trainer.max_steps={steps}"],
+    "completion_length": ["trainer.max_completion_length={completion_length}",
+                          "++trainer.generation_kwargs.min_tokens={completion_length}"],
+    "micro_batch": ["trainer.per_device_train_batch_size={micro_batch}",
+                    "trainer.gradient_accumulation_steps={accumulation}",
+                    "trainer.steps_per_generation={accumulation}"],
+    "optim": ["trainer.optim={optim}"],
+    "util": ["trainer.vllm_gpu_memory_utilization={util}"],
+    "detokenize": ["trainer.vllm_detokenize={detokenize}"],
+    "score_micro_batch": ["reward.micro_batch_size={score_micro_batch}"],
+    "placement": ["placement={placement}"],
+}
+# The output folder is each arm's own; every other trl.GRPOConfig field must agree between the arms.
+ARM_SPECIFIC = ("output_dir",)
+
+
+def bench_overrides(options: argparse.Namespace, teacher: Path, student: Path, output_dir: Path | None) -> list[str]:
+    """Overrides of ``teacher_rlt_mono`` for a bench run: the random-weight pair, completions forced to full length,
+    vLLM rollouts, no checkpoints, plots or W&B, and the values of the options this sub-command takes."""
+    values = dict(vars(options))
+    if values.get("micro_batch"):
+        values["accumulation"] = options.completions // options.micro_batch
+    overrides = [f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}", "logging=local",
+                 "placement.rollout=vllm", "trainer.plot_metrics=false", "+trainer.save_strategy=no",
+                 "++trainer.generation_kwargs.ignore_eos=true"]
+    if output_dir is not None:
+        overrides.append(f"output_dir={output_dir}")
+    for name, templates in OVERRIDES.items():
+        if values.get(name) is not None:
+            overrides += [template.format(**values) for template in templates]
+    return overrides
+
+
+def compose_bench(options: argparse.Namespace, teacher: Path, student: Path, output_dir: Path | None = None):
+    """The run config (a ``DictConfig``) every mode of one bench command reads its settings from."""
+    from rlt_mono.config import compose
+
+    return compose(RUN_CONFIG, bench_overrides(options, teacher, student, output_dir))
+
+
+def trainer_kwargs(cfg, use_vllm: bool) -> dict:
+    """What ``rlt_mono.build.build_trainer`` passes to ``RLTConfig`` for ``cfg`` (a CPU test holds them equal)."""
+    from omegaconf import OmegaConf
+
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    kwargs.update(output_dir=str(cfg.output_dir), run_name=cfg.run_name, seed=cfg.seed,
+                  report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+    return kwargs
+
+
+def grpo_configs(cfg, use_vllm: bool = True):
+    """``(RLTConfig, trl.GRPOConfig)`` of the rlt and plain-TRL arms, both built from the same settings.
+
+    The TRL arm gets every ``trl.GRPOConfig`` field the settings hold; RLTConfig's own fields have no TRL
+    counterpart, and what its ``__post_init__`` folds into a TRL field (``vllm_detokenize`` into
+    ``generation_kwargs``) is carried over. ``TRL`` recomputes the fields it derives (``generation_batch_size``).
+    """
+    import trl
+
+    from rlt_mono.config import instantiate
+    from rlt_mono.grpo_config import RLTConfig
+
+    kwargs = trainer_kwargs(cfg, use_vllm)
+    rlt_args = instantiate(RLTConfig, kwargs, "trainer")
+    trl_names = {field.name for field in dataclasses.fields(trl.GRPOConfig) if field.init}
+    trl_kwargs = {name: value for name, value in kwargs.items() if name in trl_names}
+    trl_kwargs["generation_kwargs"] = dict(rlt_args.generation_kwargs)
+    return rlt_args, trl.GRPOConfig(**trl_kwargs)
+
+
+def grpo_fields(args) -> dict:
+    """The ``trl.GRPOConfig`` fields of a trainer's arguments (JSON values), less the arm-specific ones."""
+    import trl
+
+    names = {field.name for field in dataclasses.fields(trl.GRPOConfig)} - set(ARM_SPECIFIC)
+    return {name: value for name, value in args.to_dict().items() if name in names}
+
+
+def config_differences(first: dict, second: dict) -> list[str]:
+    """Names of the fields whose values differ (or that only one side has)."""
+    missing = object()
+    names = first.keys() | second.keys()
+    return sorted(name for name in names if first.get(name, missing) != second.get(name, missing))
+
+
+def prompt_dataset(cfg, tokenizer, context: int):
+    """The training prompts, prepared as ``build_trainer`` prepares them."""
+    from rlt_mono.config import instantiate
+    from rlt_mono.data import DataConfig, prepare_dataset
+    from rlt_mono.prompts import PromptFormat
+
+    dataset, _ = prepare_dataset(instantiate(DataConfig, cfg.data, "data"), tokenizer, PromptFormat(), seed=cfg.seed,
+                                 max_prompt_tokens=context - cfg.trainer.max_completion_length)
+    return dataset
+
+
+# ---- models and timing ---------------------------------------------------------------------------------------
+
+
+def model_dir(arch: str, role: str, root: Path) -> Path:
+    return root / f"{arch}-{role}"
 
 
 def make_model(arch: str, role: str, root: Path, seed: int) -> Path:
@@ -59,7 +262,7 @@ def make_model(arch: str, role: str, root: Path, seed: int) -> Path:
 
     from rlt_mono.embedded import build_tiny_pair
 
-    path = root / f"{arch}-{role}"
+    path = model_dir(arch, role, root)
     if (path / "config.json").exists():
         return path
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_pair().teacher_path)
@@ -136,16 +339,7 @@ class StepTimer:
                 **{f"calls/{k}": statistics.median(c.get(k, 0.0) for c in calls) for k in keys}}
 
 
-def common_args(a) -> dict:
-    return dict(
-        max_steps=a.steps, per_device_train_batch_size=a.micro_batch,
-        gradient_accumulation_steps=a.completions // a.micro_batch, steps_per_generation=a.completions // a.micro_batch,
-        num_generations=8, max_completion_length=a.completion_length, temperature=0.7, beta=0.04,
-        loss_type="grpo", learning_rate=1e-6, bf16=True, gradient_checkpointing=True, optim=a.optim,
-        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=a.util, vllm_enable_sleep_mode=True,
-        generation_kwargs={"min_tokens": a.completion_length, "ignore_eos": True},
-        logging_steps=1, save_strategy="no", report_to=[], seed=0,
-    )
+# ---- modes (each runs in its own process) --------------------------------------------------------------------
 
 
 def apply_cap(a) -> None:
@@ -160,25 +354,19 @@ def apply_cap(a) -> None:
         a.util = a.vllm_gib * 2**30 / total
 
 
+def run_folder(a, mode: str) -> Path:
+    return a.workdir / f"{mode}-{a.arch}-{os.getpid()}"
+
+
 def run_rlt(a) -> dict:
-    from rlt_mono import build_trainer, compose
+    from rlt_mono import build_trainer
     from rlt_mono.outputs import read_metrics
 
     apply_cap(a)
     teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
-    out = Path(a.workdir) / f"rlt-{a.arch}-{a.placement}-{os.getpid()}"
-    g = common_args(a)
-    overrides = [f"output_dir={out}", f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}",
-                 "logging=local", "trainer.plot_metrics=false", "+trainer.save_strategy=no",
-                 f"++trainer.generation_kwargs.min_tokens={a.completion_length}",
-                 "++trainer.generation_kwargs.ignore_eos=true",
-                 f"reward.micro_batch_size={a.score_micro_batch}", f"placement={a.placement}"]
-    if a.detokenize is not None:
-        overrides.append(f"trainer.vllm_detokenize={a.detokenize}")
-    overrides += [f"trainer.{k}={v}" for k, v in g.items() if k in (
-        "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
-        "max_completion_length", "optim", "vllm_gpu_memory_utilization")]
-    trainer = build_trainer(compose("teacher_rlt_mono", overrides))
+    out = run_folder(a, f"rlt-{a.placement}")
+    trainer = build_trainer(compose_bench(a, teacher, student, out))
+    config = grpo_fields(trainer.args)
     timer = StepTimer()
     trainer.add_callback(timer.callback)
     timer.wrap_generation(trainer)
@@ -186,60 +374,61 @@ def run_rlt(a) -> dict:
     rows = after_first([r for r in read_metrics(out / "metrics.jsonl") if "reward" in r])
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
-    return {"mode": "rlt", "placement": a.placement, "detokenize": a.detokenize, **timer.summary(),
-            **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
+    return {"mode": "rlt", "placement": a.placement, "detokenize": trainer.args.generation_kwargs["detokenize"],
+            **timer.summary(), **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             "student_gib": sum(p.numel() * p.element_size() for p in trainer.teacher_reward.student_model.parameters())
-            / 2**30}
+            / 2**30, "grpo_config": config}
 
 
 def run_trl(a) -> dict:
     import torch
     import trl
 
-    from rlt_mono.data import DataConfig, prepare_dataset
-    from rlt_mono.prompts import PromptFormat
+    from rlt_mono.build import load_model, load_tokenizer, model_kwargs
 
+    apply_cap(a)
     teacher = make_model(a.arch, "teacher", a.models, 0)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(teacher)
-    dataset, _ = prepare_dataset(DataConfig(embedded_rows=512), tokenizer, PromptFormat())
+    cfg = compose_bench(a, teacher, model_dir(a.arch, "student", a.models), run_folder(a, "trl"))
+    _, args = grpo_configs(cfg)
+    # Model, tokenizer and prompts as build_trainer loads them for the rlt arm.
+    tokenizer = load_tokenizer(str(teacher), "model.model_name_or_path")
+    model = load_model(str(teacher), "model.model_name_or_path", **model_kwargs(cfg.model))
+    dataset = prompt_dataset(cfg, tokenizer, model.config.max_position_embeddings)
 
     def constant_reward(completions, **_):
         return [0.0] * len(completions)
 
-    args = trl.GRPOConfig(output_dir=str(Path(a.workdir) / f"trl-{a.arch}"), model_init_kwargs={"dtype": "bfloat16"},
-                          **common_args(a))
-    if a.detokenize is not None:
-        args.generation_kwargs["detokenize"] = a.detokenize == "true"
     timer = StepTimer()
-    trainer = trl.GRPOTrainer(model=str(teacher), reward_funcs=constant_reward, args=args, train_dataset=dataset,
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=constant_reward, args=args, train_dataset=dataset,
                               processing_class=tokenizer, callbacks=[timer.callback])
+    config = grpo_fields(trainer.args)
     timer.wrap_generation(trainer)
     trainer.train()
-    return {"mode": "trl", "detokenize": a.detokenize, **timer.summary(),
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return {"mode": "trl", "detokenize": args.generation_kwargs["detokenize"], **timer.summary(),
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30, "grpo_config": config}
 
 
 def run_vllm(a, mode: str = "vllm") -> dict:
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig
     from vllm import LLM, SamplingParams
 
-    from rlt_mono.data import DataConfig, prepare_dataset
-    from rlt_mono.prompts import PromptFormat
+    from rlt_mono.build import load_tokenizer
 
     teacher = make_model(a.arch, "teacher", a.models, 0)
-    tokenizer = AutoTokenizer.from_pretrained(teacher)
-    dataset, _ = prepare_dataset(DataConfig(embedded_rows=512), tokenizer, PromptFormat())
-    prompts = [dataset[i]["prompt"] for i in range(a.completions // 8)]
-    token_prompts = [{"prompt_token_ids": tokenizer(p).input_ids} for p in prompts for _ in range(8)]
+    cfg = compose_bench(a, teacher, model_dir(a.arch, "student", a.models))
+    tokenizer = load_tokenizer(str(teacher), "model.model_name_or_path")
+    dataset = prompt_dataset(cfg, tokenizer, AutoConfig.from_pretrained(teacher).max_position_embeddings)
+    group = cfg.trainer.num_generations
+    prompts = [dataset[i]["prompt"] for i in range(a.completions // group)]
+    token_prompts = [{"prompt_token_ids": tokenizer(p).input_ids} for p in prompts for _ in range(group)]
     # TRL's engine settings (processed logprobs, 4096 batched tokens); the engine core in its own process
     # unless VLLM_ENABLE_V1_MULTIPROCESSING=0 (vllm_inproc).
-    llm = LLM(model=str(teacher), gpu_memory_utilization=a.util, max_num_batched_tokens=4096, seed=0,
-              logprobs_mode="processed_logprobs")
-    forced = dict(temperature=0.7, max_tokens=a.completion_length, min_tokens=a.completion_length, ignore_eos=True)
+    llm = LLM(model=str(teacher), gpu_memory_utilization=cfg.trainer.vllm_gpu_memory_utilization,
+              max_num_batched_tokens=4096, seed=cfg.seed, logprobs_mode="processed_logprobs")
+    length = cfg.trainer.max_completion_length
+    forced = dict(temperature=cfg.trainer.temperature, max_tokens=length, min_tokens=length, ignore_eos=True)
     requests = {
-        "n8": (prompts, SamplingParams(n=8, **forced)),
+        f"n{group}": (prompts, SamplingParams(n=group, **forced)),
         "trl_request": (token_prompts, SamplingParams(n=1, logprobs=0, **forced)),
         "trl_request_no_detokenize": (token_prompts, SamplingParams(n=1, logprobs=0, detokenize=False, **forced)),
     }
@@ -253,7 +442,7 @@ def run_vllm(a, mode: str = "vllm") -> dict:
             runs.append(sum(len(c.token_ids) for o in outputs for c in o.outputs) / seconds)
         result[f"{name}/tokens_per_s_runs"] = runs
         result[f"{name}/median_tokens_per_s"] = statistics.median(runs)
-    result["median_tokens_per_s"] = result["n8/median_tokens_per_s"]
+    result["median_tokens_per_s"] = result[f"n{group}/median_tokens_per_s"]
     return result
 
 
@@ -280,71 +469,135 @@ def run_pcie(a) -> dict:
 
 MODES = {"rlt": run_rlt, "trl": run_trl, "vllm": run_vllm, "vllm_inproc": run_vllm_inproc, "pcie": run_pcie}
 
+# ---- results: a status per mode, written by the child, read by the parent ---------------------------------------
 
-def run_child(mode: str, argv: list[str]) -> dict:
-    """One mode in its own process (its own vLLM engine); its RESULT line, or the error it died of."""
-    proc = subprocess.run([sys.executable, __file__, mode, *argv], capture_output=True, text=True, env=os.environ)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if lines:
-        return json.loads(lines[-1][7:])
-    errors = [ln for ln in proc.stderr.splitlines() if "Error" in ln or "error" in ln]
-    return {"mode": mode, "returncode": proc.returncode, "error": errors[-1][-500:] if errors else "",
-            "stderr_tail": proc.stderr[-3000:]}
+OK, OUT_OF_MEMORY, ERROR = "ok", "out_of_memory", "error"
+CUDA_OOM_MESSAGES = ("CUDA out of memory", "CUDA error: out of memory")
 
 
-def envelope(a, argv: list[str]):
-    """Increasing micro-batches under the cap until one fails (see the module docstring)."""
-    for micro in (int(m) for m in a.micro_batches.split(",")):
-        child = [*argv, "--micro-batch", str(micro), "--score-micro-batch", str(micro),
-                 "--completions", str(micro * a.accumulation), "--steps", str(a.steps)]
-        start = time.perf_counter()
-        result = run_child("rlt", child)
-        result.update(micro_batch=micro, completions_per_step=micro * a.accumulation, cap_gib=a.cap_gib,
-                      vllm_gib=a.vllm_gib, fits="error" not in result, wall_seconds=time.perf_counter() - start)
+def classify_failure(err: BaseException) -> str:
+    """``out_of_memory`` if ``err`` or an exception it was raised from is a CUDA out-of-memory error (torch's
+    ``OutOfMemoryError``, or a CUDA runtime error saying so); ``error`` for anything else (a full disk included)."""
+    import torch
+
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, torch.OutOfMemoryError) or any(m in str(err) for m in CUDA_OOM_MESSAGES):
+            return OUT_OF_MEMORY
+        err = err.__cause__ or err.__context__
+    return ERROR
+
+
+def one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:500]
+
+
+def run_mode(mode: str, a: argparse.Namespace) -> dict:
+    """Run ``mode`` here; its measurements with ``status: ok``, or the status and message of what stopped it."""
+    try:
+        outcome = {**MODES[mode](a), "status": OK}
+    except Exception as err:  # every failure becomes a status the parent reads
+        logger.exception("%s failed", mode)
+        outcome = {"status": classify_failure(err), "error": one_line(err)}
+    # After the run: --vllm-gib sets util.
+    header = {k: v for k, v in vars(a).items() if k in ("arch", "completion_length", "completions", "util")}
+    return {"mode": mode, **header, **outcome}
+
+
+def write_json(path: Path, value) -> None:
+    """Write whole or not at all (a reader never sees half a file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value, indent=1))
+    partial.replace(path)
+
+
+def run_child(mode: str, argv: list[str], log_dir: Path) -> dict:
+    """``mode`` in its own process (its own vLLM engine), its output in a log file; the result it wrote."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_fd, log_path = tempfile.mkstemp(prefix=f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".log",
+                                        dir=log_dir)
+    with tempfile.TemporaryDirectory() as tmp, os.fdopen(log_fd, "w") as log:
+        result_file = Path(tmp) / "result.json"
+        logger.info("%s: running, log %s", mode, log_path)
+        proc = subprocess.run([sys.executable, __file__, mode, *argv, "--result-file", str(result_file)],
+                              stdout=log, stderr=subprocess.STDOUT)
+        if result_file.exists():
+            result = json.loads(result_file.read_text())
+        else:
+            result = {"mode": mode, "status": ERROR,
+                      "error": f"the child exited with code {proc.returncode} without writing a result"}
+    return {**result, "log": log_path}
+
+
+Runner = Callable[[str, list[str]], dict]
+
+
+def run_all(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
+    """Each of ``--modes`` in turn; the second training arm is an error if its GRPO fields differ from the first's."""
+    arms = {}
+    for mode in a.modes.split(","):
+        result = runner(mode, child_argv(mode, a))
+        if result["status"] == OK and mode in ("rlt", "trl"):
+            arms[mode] = result
+            if len(arms) == 2:
+                differences = config_differences(arms["rlt"]["grpo_config"], arms["trl"]["grpo_config"])
+                if differences:
+                    result.update(status=ERROR, error=f"GRPO config differs from the other arm's in {differences}")
         yield result
-        if not result["fits"]:
+
+
+def envelope(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
+    """Increasing micro-batches under the cap until one runs out of memory or fails (see the module docstring)."""
+    for micro in (int(m) for m in a.micro_batches.split(",")):
+        attempt = argparse.Namespace(**vars(a), micro_batch=micro, score_micro_batch=micro,
+                                     completions=micro * a.accumulation)
+        start = time.perf_counter()
+        result = runner("rlt", child_argv("rlt", attempt))
+        result.update(micro_batch=micro, completions_per_step=micro * a.accumulation, cap_gib=a.cap_gib,
+                      vllm_gib=a.vllm_gib, fits={OK: True, OUT_OF_MEMORY: False}.get(result["status"]),
+                      wall_seconds=time.perf_counter() - start)
+        yield result
+        if result["status"] != OK:
             return
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=[*MODES, "all", "envelope"])
-    p.add_argument("--arch", choices=list(ARCHS), default="0.5b")
-    p.add_argument("--completion-length", type=int, default=1024)
-    p.add_argument("--completions", type=int, default=32, help="completions per optimizer step")
-    p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--score-micro-batch", type=int, default=4)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--util", type=float, default=0.3)
-    p.add_argument("--optim", default="adamw_bnb_8bit")
-    p.add_argument("--pcie-gib", type=float, default=1.0)
-    p.add_argument("--placement", choices=["mono", "split"], default="mono", help="rlt mode: placement")
-    p.add_argument("--models", type=Path, default=Path("/tmp/bench_models"))
-    p.add_argument("--workdir", default="/tmp/bench_runs")
-    p.add_argument("--modes", default="pcie,vllm,trl,rlt", help="for 'all': which, in order")
-    p.add_argument("--detokenize", choices=["true", "false"],
-                   help="rlt, trl: vLLM detokenization (default: rlt_mono's config; TRL's default)")
-    p.add_argument("--cap-gib", type=float, help="rlt mode: cap on torch-allocated GPU memory (vLLM's included)")
-    p.add_argument("--vllm-gib", type=float, help="rlt mode: vLLM's share; overrides --util")
-    p.add_argument("--micro-batches", default="2,4,8,16", help="envelope: micro-batches to try, increasing")
-    p.add_argument("--accumulation", type=int, default=8, help="envelope: micro-batches per optimizer step")
-    p.add_argument("--out", type=Path)
-    a = p.parse_args()
-    if a.mode in MODES:
-        measured = MODES[a.mode](a)  # may set a.util from --vllm-gib
-        result = {"arch": a.arch, "completion_length": a.completion_length, "completions": a.completions,
-                  "util": a.util, **measured}
-        print("RESULT " + json.dumps(result), flush=True)
-        return
-    argv = sys.argv[2:]
-    runs = envelope(a, argv) if a.mode == "envelope" else (run_child(mode, argv) for mode in a.modes.split(","))
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if {"completions", "micro_batch"} <= vars(a).keys() and a.completions % a.micro_batch:
+        parser.error(f"--completions {a.completions} must be a multiple of --micro-batch {a.micro_batch}")
+    if a.command in MODES:
+        result = run_mode(a.command, a)
+        if a.result_file:
+            write_json(a.result_file, result)
+        else:
+            print(json.dumps(result), flush=True)
+        return 0 if result["status"] == OK else 1
+    if a.command == "all":
+        unknown = sorted(set(a.modes.split(",")) - MODES.keys())
+        if unknown:
+            parser.error(f"--modes: unknown {unknown}; modes: {','.join(MODES)}")
+
+    def runner(mode: str, child: list[str]) -> dict:
+        return run_child(mode, child, a.workdir / "logs")
+
+    runs = envelope(a, runner) if a.command == "envelope" else run_all(a, runner)
     results = []
     for result in runs:
         results.append(result)
         if a.out:
-            a.out.write_text(json.dumps(results, indent=1))
-        print(json.dumps({k: v for k, v in result.items() if k != "stderr_tail"})[:3000], flush=True)
+            write_json(a.out, results)
+        print(json.dumps(result), flush=True)
+    if a.command == "envelope":
+        fitting = [r["micro_batch"] for r in results if r["fits"]]
+        logger.info("largest micro-batch that fits: %s; stopped by: %s", max(fitting, default=None),
+                    results[-1]["status"] if results[-1]["status"] != OK else "none (all fit)")
+        return 1 if results[-1]["status"] == ERROR else 0
+    return 0 if all(r["status"] == OK for r in results) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
