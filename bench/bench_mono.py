@@ -123,10 +123,11 @@ HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # No abbreviations: envelope would read --micro-batch as --micro-batches.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, flags in SUBCOMMANDS.items():
-        sub = commands.add_parser(name, help=HELP[name], description=HELP[name])
+        sub = commands.add_parser(name, help=HELP[name], description=HELP[name], allow_abbrev=False)
         for flag in flags:
             sub.add_argument(flag, **OPTIONS[flag])
     commands.choices["envelope"].set_defaults(steps=2)

@@ -1,0 +1,293 @@
+"""bench/bench_mono.py on CPU: its command line, the one config both training arms are built from, the status a
+child reports, and how ``all`` and ``envelope`` act on those statuses (with a fake child runner)."""
+
+import dataclasses
+import errno
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import trl
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench" / "bench_mono.py"
+
+spec = importlib.util.spec_from_file_location("bench_mono", BENCH)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def parse(*argv):
+    return bench.build_parser().parse_args(list(argv))
+
+
+@pytest.fixture
+def bf16_gpu(monkeypatch):
+    """The arms' config is the GPU one (bf16): let transformers accept bf16 on this CPU-only machine."""
+    import transformers.training_args
+
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+
+
+# ---- command line ----------------------------------------------------------------------------------------------
+
+
+def test_help_needs_no_torch_or_vllm():
+    top = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
+    assert top.returncode == 0, top.stderr
+    assert "{rlt,trl,vllm,vllm_inproc,pcie,all,envelope}" in top.stdout
+    probe = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(BENCH)!r}, 'envelope', '--help']\n"
+        "try:\n"
+        f"    runpy.run_path({str(BENCH)!r}, run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    assert exit.code == 0, exit.code\n"
+        "print('LOADED', sorted(m for m in ('torch', 'vllm', 'trl', 'transformers') if m in sys.modules))\n"
+    )
+    envelope = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert envelope.returncode == 0, envelope.stderr
+    assert "--micro-batches" in envelope.stdout and "--cap-gib" in envelope.stdout
+    assert "--pcie-gib" not in envelope.stdout and "--micro-batch " not in envelope.stdout
+    assert envelope.stdout.strip().endswith("LOADED []")
+
+
+@pytest.mark.parametrize("argv", [
+    ["pcie", "--arch", "0.5b"],  # pcie takes only --pcie-gib
+    ["vllm", "--steps", "2"],  # vllm does not train
+    ["trl", "--placement", "split"],  # placement is rlt_mono's
+    ["envelope", "--micro-batch", "4"],  # envelope sets the micro-batch itself
+    ["rlt", "--modes", "rlt"],
+])
+def test_each_subcommand_rejects_options_it_does_not_use(argv, capsys):
+    with pytest.raises(SystemExit) as exit:
+        parse(*argv)
+    assert exit.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_child_command_lines_carry_the_parents_values():
+    options = parse("all", "--arch", "1.5b", "--completion-length", "64", "--steps", "3", "--detokenize", "true",
+                    "--pcie-gib", "0.5", "--placement", "split")
+    assert bench.child_argv("pcie", options) == ["--pcie-gib", "0.5"]
+    assert bench.child_argv("vllm", options) == ["--arch", "1.5b", "--models", "/tmp/bench_models",
+                                                 "--completion-length", "64", "--completions", "32", "--util", "0.3"]
+    for mode in ("rlt", "trl"):
+        child = parse(mode, *bench.child_argv(mode, options))
+        assert (child.arch, child.completion_length, child.steps, child.detokenize) == ("1.5b", 64, 3, "true")
+        assert child.cap_gib is None and child.result_file is None
+    assert parse("rlt", *bench.child_argv("rlt", options)).placement == "split"
+
+
+def test_completions_must_be_whole_micro_batches(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["trl", "--completions", "30", "--micro-batch", "4"])
+    assert "--completions 30 must be a multiple of --micro-batch 4" in capsys.readouterr().err
+
+
+# ---- one config for both training arms -------------------------------------------------------------------------
+
+
+def arm_configs(tmp_path, *argv):
+    options = parse("trl", *argv)
+    cfg = bench.compose_bench(options, tmp_path / "teacher", tmp_path / "student", tmp_path / "run")
+    return bench.grpo_configs(cfg)
+
+
+def test_both_arms_get_every_shared_trl_field_equal(tmp_path, bf16_gpu):
+    rlt_args, trl_args = arm_configs(tmp_path, "--completion-length", "256", "--completions", "16", "--micro-batch",
+                                     "2", "--steps", "5", "--util", "0.25", "--optim", "adamw_torch")
+    assert type(trl_args) is trl.GRPOConfig and isinstance(rlt_args, trl.GRPOConfig)
+    rlt_fields, trl_fields = bench.grpo_fields(rlt_args), bench.grpo_fields(trl_args)
+    assert bench.config_differences(rlt_fields, trl_fields) == []
+    assert len(trl_fields) == len(dataclasses.fields(trl.GRPOConfig)) - len(bench.ARM_SPECIFIC)
+    # The bench options, and the RLT run's settings from cfgs/trainer/grpo_mono.yaml, in the TRL arm.
+    expected = dict(max_steps=5, per_device_train_batch_size=2, gradient_accumulation_steps=8, steps_per_generation=8,
+                    generation_batch_size=16, num_generations=8, max_completion_length=256, optim="adamw_torch",
+                    vllm_gpu_memory_utilization=0.25, use_vllm=True, vllm_mode="colocate", vllm_enable_sleep_mode=True,
+                    generation_kwargs={"detokenize": False, "min_tokens": 256, "ignore_eos": True},
+                    learning_rate=1e-6, lr_scheduler_type="constant", beta=0.04, temperature=0.7, loss_type="grpo",
+                    scale_rewards="group", sync_ref_model=True, ref_model_mixup_alpha=0.9, ref_model_sync_steps=32,
+                    bf16=True, gradient_checkpointing=True, save_strategy="no", report_to=[], seed=0, logging_steps=1)
+    assert {name: trl_fields[name] for name in expected} == expected
+    assert trl_args.output_dir == str(tmp_path / "run")
+
+
+def test_detokenize_reaches_both_arms(tmp_path, bf16_gpu):
+    rlt_args, trl_args = arm_configs(tmp_path, "--detokenize", "true")
+    assert rlt_args.vllm_detokenize is True
+    assert trl_args.generation_kwargs["detokenize"] is True
+
+
+def test_a_change_to_one_arm_is_reported(tmp_path, bf16_gpu):
+    rlt_args, trl_args = arm_configs(tmp_path)
+    trl_args.learning_rate = 2e-6
+    trl_args.generation_kwargs["detokenize"] = True
+    assert bench.config_differences(bench.grpo_fields(rlt_args), bench.grpo_fields(trl_args)) == [
+        "generation_kwargs", "learning_rate"]
+    assert bench.config_differences({"a": 1}, {"a": 1, "b": 2}) == ["b"]
+
+
+def test_bench_builds_the_rltconfig_build_trainer_builds(tmp_path, bf16_gpu, monkeypatch):
+    """The TRL arm derives its config from bench's RLTConfig; it must be the one build_trainer gives the rlt arm."""
+    import rlt_mono.build as build
+
+    built = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(cls, values, group):
+        if group == "trainer":
+            built["args"] = build_instantiate(cls, values, group)
+            raise Stop  # the config is all this test needs: no model loads
+        return build_instantiate(cls, values, group)
+
+    build_instantiate = build.instantiate
+    monkeypatch.setattr(build, "instantiate", capture)
+    options = parse("rlt", "--completion-length", "128", "--detokenize", "true")
+    cfg = bench.compose_bench(options, tmp_path / "teacher", tmp_path / "student", tmp_path / "run")
+    cfg.placement.rollout = "auto"  # no vLLM on this machine: transformers rollouts, use_vllm=False
+    with pytest.raises(Stop):
+        build.build_trainer(cfg)
+    rlt_args, _ = bench.grpo_configs(cfg, use_vllm=False)
+    assert built["args"].to_dict() == rlt_args.to_dict()
+
+
+# ---- child results ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("err, status", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB."), "out_of_memory"),
+    (RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported"), "out_of_memory"),
+    (OSError(errno.ENOSPC, "No space left on device"), "error"),
+    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GiB"), "error"),
+    (ValueError("generation_batch_size (30) must be divisible by num_generations (8)."), "error"),
+])
+def test_classify_failure(err, status):
+    assert bench.classify_failure(err) == status
+
+
+def test_an_oom_under_another_exception_is_out_of_memory():
+    try:
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        except torch.OutOfMemoryError as oom:
+            raise RuntimeError("step failed") from oom
+    except RuntimeError as err:
+        assert bench.classify_failure(err) == "out_of_memory"
+
+
+@pytest.mark.parametrize("err, status, message", [
+    (OSError(errno.ENOSPC, "No space left on device"), "error", "OSError: [Errno 28] No space left on device"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.\nmore"), "out_of_memory",
+     "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB."),
+])
+def test_a_failing_mode_writes_its_status(tmp_path, monkeypatch, err, status, message):
+    def fail(a):
+        raise err
+
+    monkeypatch.setitem(bench.MODES, "pcie", fail)
+    result_file = tmp_path / "result.json"
+    assert bench.main(["pcie", "--result-file", str(result_file)]) == 1
+    assert json.loads(result_file.read_text()) == {"mode": "pcie", "status": status, "error": message}
+
+
+def test_a_mode_that_runs_writes_ok_with_its_measurements(tmp_path, monkeypatch):
+    monkeypatch.setitem(bench.MODES, "vllm", lambda a: {"mode": "vllm", "median_tokens_per_s": 9.0})
+    result_file = tmp_path / "result.json"
+    assert bench.main(["vllm", "--completion-length", "8", "--result-file", str(result_file)]) == 0
+    assert json.loads(result_file.read_text()) == {"mode": "vllm", "arch": "0.5b", "completion_length": 8,
+                                                   "completions": 32, "util": 0.3, "median_tokens_per_s": 9.0,
+                                                   "status": "ok"}
+
+
+def test_run_child_reads_the_childs_result_file(tmp_path):
+    result = bench.run_child("vllm", ["--steps", "2"], tmp_path / "logs")  # rejected: no result written
+    assert result["status"] == "error"
+    assert result["error"] == "the child exited with code 2 without writing a result"
+    assert "unrecognized arguments: --steps 2" in Path(result["log"]).read_text()
+    result = bench.run_child("pcie", ["--pcie-gib", "0.001"], tmp_path / "logs")  # no CUDA here
+    assert result["mode"] == "pcie" and result["status"] == "error" and result["error"]
+    assert "pcie failed" in Path(result["log"]).read_text()
+
+
+# ---- envelope and all, with a fake child runner ----------------------------------------------------------------
+
+
+class FakeRunner:
+    """Answers each child with the next status; records the command lines."""
+
+    def __init__(self, *outcomes):
+        self.outcomes = list(outcomes)
+        self.calls = []
+
+    def __call__(self, mode, argv):
+        self.calls.append((mode, argv))
+        outcome = self.outcomes.pop(0)
+        return dict(outcome) if isinstance(outcome, dict) else {"mode": mode, "status": outcome}
+
+
+def option(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+def test_envelope_stops_at_the_first_out_of_memory():
+    runner = FakeRunner("ok", "ok", "out_of_memory", "ok")
+    results = list(bench.envelope(parse("envelope", "--micro-batches", "1,2,4,8", "--accumulation", "4",
+                                        "--cap-gib", "12", "--vllm-gib", "4"), runner))
+    assert [(r["micro_batch"], r["completions_per_step"], r["status"], r["fits"]) for r in results] == [
+        (1, 4, "ok", True), (2, 8, "ok", True), (4, 16, "out_of_memory", False)]
+    assert [option(argv, "--micro-batch") for _, argv in runner.calls] == ["1", "2", "4"]
+    mode, argv = runner.calls[2]
+    assert mode == "rlt"
+    assert (option(argv, "--score-micro-batch"), option(argv, "--completions"), option(argv, "--steps")) == (
+        "4", "16", "2")
+    assert (option(argv, "--cap-gib"), option(argv, "--vllm-gib")) == ("12.0", "4.0")
+
+
+def test_envelope_reports_an_error_as_an_error_not_as_out_of_memory():
+    disk_full = {"mode": "rlt", "status": "error", "error": "OSError: [Errno 28] No space left on device"}
+    results = list(bench.envelope(parse("envelope", "--micro-batches", "1,2,4"), FakeRunner("ok", disk_full, "ok")))
+    assert [(r["status"], r["fits"]) for r in results] == [("ok", True), ("error", None)]
+    assert results[-1]["error"] == "OSError: [Errno 28] No space left on device"
+
+
+@pytest.mark.parametrize("last, code", [("out_of_memory", 0), ("error", 1)])
+def test_envelope_exit_code_and_out_file(tmp_path, monkeypatch, last, code):
+    runner = FakeRunner("ok", last)
+    monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
+    out = tmp_path / "envelope.json"
+    assert bench.main(["envelope", "--micro-batches", "2,4,8", "--out", str(out)]) == code
+    assert [(r["micro_batch"], r["status"]) for r in json.loads(out.read_text())] == [(2, "ok"), (4, last)]
+
+
+def arm(mode, learning_rate):
+    return {"mode": mode, "status": "ok", "grpo_config": {"learning_rate": learning_rate, "beta": 0.04}}
+
+
+def test_all_runs_the_modes_in_order_and_checks_the_arms_agree(tmp_path, monkeypatch):
+    runner = FakeRunner(arm("trl", 1e-6), arm("rlt", 1e-6), "error")
+    monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
+    out = tmp_path / "results.json"
+    assert bench.main(["all", "--modes", "trl,rlt,pcie", "--steps", "8", "--out", str(out)]) == 1  # pcie failed
+    assert [mode for mode, _ in runner.calls] == ["trl", "rlt", "pcie"]
+    assert option(runner.calls[0][1], "--steps") == "8" and runner.calls[2][1] == ["--pcie-gib", "1.0"]
+    assert [r["status"] for r in json.loads(out.read_text())] == ["ok", "ok", "error"]
+
+
+def test_all_marks_an_arm_with_a_different_config_an_error():
+    results = list(bench.run_all(parse("all", "--modes", "rlt,trl"), FakeRunner(arm("rlt", 1e-6), arm("trl", 2e-6))))
+    assert results[0]["status"] == "ok"
+    assert results[1]["status"] == "error"
+    assert results[1]["error"] == "GRPO config differs from the other arm's in ['learning_rate']"
+
+
+def test_all_rejects_an_unknown_mode(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["all", "--modes", "rlt,nope"])
+    assert "--modes: unknown ['nope']" in capsys.readouterr().err
