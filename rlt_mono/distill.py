@@ -9,7 +9,8 @@ teacher's own log-probs (it runs the teacher itself, as it does when TRL hands n
 ``distill.selection: best`` the highest total is kept, with ``all`` every sample.
 
 Output, in ``<output_dir>/distill.jsonl``, one JSON line per kept explanation: ``question``, ``solution``,
-``explanation`` (the generated text before the closing tag, exactly what the reward scored), ``r_ss``,
+``explanation`` (the generated text before the closing tag, exactly what the reward scored), the row's own
+``reasoning_trace`` and ``answer`` when it has them (the raw-trace student baseline trains on the same rows), ``r_ss``,
 ``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``teacher`` (as configured) and
 ``sample_index``. This file *is* the student SFT dataset: the student SFT stage reads its ``question``,
 ``solution`` and ``explanation`` columns and renders ``PromptFormat.student_completion`` itself, so no second
@@ -180,6 +181,8 @@ def _distill_row(row: dict, sample: dict, teacher: str) -> dict:
         "question": row["question"],
         "solution": row["solution"],
         "explanation": sample["explanation"],
+        # the row's own trace and answer travel along: the raw-trace student baseline trains on the same rows
+        **{name: row[name] for name in ("reasoning_trace", "answer") if row.get(name)},
         **{name: sample[name] for name in ("r_ss", "r_kl", "match_penalty", "total")},
         "matched": not sample["unmatched"],
         "teacher": teacher,

@@ -15,7 +15,19 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
                   student.model_name_or_path=<root>/4_student_sft/final   (the distilled student's accuracy)
 
 with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
-distilled explanation can be empty). Run it again with ``output_dir=<root>`` to continue: a stage whose output
+distilled explanation can be empty).
+
+``study: true`` adds the controls that say whether RL made the teacher better (the "Does it teach?" study):
+
+    distill_sft_teacher      the SFT-only teacher (1_teacher_sft) explains the same rows as distill
+    student_sft_sft_teacher  the student trained on those explanations
+    student_sft_raw_traces   the student trained on the same rows' own reasoning traces (3_distill's rows carry them)
+    eval_sft_teacher         the SFT-only teacher scored on the held-out questions, like eval_teacher
+    eval_student_sft_teacher, eval_student_raw_traces   the two control students' held-out accuracy
+
+and writes ``study.json`` / ``study_table.md``: each figure per arm with its bootstrap interval, and the paired
+differences RL - SFT teacher and between students, over the same held-out questions
+(``rlt_mono.evaluate.paired_difference``). Run it again with ``output_dir=<root>`` to continue: a stage whose output
 exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
 distill skips the rows it wrote.
 
@@ -46,6 +58,9 @@ ORDER = ("teacher_sft", "teacher_rlt", "distill", "student_sft", "eval")
 # The eval config runs twice: the RL teacher scored by the frozen student the RL reward used (its reward, r_ss,
 # r_kl, unmatched fraction, solution log-prob), then the distilled student alone (its held-out accuracy).
 STEPS = (*ORDER[:-1], "eval_teacher", "eval_student")
+# With ``study: true``, the controls (module docstring), after the main steps so their folders keep their numbers.
+STUDY_STEPS = ("distill_sft_teacher", "student_sft_sft_teacher", "student_sft_raw_traces", "eval_sft_teacher",
+               "eval_student_sft_teacher", "eval_student_raw_traces")
 SUMMARY_FILE = "pipeline.json"
 # The two evaluations side by side: the RL teacher (scored by the frozen student; the frozen student's accuracy)
 # and the distilled student's accuracy.
@@ -70,26 +85,39 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     unknown = sorted(set(stages) - set(ORDER))
     if unknown:
         raise ConfigError(f"pipeline: unknown stages {unknown}; the stages are {list(ORDER)}")
-    folders = {step: root / f"{i}_{step}" for i, step in enumerate(STEPS, start=1)}
+    # Numbered in the order of STEPS then STUDY_STEPS (a study's main folders are named as without it).
+    folders = {step: root / f"{i}_{step}" for i, step in enumerate((*STEPS, *STUDY_STEPS), start=1)}
     def load(group: str, folder: Path) -> list[str]:  # a trained folder replaces the group's model (and GGUF)
         return [f"{group}.model_name_or_path={folder / 'final'}", f"{group}.gguf_file=null"]
+
+    def student_sft_on(distilled: str, column: str) -> list[str]:
+        return ["data=custom", f"data.source={folders[distilled] / DISTILL_FILE}", "data.on_bad_row=skip",
+                f"sft.explanation_column={column}"]
+
+    def student_alone(trained: str) -> list[str]:
+        return ["model.model_name_or_path=null", "model.gguf_file=null", *load("student", folders[trained])]
 
     wiring = {
         "teacher_sft": [],
         "teacher_rlt": load("model", folders["teacher_sft"]),
         "distill": load("model", folders["teacher_rlt"]),
-        "student_sft": ["data=custom", f"data.source={folders['distill'] / DISTILL_FILE}",
-                        "data.on_bad_row=skip", "sft.explanation_column=explanation"],
+        "student_sft": student_sft_on("distill", "explanation"),
         "eval_teacher": load("model", folders["teacher_rlt"]),
-        "eval_student": ["model.model_name_or_path=null", "model.gguf_file=null",
-                         *load("student", folders["student_sft"])],
+        "eval_student": student_alone("student_sft"),
+        # the study's controls
+        "distill_sft_teacher": load("model", folders["teacher_sft"]),
+        "student_sft_sft_teacher": student_sft_on("distill_sft_teacher", "explanation"),
+        "student_sft_raw_traces": student_sft_on("distill", "reasoning_trace"),
+        "eval_sft_teacher": load("model", folders["teacher_sft"]),
+        "eval_student_sft_teacher": student_alone("student_sft_sft_teacher"),
+        "eval_student_raw_traces": student_alone("student_sft_raw_traces"),
     }
     for stage in ORDER:
         if stage not in stages:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
     plans = []
-    for step in STEPS:
-        stage = step if step in ORDER else "eval"
+    for step in steps_of(cfg):
+        stage = stage_of(step)
         own = [str(o) for o in stages[stage].get("overrides") or []]
         overrides = (*own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))
@@ -100,18 +128,28 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     return plans
 
 
+def steps_of(cfg: DictConfig) -> tuple[str, ...]:
+    """The steps a pipeline config runs: ``STEPS``, then ``STUDY_STEPS`` with ``study: true``."""
+    return (*STEPS, *STUDY_STEPS) if cfg.get("study", False) else STEPS
+
+
+def stage_of(step: str) -> str:
+    """The stage (``ORDER``) whose run config a step launches, e.g. ``student_sft_raw_traces`` -> ``student_sft``."""
+    return next(stage for stage in ORDER if step.startswith(stage))
+
+
 def stage_done(plan_: StagePlan) -> bool:
     """Whether a stage's output is complete (distill is never 'done': rerunning it skips rows it wrote)."""
-    if plan_.stage.startswith("eval"):
+    if stage_of(plan_.stage) == "eval":
         return (plan_.folder / "eval.json").is_file()
-    if plan_.stage == "distill":
+    if stage_of(plan_.stage) == "distill":
         return False
     return (plan_.folder / "final" / "config.json").is_file()
 
 
 def resume_overrides(plan_: StagePlan) -> list[str]:
     """A training stage whose folder holds a complete checkpoint continues from it."""
-    if plan_.stage == "distill" or plan_.stage.startswith("eval") or not plan_.folder.is_dir():
+    if stage_of(plan_.stage) in ("distill", "eval") or not plan_.folder.is_dir():
         return []
     try:
         checkpoints.newest_complete_checkpoint(plan_.folder)
@@ -151,7 +189,12 @@ def run_pipeline(cfg: DictConfig) -> Path:
         summary_path.write_text(json.dumps(summary, indent=1))
     from rlt_mono.evaluate import compare_table
 
-    table = compare_table([plans[-2].folder / "eval.json", plans[-1].folder / "eval.json"])
+    folders = {p.stage: p.folder for p in plans}
+    table = compare_table([folders["eval_teacher"] / "eval.json", folders["eval_student"] / "eval.json"])
     (root / TABLE_FILE).write_text(table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
+    if cfg.get("study", False):
+        from rlt_mono.study import write_study
+
+        logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed))
     return root

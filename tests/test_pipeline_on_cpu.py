@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.pipeline import STEPS, plan
+from rlt_mono.pipeline import STEPS, STUDY_STEPS, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stage's own overrides, from the command line: a Hydra list of quoted strings.
@@ -36,11 +36,12 @@ def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
 
 
 def _pipeline(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.train", "pipeline_tiny", f"output_dir={out}", *SMALL],
+    return subprocess.run([sys.executable, "-m", "rlt_mono.train", "pipeline_tiny", f"output_dir={out}", "+study=true",
+                           *SMALL],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
 
-def test_the_whole_pipeline_runs_on_the_tiny_pair_and_continues(tmp_path):
+def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_path):
     out = tmp_path / "pipeline"
     result = _pipeline(out)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -58,11 +59,23 @@ def test_the_whole_pipeline_runs_on_the_tiny_pair_and_continues(tmp_path):
     table = (out / "eval_table.md").read_text()
     assert "| teacher/reward |" in table and "| student/accuracy |" in table
     summary = json.loads((out / "pipeline.json").read_text())["stages"]
-    assert list(summary) == list(STEPS) and all(summary[s]["seconds"] > 0 for s in STEPS)
+    steps = [*STEPS, *STUDY_STEPS]
+    assert list(summary) == steps and all(summary[s]["seconds"] > 0 for s in steps)
+    # the study's controls: the raw-trace student trained on the RL distill rows' own traces, the same rows
+    raw = json.loads((out / "9_student_sft_raw_traces" / "sft_summary.json").read_text())
+    assert raw["explanation_column"] == "reasoning_trace" and raw["steps"] == 2
+    assert all(r["reasoning_trace"] for r in distilled)
+    sft_teacher = [json.loads(line) for line in (out / "7_distill_sft_teacher" / "distill.jsonl").open()]
+    assert [r["question"] for r in sft_teacher] == [r["question"] for r in distilled]
+    assert {r["teacher"] for r in sft_teacher} == {str(out / "1_teacher_sft" / "final")}
+    study = json.loads((out / "study.json").read_text())
+    assert study["teachers"]["teacher/reward"]["rl_minus_sft"]["n"] == 3
+    assert set(study["students"]) == {"base", "raw_traces", "sft_teacher", "rl_teacher"}
+    assert "| student accuracy difference (paired) |" in (out / "study_table.md").read_text()
 
     again = _pipeline(out)  # done stages are skipped; distill finds every row written
     assert again.returncode == 0, again.stderr[-3000:]
     skipped = [line for line in again.stderr.splitlines() if "done already" in line]
-    assert len(skipped) == len(STEPS) - 1
-    assert "4 already written, 0 to explain" in again.stderr
+    assert len(skipped) == len(steps) - 2  # the two distill steps always run (they skip rows written)
+    assert again.stderr.count("4 already written, 0 to explain") == 2
     assert len((out / "3_distill" / "distill.jsonl").read_text().splitlines()) == 4
