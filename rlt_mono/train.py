@@ -31,6 +31,9 @@ STAGES = {
     "eval": "rlt_mono.evaluate:run_eval",
     "pipeline": "rlt_mono.pipeline:run_pipeline",
 }
+# Stages that keep no checkpoints: run again with the same output_dir, distill and the pipeline continue where
+# they stopped and eval redoes its results, so resume_from_checkpoint means nothing to them.
+WITHOUT_CHECKPOINTS = ("distill", "eval", "pipeline")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,9 +46,8 @@ def main(argv: list[str] | None = None) -> int:
 
             sys.stdout.write(OmegaConf.to_yaml(cfg))
             return 0
-        if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
-            raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
-        run = _stage_function(cfg.get("stage", "teacher_rlt"))
+        check_run_keys(cfg)
+        run = _stage_function(cfg.stage)
         expose_gpus(cfg.placement.mode if "placement" in cfg else "mono")
         run(cfg)
     except UserError as err:
@@ -61,6 +63,21 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def check_run_keys(cfg) -> None:
+    """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
+    ``seed``, and ``resume_from_checkpoint`` only for the stages that resume from a checkpoint."""
+    from omegaconf import OmegaConf
+
+    for key in ("stage", "run_name"):
+        if OmegaConf.is_missing(cfg, key):
+            raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")
+    if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
+        raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
+    if cfg.stage in WITHOUT_CHECKPOINTS and cfg.get("resume_from_checkpoint") not in (None, False):
+        raise UserError(f"stage {cfg.stage} keeps no checkpoints: drop resume_from_checkpoint (run it again with "
+                        f"output_dir=<its folder> to continue it)")
 
 
 def _stage_function(stage: str):
@@ -98,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one stage of rlt_mono (the stage is named by the run config).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
-            f"run configs (cfgs/run_cfg/):\n  {' '.join(available_run_configs())}\n\n"
+            f"run configs (cfgs/run_cfg/, each a delta over the root config cfgs/train.yaml):\n"
+            f"  {' '.join(available_run_configs())}\n\n"
             f"config groups and their options (pick one with group=option, e.g. placement=split):\n{groups}\n\n"
             "keys: set any key with group.key=value (e.g. trainer.max_steps=50 reward.clip_kl=5);\n"
             "list every key and its value with:  launch_mono.sh <run config> --show-config [overrides]\n"

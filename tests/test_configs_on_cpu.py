@@ -1,17 +1,33 @@
-"""Every run config composes and instantiates; every YAML key is commented; no field shadows TRL's."""
+"""Every run config is a delta over the root cfgs/train.yaml, composes and instantiates; group options are deltas
+over their _base; every YAML key is commented; no field shadows TRL's."""
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
 import trl
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
-from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose
+from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose, config_groups
 from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data import DataConfig
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.train import main as train_main
+
+ROOT_CONFIG = CONFIG_DIR / "train.yaml"
+# A YAML key at any depth (list entries excluded).
+_KEY = re.compile(r"^\s*[A-Za-z_][\w.]*:")
+# stage -> the config groups its runs compose (the root's defaults, less what the stage's run configs drop)
+STAGES_READ = {
+    "teacher_rlt": {"model", "student", "data", "reward", "trainer", "placement", "logging"},
+    "teacher_sft": {"model", "data", "sft", "logging"},
+    "student_sft": {"student", "data", "sft", "logging"},
+    "distill": {"model", "student", "data", "reward", "placement", "logging", "distill"},
+    "eval": {"model", "student", "data", "reward", "placement", "logging", "eval"},
+    "pipeline": set(),
+}
 
 
 def _stage(name: str) -> str:
@@ -84,11 +100,72 @@ def test_vllm_rollouts_skip_detokenization_unless_stop_strings_need_it():
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.rglob("*.yaml")), ids=lambda p: str(p.relative_to(CONFIG_DIR)))
 def test_every_yaml_key_has_a_comment_above_it(path: Path):
+    """Keys at every depth, and each entry of the root's defaults list (the group it picks)."""
     lines = path.read_text().splitlines()
+    root = path == ROOT_CONFIG
     for i, line in enumerate(lines):
-        if not line or line.startswith((" ", "#", "-")) or ":" not in line:
+        if not (_KEY.match(line) or (root and line.startswith("  - "))):
             continue
         assert i > 0 and lines[i - 1].lstrip().startswith("#"), f"{path.name}:{i + 1} {line!r} has no comment"
+
+
+@pytest.mark.parametrize("name", available_run_configs())
+def test_every_run_config_is_a_delta_over_the_root(name):
+    """It starts from /train, names its stage and run, and leaves the other run-level keys to the root."""
+    text = (CONFIG_DIR / "run_cfg" / f"{name}.yaml").read_text()
+    assert f"# Launch: ./launch_mono.sh cfgs/run_cfg/{name}.yaml" in text.split("\ndefaults:")[0]  # the header
+    raw = OmegaConf.create(text)
+    assert raw.defaults[0] == "/train" and raw.defaults[-1] == "_self_"
+    assert all(next(iter(entry)).startswith("override /") for entry in raw.defaults[1:-1])
+    assert raw.run_name == name and raw.stage in STAGES_READ
+    assert not {"seed", "output_dir", "run_dir", "resume_from_checkpoint"} & set(raw)
+
+
+@pytest.mark.parametrize("name", available_run_configs())
+def test_each_run_composes_the_groups_its_stage_reads(name):
+    cfg = compose(name)
+    assert {key for key in cfg if isinstance(cfg[key], DictConfig) and key != "pipeline"} == STAGES_READ[cfg.stage]
+
+
+def test_the_root_leaves_stage_and_run_name_to_the_run_configs():
+    root = compose(str(ROOT_CONFIG))
+    assert OmegaConf.is_missing(root, "stage") and OmegaConf.is_missing(root, "run_name")
+    assert set(root) == {"model", "student", "data", "reward", "placement", "logging",  # the stage groups: null
+                         "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint"}
+
+
+@pytest.mark.parametrize("group", sorted(p.parent.name for p in CONFIG_DIR.glob("*/_base.yaml")))
+def test_group_options_are_deltas_over_their_base(group):
+    """Every option starts from _base.yaml (hidden from the options) and sets every key the base leaves ???."""
+    base = OmegaConf.load(CONFIG_DIR / group / "_base.yaml")
+    required = {key for key in base if OmegaConf.is_missing(base, key)}
+    assert "_base" not in config_groups()[group]
+    host = {"sft": "teacher_sft_tiny"}.get(group, "demo_tiny")
+    for option in config_groups()[group]:
+        assert OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml").defaults == ["_base", "_self_"], option
+        composed = compose(host, [f"{group}={option}"])[group]
+        assert list(composed)[:len(base)] == list(base), option  # the base's keys, in its order
+        assert not [key for key in required if OmegaConf.is_missing(composed, key)], option
+
+
+def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
+    cfg = compose("demo_tiny", ["run_name=mine"])
+    assert re.fullmatch(r"outputs/mine/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", cfg.run_dir)
+    assert cfg.output_dir is None and cfg.resume_from_checkpoint is None
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["distill_tiny", "resume_from_checkpoint=true"],
+     "error: stage distill keeps no checkpoints: drop resume_from_checkpoint (run it again with "
+     "output_dir=<its folder> to continue it)"),
+    (["eval_tiny", "stage=???"], "error: stage is not set: the run config sets it (or add stage=... to the command)"),
+    (["demo_tiny", "run_name=???"],
+     "error: run_name is not set: the run config sets it (or add run_name=... to the command)"),
+    (["demo_tiny", "seed=x"], "error: seed must be an integer, got 'x'"),
+])
+def test_run_level_key_mistakes_are_one_line_before_any_stage_starts(argv, error, capsys):
+    assert train_main(argv) == 2
+    assert capsys.readouterr().err == error + "\n"
 
 
 def test_no_key_is_declared_twice_across_groups():
