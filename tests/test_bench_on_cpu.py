@@ -13,6 +13,8 @@ import pytest
 import torch
 import trl
 
+from rlt_mono.errors import UserError
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench" / "bench_mono.py"
 
@@ -81,6 +83,18 @@ def test_child_command_lines_carry_the_parents_values():
         assert (child.arch, child.completion_length, child.steps, child.detokenize) == ("1.5b", 64, 3, "true")
         assert child.cap_gib is None and child.result_file is None
     assert parse("rlt", *bench.child_argv("rlt", options)).placement == "split"
+
+
+@pytest.mark.parametrize("command", [  # the module docstring's and README_MONO_GPU.md's command lines
+    "all --arch 0.5b --completion-length 1024 --steps 8 --out results.json",
+    "all --modes pcie,vllm,trl,rlt --arch 0.5b --completion-length 1024 --steps 8",
+    "rlt --arch 7b --completion-length 4096 --steps 1 --micro-batch 2 --score-micro-batch 2 --util 0.3",
+    "envelope --arch 0.5b --completion-length 4096 --cap-gib 12 --vllm-gib 4 --micro-batches 1,2,4,8 --steps 2",
+])
+def test_documented_command_lines_parse(command):
+    options = parse(*command.split())
+    assert options.command == command.split()[0]
+    assert options.arch == command.split()[command.split().index("--arch") + 1]
 
 
 def test_completions_must_be_whole_micro_batches(capsys):
@@ -156,6 +170,14 @@ def test_bench_builds_the_rltconfig_build_trainer_builds(tmp_path, bf16_gpu, mon
         build.build_trainer(cfg)
     rlt_args, _ = bench.grpo_configs(cfg, use_vllm=False)
     assert built["args"].to_dict() == rlt_args.to_dict()
+
+
+def test_prompts_leave_room_for_a_whole_completion(tmp_path, tokenizer):
+    """The TRL and vLLM modes prepare prompts as build_trainer does: the prompt budget is the model's context
+    minus max_completion_length."""
+    cfg = bench.compose_bench(parse("vllm", "--completion-length", "256"), tmp_path / "teacher", tmp_path / "student")
+    with pytest.raises(UserError, match="over the 4-token prompt budget"):
+        bench.prompt_dataset(cfg, tokenizer, context=260)
 
 
 # ---- child results ---------------------------------------------------------------------------------------------
