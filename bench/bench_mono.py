@@ -22,12 +22,13 @@ sync, KV-cache wake, vLLM generate, sleep, prompt tokenization).
 
 The two training arms are identical by construction: both compose ``cfgs/run_cfg/teacher_rlt_mono.yaml`` with
 the same overrides (``bench_overrides``); ``rlt`` hands it to ``rlt_mono.build_trainer``, ``trl`` gets every
-``trl.GRPOConfig`` field of the same settings (``grpo_configs``) and the model and data loaded the same way.
-Each arm reports its trainer's GRPO fields and ``all`` marks the ``trl`` result an error if they differ.
+``trl.GRPOConfig`` field of the same settings (``grpo_configs``) and the model and data loaded the same way;
+``--cap-gib``/``--vllm-gib`` cap both alike. Each arm reports its trainer's GRPO fields (``grpo_config``), and
+``all`` marks the second arm's result an error if they differ from the first's in anything but ``output_dir``.
 
 ``envelope``: the largest micro-batch (completions per forward/backward; completions per step =
-micro-batch x ``--accumulation``) for which ``--steps`` rlt_mono steps fit under a memory cap. The cap is
-applied with ``torch.cuda.set_per_process_memory_fraction(cap / total)``; vLLM gets ``--vllm-gib`` of it
+micro-batch x ``--accumulation``) for which ``--steps`` (default 2) rlt_mono steps fit under a memory cap.
+The cap is applied with ``torch.cuda.set_per_process_memory_fraction(cap / total)``; vLLM gets ``--vllm-gib`` of it
 (``gpu_memory_utilization = vllm_gib / total``). vLLM's pool goes through torch's allocator and stays counted
 while vLLM sleeps, so the trainer's budget is ``cap - vllm_gib`` in every phase (conservative: on a card of
 that size, sleeping vLLM returns its memory to the trainer). Micro-batches are tried in increasing order until
@@ -208,7 +209,8 @@ def grpo_configs(cfg, use_vllm: bool = True):
 
     The TRL arm gets every ``trl.GRPOConfig`` field the settings hold; RLTConfig's own fields have no TRL
     counterpart, and what its ``__post_init__`` folds into a TRL field (``vllm_detokenize`` into
-    ``generation_kwargs``) is carried over. ``TRL`` recomputes the fields it derives (``generation_batch_size``).
+    ``generation_kwargs``) is carried over. Fields TRL derives (``generation_batch_size``) are derived again from
+    the same inputs.
     """
     import trl
 
