@@ -2,7 +2,9 @@
 
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
-model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``.
+model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. The ``get_*``-style helpers below
+(``resolve_placement_for``, ``model_path``, ``load_tokenizer``, ``load_model``, ...) are shared with the SFT,
+distill and eval stages; the trainer releases what it holds itself (``RLTTrainer.release``).
 """
 
 from __future__ import annotations
@@ -20,16 +22,17 @@ from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
+from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.outputs import RunFilesCallback
-from rlt_mono.phases import PhaseController
-from rlt_mono.placement import PlacementError, Role, resolve_placement
+from rlt_mono.phases import PhaseTimer
+from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.swapper import ModelSwapper
 from rlt_mono.trainer import RLTTrainer
 
 logger = logging.getLogger(__name__)
-EMBEDDED_PREFIX = "embedded:"
 
 
 def build_trainer(cfg: DictConfig) -> RLTTrainer:
@@ -42,31 +45,21 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     output_dir = resolve_output_dir(cfg.output_dir, cfg.run_name, resuming=resuming,
                                     resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- placement ------------------------------------------------------------------------------------
-    use_cpu = bool(cfg.trainer.get("use_cpu", False)) or not torch.cuda.is_available()
-    try:
-        placement = resolve_placement(
-            cfg.placement.mode,
-            0 if use_cpu else torch.cuda.device_count(),
-            offload_reference=cfg.placement.offload_reference,
-            offload_critic=cfg.placement.offload_student,
-        )
-    except PlacementError as err:
-        raise ConfigError(str(err)) from err
-    logger.info("\n%s", placement.table())
-    use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
+    placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     # ---- typed configs: every value checked before a model loads ---------------------------------------
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
-                          report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+                          report_to=list(cfg.logging.report_to), use_vllm=placement.use_vllm)
     args = instantiate(RLTConfig, trainer_kwargs, "trainer")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps)
     checkpoints.remove_stale_staging(output_dir)
-    if use_vllm:
+    if placement.use_vllm:
         ensure_single_process_distributed_env()
     set_wandb_env(cfg.logging, args.report_to)
-    phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
+    timer = PhaseTimer(placement.device(Role.ACTOR))
+    swapper = ModelSwapper(placement.device(Role.ACTOR), timer, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
     teacher_path = model_path(cfg.model, cfg.seed, "model")
     student_path = model_path(cfg.student, cfg.seed, "student")
@@ -75,8 +68,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
-    phases.place(student, "student (critic)", offload=Role.CRITIC in placement.offloaded,
-                 device=placement.device(Role.CRITIC))
+    swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
     # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
@@ -100,7 +92,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
             teacher_temperature=args.temperature,
             prompt_format=prompt_format,
             student_tokenizer=student_tokenizer,
-            model_context=phases.resident,
+            model_context=swapper.resident,
             stop_token_ids=stop_token_ids(teacher, tokenizer),
             names=(str(teacher_path), str(student_path)),
         )
@@ -109,19 +101,18 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # ---- trainer --------------------------------------------------------------------------------------
     trainer = RLTTrainer(
         model=teacher,
-        reward_funcs=[reward],
+        teacher_reward=reward,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        phases=phases,
-        offload_reference=Role.REFERENCE in placement.offloaded,
-        critic_reward=reward if placement.device(Role.CRITIC) != placement.device(Role.ACTOR) else None,
+        placement=placement,
+        timer=timer,
+        swapper=swapper,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
         callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
                                     run_config=OmegaConf.to_container(cfg, resolve=True))],
     )
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
-    trainer.teacher_reward = reward
     trainer.resume_checkpoint = resume_checkpoint
     output_dir.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
@@ -130,8 +121,22 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
 
 
 def release_trainer(trainer: RLTTrainer) -> None:
-    """Free what a trainer holds so the next build in the same process fits (``RLTTrainer.release``)."""
+    """Free what a trainer holds so the next build in the same process fits (an alias of ``RLTTrainer.release``
+    for notebooks)."""
     trainer.release()
+
+
+def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> Placement:
+    """The ``placement`` group resolved for the GPUs this process sees (none when ``use_cpu`` or without CUDA),
+    logged as a table; an impossible one is a ``ConfigError``."""
+    gpu_count = 0 if use_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
+    try:
+        placement = resolve_placement(placement_cfg.mode, gpu_count, offload_reference=placement_cfg.offload_reference,
+                                      offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+    logger.info("\n%s", placement.table())
+    return placement
 
 
 def resolve_output_dir(output_dir: str | None, run_name: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
@@ -179,15 +184,8 @@ def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_nam
         from rlt_mono.pretrained import materialize
 
         return materialize(name_or_path, gguf_file, dtype, group=key.split(".")[0])
-    if name_or_path.startswith(EMBEDDED_PREFIX):
-        from rlt_mono.embedded import build_tiny_pair
-
-        role = name_or_path.removeprefix(EMBEDDED_PREFIX)
-        if role not in ("teacher", "student"):
-            raise ConfigError(f"{key}={name_or_path!r} is not an embedded model; use embedded:teacher or "
-                              "embedded:student")
-        pair = build_tiny_pair()
-        return str(pair.teacher_path if role == "teacher" else pair.student_path)
+    if is_embedded(name_or_path):
+        return embedded_model_path(name_or_path, key)
     if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
         raise ConfigError(f"{key}={name_or_path}: no such folder (a local model is a folder with config.json; "
                           "a hub id looks like org/name)")
@@ -222,26 +220,6 @@ def load_model(path: str, key: str, **kwargs):
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def resolve_rollout(choice: str, use_cpu: bool) -> bool:
-    """Whether rollouts use vLLM (colocated): ``auto`` picks it when vLLM is installed and a GPU is in use."""
-    if choice not in ("auto", "vllm", "transformers"):
-        raise ConfigError(f"placement.rollout must be auto, vllm or transformers, got {choice!r}")
-    try:
-        import vllm  # noqa: F401
-
-        has_vllm = True
-    except ImportError:
-        has_vllm = False
-    if choice == "vllm" and (use_cpu or not has_vllm):
-        raise ConfigError(
-            "placement.rollout=vllm needs a CUDA GPU and the vllm package "
-            f"(GPU in use: {not use_cpu}, vllm installed: {has_vllm}); use placement.rollout=auto or transformers"
-        )
-    use_vllm = choice == "vllm" or (choice == "auto" and has_vllm and not use_cpu)
-    logger.info("rollouts: %s", "vLLM colocated" if use_vllm else "transformers generate")
-    return use_vllm
 
 
 def ensure_single_process_distributed_env() -> None:

@@ -2,11 +2,12 @@
 
 The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt_mono.evaluate``) share:
 
-- ``load_stage_models``: the student, and the teacher with its ``TeacherKLReward``, where ``placement`` puts
-  them (on a GPU both wait in CPU memory and are swapped in for their passes, leaving the GPU to vLLM);
+- ``load_stage_models``: the student, and the teacher with its ``TeacherKLReward``, where the resolved
+  ``Placement`` puts them (on a GPU both wait in CPU memory and are swapped in for their passes by the
+  ``ModelSwapper``, leaving the GPU to vLLM);
 - ``open_generator``: sampling with vLLM (``VLLMGenerator``, one engine per model, asleep between calls) or
-  ``transformers`` ``generate`` (``TransformersGenerator``: CPU, or a GPU without vLLM), by
-  ``placement.rollout``; both take and return token ids, so the reward scores exactly the generated ids;
+  ``transformers`` ``generate`` (``TransformersGenerator``: CPU, or a GPU without vLLM), by the placement's
+  rollout engine; both take and return token ids, so the reward scores exactly the generated ids;
 - ``explain``: ``n`` explanations of each row from the RL stage's teacher prompt
   (``rlt_mono.data.render_prompts``), scored by the reward in one batched call;
 - the stages' shared conventions: their rows (``stage_rows``, each question + solution once), their run folder
@@ -34,16 +35,17 @@ from rlt_mono.build import (
     load_tokenizer,
     model_kwargs,
     model_path,
-    resolve_rollout,
+    resolve_placement_for,
     stop_token_ids,
 )
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_split, render_prompts
 from rlt_mono.errors import UserError
-from rlt_mono.phases import Phase, PhaseController
-from rlt_mono.placement import PlacementError, Role, resolve_placement
+from rlt_mono.phases import Phase, PhaseTimer
+from rlt_mono.placement import Role
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -83,39 +85,36 @@ class StageModels:
     teacher: nn.Module | None
     teacher_path: str | None
     reward: TeacherKLReward | None
-    phases: PhaseController
+    phases: PhaseTimer
+    swapper: ModelSwapper
     use_vllm: bool
     prompt_format: PromptFormat
 
 
 def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teacher_temperature: float,
                       with_teacher: bool = True) -> StageModels:
-    """Load the student (and the teacher with its reward) where ``placement`` puts them: on a GPU both live in
+    """Load the student (and the teacher with its reward) where the placement puts them: on a GPU both live in
     CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates."""
-    use_cpu = not torch.cuda.is_available()
-    try:
-        placement = resolve_placement(cfg.placement.mode, 0 if use_cpu else torch.cuda.device_count(),
-                                      offload_critic=cfg.placement.offload_student)
-    except PlacementError as err:
-        raise ConfigError(str(err)) from err
-    use_vllm = resolve_rollout(cfg.placement.rollout, use_cpu)
-    phases = PhaseController(placement.device(Role.ACTOR), offload=True, pin_memory=cfg.placement.pin_memory)
+    placement = resolve_placement_for(cfg.placement)
+    phases = PhaseTimer(placement.device(Role.ACTOR))
+    swapper = ModelSwapper(placement.device(Role.ACTOR), phases, pin_memory=cfg.placement.pin_memory)
     # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).
     teacher_path = model_path(cfg.model, cfg.seed, "model") if with_teacher else None
     student_path = model_path(cfg.student, cfg.seed, "student")
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
-    phases.place(student, "student", offload=Role.CRITIC in placement.offloaded, device=placement.device(Role.CRITIC))
+    swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
     prompt_format = PromptFormat()
     if not with_teacher:
         return StageModels(student_tokenizer, student_tokenizer, student, student_path, None, None, None, phases,
-                           use_vllm, prompt_format)
+                           swapper, placement.use_vllm, prompt_format)
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model)).eval()
     teacher.requires_grad_(False)
-    # The teacher only scores here (vLLM holds its own copy for generation): CPU memory between passes.
-    phases.place(teacher, "teacher", offload=True)
+    # The teacher (the actor role) only scores here (vLLM holds its own copy for generation): CPU memory between
+    # passes, on the actor's device for them.
+    swapper.place(teacher, "teacher", offload=True, device=placement.device(Role.ACTOR))
     try:
         reward = TeacherKLReward(
             student, tokenizer, reward_config,
@@ -123,22 +122,22 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
             teacher_temperature=teacher_temperature,
             prompt_format=prompt_format,
             student_tokenizer=student_tokenizer,
-            model_context=phases.resident,
+            model_context=swapper.resident,
             stop_token_ids=stop_token_ids(teacher, tokenizer),
             names=(teacher_path, student_path),
         )
     except ValueError as err:
         raise ConfigError(str(err)) from err
     return StageModels(tokenizer, student_tokenizer, student, student_path, teacher, teacher_path, reward, phases,
-                       use_vllm, prompt_format)
+                       swapper, placement.use_vllm, prompt_format)
 
 
 class TransformersGenerator:
     """Sampling with ``model.generate`` in left-padded batches (CPU, or a GPU without vLLM)."""
 
-    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, phases: PhaseController, *,
+    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, swapper: ModelSwapper, *,
                  max_new_tokens: int, stop_strings: tuple[str, ...] = (), top_p: float = 1.0, batch_size: int = 64):
-        self.model, self.tokenizer, self.phases = model, tokenizer, phases
+        self.model, self.tokenizer, self.swapper = model, tokenizer, swapper
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
         self.batch_size = batch_size
         self.stop_ids = sorted(stop_token_ids(model, tokenizer))
@@ -162,7 +161,7 @@ class TransformersGenerator:
             for row, ids in enumerate(chunk):
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention_mask[row, width - len(ids) :] = 1
-            with self.phases.resident(self.model):
+            with self.swapper.resident(self.model):
                 device = next(self.model.parameters()).device
                 sequences = self.model.generate(input_ids=input_ids.to(device),
                                                 attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
@@ -223,7 +222,7 @@ def open_generator(models: StageModels, role: str, options: SamplingOptions, cfg
     else:
         model, path, tokenizer = models.student, models.student_path, models.student_tokenizer
     if not models.use_vllm:
-        return TransformersGenerator(model, tokenizer, models.phases, max_new_tokens=max_new_tokens,
+        return TransformersGenerator(model, tokenizer, models.swapper, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings, top_p=options.top_p,
                                      batch_size=options.rows_per_batch)
     dtype = cfg.model.dtype if role == "teacher" else cfg.student.dtype

@@ -1,15 +1,18 @@
-"""Placement as data: which device each role of an RLT step lives on, validated before any model loads.
+"""Placement as data: which device each role of an RLT step lives on and which engine rolls out, validated
+before any model loads. The one source of where a role runs: build, the trainer and the distill/eval stages
+read it from here.
 
-Roles (verl's split placement, brought to one host): ACTOR (the teacher being trained), ROLLOUT (vLLM),
-REFERENCE (the GRPO reference) and CRITIC (in RLT the frozen student that scores explanations; an extra
-reward model would join it). Modes:
+Roles (verl's split placement, brought to one host): ACTOR (the teacher being trained), ROLLOUT (the engine
+that samples the teacher's completions: vLLM colocated with the actor, or ``transformers`` ``generate`` on the
+actor's model), REFERENCE (the GRPO reference) and STUDENT (the frozen student that scores explanations: the
+critic, in verl's terms; an extra reward model would join it). Modes:
 
-- ``mono``: every role on GPU 0; reference and critic kept in CPU memory between uses (``offload_*``).
-- ``split``: actor, rollout and reference on GPU 0; the critic resident on GPU 1, scoring while GPU 0
+- ``mono``: every role on GPU 0; reference and student kept in CPU memory between uses (``offload_*``).
+- ``split``: actor, rollout and reference on GPU 0; the student resident on GPU 1, scoring while GPU 0
   computes the reference and teacher log-probs.
 - ``auto``: ``split`` when two GPUs are visible, else ``mono``.
 
-With no GPU every role is on the CPU (the embedded demo).
+With no GPU every role is on the CPU (the embedded demo) and rollouts use ``transformers``.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ class Role(enum.Enum):
     ACTOR = "actor"
     ROLLOUT = "rollout"
     REFERENCE = "reference"
-    CRITIC = "critic"
+    STUDENT = "student"
 
 
 MODES = ("mono", "split", "auto")
+ROLLOUTS = ("auto", "vllm", "transformers")
 
 
 class PlacementError(ValueError):
@@ -34,50 +38,93 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    """A resolved placement: ``devices[role]`` is where the role computes (``cuda:N`` or ``cpu``);
-    roles in ``offloaded`` live in pinned CPU memory between their uses."""
+    """A resolved placement: ``devices[role]`` is where the role computes (``cuda:N`` or ``cpu``); roles in
+    ``offloaded`` live in pinned CPU memory between their uses; ``rollout`` is the engine of the ROLLOUT role
+    (``vllm``, colocated on the rollout device, or ``transformers``)."""
 
     mode: str
     devices: dict[Role, str]
     offloaded: frozenset[Role]
+    rollout: str
 
     def device(self, role: Role) -> str:
         return self.devices[role]
 
+    def offloads(self, role: Role) -> bool:
+        """Whether ``role`` lives in CPU memory between its uses."""
+        return role in self.offloaded
+
+    def beside_actor(self, role: Role) -> bool:
+        """Whether ``role`` computes on a device of its own, next to the actor's (it can run alongside it)."""
+        return self.devices[role] != self.devices[Role.ACTOR]
+
+    @property
+    def use_vllm(self) -> bool:
+        return self.rollout == "vllm"
+
     def table(self) -> str:
-        """The table printed at start-up."""
+        """The table logged at start-up."""
         lines = [f"placement: {self.mode}", f"  {'role':<10} {'device':<8} between uses"]
         for role in Role:
             where = "CPU (pinned)" if role in self.offloaded else "resident"
-            lines.append(f"  {role.value:<10} {self.devices[role]:<8} {where}")
+            engine = f" ({'vLLM colocated' if self.use_vllm else 'transformers generate'})" if role is Role.ROLLOUT \
+                else ""
+            lines.append(f"  {role.value:<10} {self.devices[role]:<8} {where}{engine}")
         return "\n".join(lines)
 
 
 def resolve_placement(
-    mode: str, gpu_count: int, *, offload_reference: bool = True, offload_critic: bool = True
+    mode: str, gpu_count: int, *, offload_reference: bool = True, offload_student: bool = True,
+    rollout: str = "auto",
 ) -> Placement:
-    """Resolve ``mode`` for ``gpu_count`` visible GPUs.
+    """Resolve ``mode`` and the ``rollout`` choice for ``gpu_count`` visible GPUs (``rollout``: ``auto``
+    picks vLLM when it is installed and a GPU is in use).
 
     Raises:
-        PlacementError: unknown mode, or ``split`` with fewer than two GPUs.
+        PlacementError: unknown mode or rollout, ``split`` with fewer than two GPUs, or ``vllm`` without a GPU
+            or without the vllm package.
     """
     if mode not in MODES:
         raise PlacementError(f"placement.mode must be one of {MODES}, got {mode!r}")
     if mode == "split" and gpu_count < 2:
         raise PlacementError(
-            f"placement=split needs 2 visible GPUs (critic on the second), found {gpu_count}; "
+            f"placement=split needs 2 visible GPUs (student on the second), found {gpu_count}; "
             "use placement=mono or placement=auto, or make a second GPU visible (CUDA_VISIBLE_DEVICES=0,1)"
         )
+    engine = _rollout_engine(rollout, gpu_count)
     if gpu_count == 0:
-        return Placement("mono", {role: "cpu" for role in Role}, frozenset())
+        return Placement("mono", {role: "cpu" for role in Role}, frozenset(), engine)
     resolved = "split" if mode == "split" or (mode == "auto" and gpu_count >= 2) else "mono"
     devices = {role: "cuda:0" for role in Role}
     offloaded = {Role.REFERENCE} if offload_reference else set()
     if resolved == "split":
-        devices[Role.CRITIC] = "cuda:1"
-    elif offload_critic:
-        offloaded.add(Role.CRITIC)
-    return Placement(resolved, devices, frozenset(offloaded))
+        devices[Role.STUDENT] = "cuda:1"
+    elif offload_student:
+        offloaded.add(Role.STUDENT)
+    return Placement(resolved, devices, frozenset(offloaded), engine)
+
+
+def _rollout_engine(choice: str, gpu_count: int) -> str:
+    if choice not in ROLLOUTS:
+        raise PlacementError(f"placement.rollout must be auto, vllm or transformers, got {choice!r}")
+    if choice == "transformers":
+        return "transformers"
+    has_vllm = gpu_count > 0 and _vllm_installed()
+    if choice == "vllm" and not has_vllm:
+        raise PlacementError(
+            "placement.rollout=vllm needs a CUDA GPU and the vllm package "
+            f"(GPU in use: {gpu_count > 0}, vllm installed: {_vllm_installed()}); "
+            "use placement.rollout=auto or transformers"
+        )
+    return "vllm" if has_vllm else "transformers"
+
+
+def _vllm_installed() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def gpus_to_expose(mode: str, gpus_present: int) -> int:

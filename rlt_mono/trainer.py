@@ -1,20 +1,27 @@
 """``RLTTrainer``: TRL's GRPO trainer with the few hooks RLT needs, each at a TRL override point.
 
+Every private name of TRL or vLLM these hooks rely on is touched through ``rlt_mono.trl_vllm``, checked when the
+trainer starts (missing required ones raise; missing optional ones warn with their cost).
+
 - ``_generate`` / ``_generate_and_score_completions`` / ``training_step`` run inside the phases GENERATE,
-  SCORE and TRAIN of the ``PhaseController`` (timings, memory, swaps), whose metrics join TRL's logs.
-- ``_get_per_token_logps_and_entropies``: the reference model is swapped onto the GPU for its pass; the
-  policy's own no-grad pass over the fresh completions (TRL's ``old_per_token_logps``, temperature-scaled)
-  is kept so the teacher reward reuses it instead of running the teacher again.
-- ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column.
-- TRL's reference-sync callback is replaced by one that swaps the offloaded reference in for the mixup; once a
+  SCORE and TRAIN of the ``PhaseTimer`` (timings, memory), whose metrics join TRL's logs.
+- ``_get_per_token_logps_and_entropies``: the reference model is swapped onto the GPU (``ModelSwapper``) for
+  its pass; the policy's own no-grad pass over the fresh completions (TRL's ``old_per_token_logps``,
+  temperature-scaled) is kept so the teacher reward reuses it instead of running the teacher again.
+- ``_calculate_rewards`` hands those log-probs to the reward as the ``teacher_log_probs`` column, and counts
+  whether it did (``score/teacher_log_probs_reused``) and how often the reward ran the teacher itself
+  (``score/reward_teacher_passes``).
+- TRL's reference-sync callback is wrapped so that the offloaded reference is swapped in for the mixup; once a
   mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
 - Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
-- Split placement: the student half of the reward starts on the critic's GPU right after generation and
-  runs while TRL's policy and reference passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
+- Every role is where the ``Placement`` puts it. When the student has a GPU of its own (split placement), the
+  student half of the reward starts there right after generation and runs while TRL's policy and reference
+  passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -25,11 +32,12 @@ import safetensors.torch
 import torch
 import trl
 from transformers import TrainerCallback
-from trl.trainer.callbacks import SyncRefModelCallback
 
-from rlt_mono import checkpoints
-from rlt_mono.phases import Phase, PhaseController
+from rlt_mono import checkpoints, trl_vllm
+from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
+from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
+from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -40,78 +48,79 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     """GRPO trainer for an RLT teacher (see the module docstring).
 
     Args:
-        phases: owns phase timing and every bulk model move.
-        offload_reference: keep TRL's reference model on CPU between its passes.
+        teacher_reward: the reward TRL optimises (its only reward function).
+        placement: where each role lives; the reference is placed by it, and a student with a GPU of its own
+            scores on a worker thread as soon as the completions exist.
+        timer: phase timing and the per-step metrics.
+        swapper: every bulk model move.
         reuse_policy_log_probs: pass TRL's policy log-probs to the reward (valid when the reward divides the
             teacher logits by the generation temperature, as TRL does).
-        critic_reward: the ``TeacherKLReward`` whose student has its own GPU (split placement): its student pass
-            starts on a worker thread as soon as the completions exist.
         Everything else goes to ``trl.GRPOTrainer``.
     """
 
     def __init__(
         self,
         *args,
-        phases: PhaseController,
-        offload_reference: bool = True,
+        teacher_reward: TeacherKLReward,
+        placement: Placement,
+        timer: PhaseTimer,
+        swapper: ModelSwapper,
         reuse_policy_log_probs: bool = True,
-        critic_reward: TeacherKLReward | None = None,
         **kwargs,
     ):
-        self.phases = phases
-        self.reuse_policy_log_probs = reuse_policy_log_probs
-        # Split placement: the student half of the reward, started on the critic's GPU as soon as the
-        # completions exist, overlapping TRL's policy and reference passes on the actor's GPU.
-        self.critic_reward = critic_reward
-        self._critic_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="critic") if critic_reward else None
+        trl_vllm.check_required()
+        self.timer, self.swapper = timer, swapper
+        self.teacher_reward = teacher_reward
+        # The reward's model_context is where it runs the teacher itself: count those passes.
+        teacher_reward.model_context = self._counting_teacher_passes(teacher_reward.model_context)
+        overlap = placement.beside_actor(Role.STUDENT)
+        self._student_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="student") if overlap else None
         self._batch_inputs: list[dict] | None = None
-        self._critic_job: Future | None = None
+        self._student_job: Future | None = None
         self._capturing_policy_log_probs = False
         self._policy_log_probs: torch.Tensor | None = None
-        super().__init__(*args, **kwargs)
+        self._warned_no_policy_log_probs = False
+        super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
+        self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
         if self.ref_model is not None:
-            phases.place(self.ref_model, "reference", offload=offload_reference)
-            self._replace_ref_sync_callback()
-        self.add_callback(_OptimizerPhaseCallback(phases))
+            swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE),
+                          device=placement.device(Role.REFERENCE))
+            trl_vllm.wrap_reference_sync(self, swapper)
+        self.add_callback(_OptimizerPhaseCallback(timer))
         self._train_tokens = torch.zeros((), dtype=torch.long, device=self.accelerator.device)
-        # TRL 1.16's colocated sync hands vLLM one tensor per load_weights call; replace it where its internals
-        # are the ones this was written against (drop when TRL batches the call).
-        if (
-            self.use_vllm
-            and self.args.vllm_mode == "colocate"
-            and self.accelerator.num_processes == 1
-            and hasattr(self.vllm_generation, "_iter_named_params")
-        ):
-            self.vllm_generation.sync_weights = self._sync_weights_in_one_call
+        if self.trl_surface.one_call_sync:
+            trl_vllm.install_one_call_sync(
+                self.vllm_generation, swapper.empty_cache,
+                lambda seconds: timer.add_metric("generate/weight_sync_seconds", seconds))
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):
-        with self.phases.phase(Phase.TRAIN):
+        with self.timer.phase(Phase.TRAIN):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _generate_and_score_completions(self, inputs):
-        self._capturing_policy_log_probs = self.reuse_policy_log_probs
+        self._capturing_policy_log_probs = self.trl_surface.reuses_policy_log_probs
         self._batch_inputs = inputs
         try:
-            with self.phases.phase(Phase.SCORE):
+            with self.timer.phase(Phase.SCORE):
                 return super()._generate_and_score_completions(inputs)
         finally:
             self._capturing_policy_log_probs = False
             self._policy_log_probs = None
             self._batch_inputs = None
-            self._critic_job = None
+            self._student_job = None
 
     def _generate(self, prompts):
-        with self.phases.phase(Phase.GENERATE):
+        with self.timer.phase(Phase.GENERATE):
             output = super()._generate(prompts)
-        completion_ids = output[1]
-        self.phases.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
-        if self._critic_pool is not None and self._batch_inputs is not None:
+        completion_ids = trl_vllm.completion_ids(output)
+        self.timer.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
+        if self._student_pool is not None and self._batch_inputs is not None:
             rows = self._batch_inputs
             # Alignment uses the tokenizer, which is not thread-safe: done here; only the forward goes to the worker.
-            samples = self.critic_reward.align([r["question"] for r in rows], [r["solution"] for r in rows],
-                                               [list(ids) for ids in completion_ids])
-            self._critic_job = self._critic_pool.submit(_timed, self.critic_reward.student_pass, samples)
+            samples = self.teacher_reward.align([r["question"] for r in rows], [r["solution"] for r in rows],
+                                                [list(ids) for ids in completion_ids])
+            self._student_job = self._student_pool.submit(_timed, self.teacher_reward.student_pass, samples)
             self._actor_scoring_start = time.perf_counter()
         return output
 
@@ -120,38 +129,18 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         self._train_tokens += inputs["prompt_mask"].sum() + inputs["completion_mask"].sum()
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    def _sync_weights_in_one_call(self) -> None:
-        """TRL's colocated weight sync (wake the weights, load the teacher's, reset the prefix cache), with all
-        tensors handed to vLLM's ``load_weights`` in one call instead of one call per tensor. Timed."""
-        generation = self.vllm_generation
-        start = time.perf_counter()
-        if generation.enable_sleep_mode:
-            self.phases.empty_cache()
-            generation.llm.wake_up(tags=["weights"])
-            generation._llm_weights_sleeping = False
-        vllm_model = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        vllm_model.load_weights(generation._iter_named_params())
-        generation.llm.reset_prefix_cache()
-        torch.cuda.synchronize()
-        self.phases.add_metric("generate/weight_sync_seconds", time.perf_counter() - start)
-
     # ---- log-probs ----------------------------------------------------------------------------------
     def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
         if self.ref_model is not None and model is self.ref_model:
-            with self.phases.resident(self.ref_model):
+            with self.swapper.resident(self.ref_model):
                 return super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
         result = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
-        # The first no-grad policy pass of a generation batch is TRL's old_per_token_logps (computed by TRL 1.16
-        # with vLLM importance sampling, or when generation and optimizer steps are misaligned; otherwise the
-        # reward runs the teacher itself). rlt_mono never trains PEFT adapters, whose reference pass would also
-        # run self.model.
         if (
             self._capturing_policy_log_probs
             and self._policy_log_probs is None
-            and model is self.model
-            and not torch.is_grad_enabled()
+            and trl_vllm.is_policy_no_grad_pass(self, model)
         ):
-            self._policy_log_probs = result[0]
+            self._policy_log_probs = trl_vllm.log_probs_of(result)
         return result
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -160,42 +149,61 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                 {**example, "teacher_log_probs": log_probs[: len(ids)].float().cpu()}
                 for example, log_probs, ids in zip(inputs, self._policy_log_probs, completion_ids_list, strict=True)
             ]
-        if self._critic_job is not None:
+            self.timer.add_metric("score/teacher_log_probs_reused", 1)
+        elif self.trl_surface.expects_policy_log_probs and not self._warned_no_policy_log_probs:
+            logger.warning("TRL %s computed no policy log-probs before the reward in this batch, where TRL %s does: "
+                           "the reward runs a second teacher forward per batch (score/reward_teacher_passes "
+                           "counts them)", trl.__version__, trl_vllm.PINNED["trl"])
+            self._warned_no_policy_log_probs = True
+        if self._student_job is not None:
             actor_end = time.perf_counter()
-            scores, critic_start, critic_end = self._critic_job.result()
-            self._record_overlap(self._actor_scoring_start, actor_end, critic_start, critic_end)
+            scores, student_start, student_end = self._student_job.result()
+            self._record_overlap(self._actor_scoring_start, actor_end, student_start, student_end)
             inputs = [{**example, "student_scores": score} for example, score in zip(inputs, scores, strict=True)]
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
-    def _record_overlap(self, actor_start: float, actor_end: float, critic_start: float, critic_end: float) -> None:
+    def _counting_teacher_passes(self, model_context):
+        """The reward's ``model_context``, counting each time the reward enters it for the teacher."""
+
+        @contextlib.contextmanager
+        def counted(model):
+            if model is self.teacher_reward.teacher_model:
+                self.timer.add_metric("score/reward_teacher_passes", 1)
+            with model_context(model) as inner:
+                yield inner
+
+        return counted
+
+    def _record_overlap(self, actor_start: float, actor_end: float, student_start: float,
+                        student_end: float) -> None:
         """Timeline of the split SCORE phase, in seconds from the end of generation."""
-        overlapped = max(0.0, min(actor_end, critic_end) - max(actor_start, critic_start))
-        critic_seconds = critic_end - critic_start
-        for name, value in (("actor_logps_end", actor_end), ("critic_start", critic_start),
-                            ("critic_end", critic_end)):
-            self.phases.add_metric(f"timeline/{name}", value - actor_start)
-        self.phases.add_metric("overlap/critic_seconds", critic_seconds)
-        self.phases.add_metric("overlap/overlapped_seconds", overlapped)
-        self.phases.add_metric("overlap/fraction", overlapped / critic_seconds if critic_seconds > 0 else 0.0)
+        overlapped = max(0.0, min(actor_end, student_end) - max(actor_start, student_start))
+        student_seconds = student_end - student_start
+        for name, value in (("actor_logps_end", actor_end), ("student_start", student_start),
+                            ("student_end", student_end)):
+            self.timer.add_metric(f"timeline/{name}", value - actor_start)
+        self.timer.add_metric("overlap/student_seconds", student_seconds)
+        self.timer.add_metric("overlap/overlapped_seconds", overlapped)
+        self.timer.add_metric("overlap/fraction", overlapped / student_seconds if student_seconds > 0 else 0.0)
 
     def release(self) -> None:
-        """Free what this trainer holds (critic thread, vLLM engine, models, optimizer, pinned copies, CUDA
+        """Free what this trainer holds (student thread, vLLM engine, models, optimizer, pinned copies, CUDA
         cache) so the next build in the same process fits. The trainer is unusable afterwards."""
-        if self._critic_pool is not None:
-            self._critic_pool.shutdown(wait=True)
-            self._critic_pool = None
+        if self._student_pool is not None:
+            self._student_pool.shutdown(wait=True)
+            self._student_pool = None
         self.accelerator.free_memory()
         for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
-                     "vllm_generation", "critic_reward"):
+                     "vllm_generation"):
             if hasattr(self, name):
                 setattr(self, name, None)
         self.reward_funcs = []
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "reward"):  # RunFilesCallback keeps the reward (and so the student) alive
                 callback.reward = None
-        self.phases.forget()
+        self.swapper.forget()
         gc.collect()
-        self.phases.empty_cache()
+        self.swapper.empty_cache()
 
     # ---- checkpoints: the mixed reference --------------------------------------------------------------
     def _reference_is_mixed(self, step: int) -> bool:
@@ -221,12 +229,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training:
             if tokens := float(self._train_tokens):  # zero in the end-of-training summary log
-                self.phases.add_metric("train/tokens", tokens)
+                self.timer.add_metric("train/tokens", tokens)
                 self._train_tokens.zero_()
-            logs.update(with_throughputs(self.phases.pop_metrics(), self._num_parameters, self.phases.device))
+            logs.update(with_throughputs(self.timer.pop_metrics(), self._num_parameters, self.timer.device))
             vllm_generation = getattr(self, "vllm_generation", None)
-            if vllm_generation is not None:
-                logs["vllm/asleep"] = float(bool(getattr(vllm_generation, "_llm_weights_sleeping", False)))
+            if vllm_generation is not None and (asleep := trl_vllm.weights_asleep(vllm_generation)) is not None:
+                logs["vllm/asleep"] = float(asleep)
         super().log(logs, start_time)
 
     @property
@@ -235,42 +243,18 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self._cached_num_parameters = sum(p.numel() for p in self.model.parameters())
         return self._cached_num_parameters
 
-    def _replace_ref_sync_callback(self) -> None:
-        for callback in list(self.callback_handler.callbacks):
-            if isinstance(callback, SyncRefModelCallback):
-                self.callback_handler.remove_callback(callback)
-                self.add_callback(_ResidentRefSyncCallback(self.phases, self.ref_model, self.accelerator))
-
-
-class _ResidentRefSyncCallback(SyncRefModelCallback):
-    """TRL's reference mixup, with the offloaded reference swapped in (and written back) around it."""
-
-    def __init__(self, phases: PhaseController, ref_model, accelerator):
-        super().__init__(ref_model=ref_model, accelerator=accelerator)
-        self.phases = phases
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step % args.ref_model_sync_steps != 0:
-            return
-        with self.phases.resident(self.ref_model, writeback=True):
-            super().on_step_end(args, state, control, **kwargs)
-
 
 class _OptimizerPhaseCallback(TrainerCallback):
     """Counts the optimizer step (outside ``training_step`` in transformers' loop) as TRAIN time."""
 
-    def __init__(self, phases: PhaseController):
-        self.phases = phases
+    def __init__(self, timer: PhaseTimer):
+        self.timer = timer
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self.phases.begin(Phase.TRAIN)
+        self.timer.begin(Phase.TRAIN)
 
     def on_optimizer_step(self, args, state, control, **kwargs):
-        self.phases.end()
-
-
-# Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
-PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
+        self.timer.end()
 
 
 def _timed(fn, *args):
@@ -279,23 +263,3 @@ def _timed(fn, *args):
     result = fn(*args)
     return result, start, time.perf_counter()
 
-
-def with_throughputs(metrics: dict[str, float], num_parameters: int, device: torch.device) -> dict[str, float]:
-    """Add generation and training tokens/s, and training MFU, to the phase metrics.
-
-    MFU = 6 * N * training tokens / (TRAIN seconds * peak bf16 FLOP/s): the 6N per token of a forward and
-    backward pass (attention FLOPs and gradient-checkpointing recomputation not counted), against the dense
-    bf16 peak of the GPU in ``PEAK_BF16_FLOPS`` (absent for other devices).
-    """
-    generate_seconds = metrics.get("phase/generate/seconds", 0.0)
-    if generate_seconds > 0 and "generate/tokens" in metrics:
-        metrics["perf/generation_tokens_per_s"] = metrics["generate/tokens"] / generate_seconds
-    train_seconds = metrics.get("phase/train/seconds", 0.0)
-    if train_seconds > 0 and "train/tokens" in metrics:
-        metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / train_seconds
-        if device.type == "cuda":
-            name = torch.cuda.get_device_name(device)
-            peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-            if peak is not None:
-                metrics["perf/mfu"] = 6 * num_parameters * metrics["train/tokens"] / (train_seconds * peak)
-    return metrics

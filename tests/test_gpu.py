@@ -1,5 +1,6 @@
 """On a CUDA GPU with vLLM: the tiny pair trains with vLLM colocated and asleep between generations, the
-frozen models live on CPU outside their phase, and a weight sync is visible in vLLM's greedy output.
+frozen models live on CPU outside their phase, the one-call weight sync is installed and visible in vLLM's
+greedy output, and the reward reuses TRL's policy log-probs instead of running the teacher.
 
 Marked ``gpu``: skipped without CUDA (run on the device machine before calling GPU work done).
 """
@@ -40,18 +41,22 @@ def gpu_run(bf16_pair, tmp_path_factory):
         "trainer.sync_ref_model=false",
     ])
     trainer = build_trainer(cfg)
-    seen = []  # (model class, device while resident, bytes added to the GPU while resident)
-    resident = trainer.phases.resident
+    seen = []  # (model id, device while resident, bytes added to the GPU while resident)
 
-    @contextlib.contextmanager
-    def spying_resident(model, writeback=False):
-        before = torch.cuda.memory_allocated()
-        with resident(model, writeback) as m:
-            seen.append((id(model), next(model.parameters()).device.type, torch.cuda.memory_allocated() - before))
-            yield m
+    def spying(context):
+        @contextlib.contextmanager
+        def spy(model, *args, **kwargs):
+            before = torch.cuda.memory_allocated()
+            with context(model, *args, **kwargs) as m:
+                seen.append((id(model), next(model.parameters()).device.type, torch.cuda.memory_allocated() - before))
+                yield m
 
-    trainer.phases.resident = spying_resident
-    trainer.teacher_reward.model_context = spying_resident
+        return spy
+
+    # The reference's passes go through the swapper; the reward's through its model_context (the trainer's
+    # counting wrapper around the swapper's resident).
+    trainer.swapper.resident = spying(trainer.swapper.resident)
+    trainer.teacher_reward.model_context = spying(trainer.teacher_reward.model_context)
     greedy_before = _greedy(trainer)
     trainer.train()
     yield trainer, out, seen, greedy_before
@@ -107,13 +112,30 @@ def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
     assert trainer.vllm_generation.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
 
 
+def test_colocated_vllm_gets_the_one_call_sync_and_the_reward_reuses_policy_log_probs(gpu_run):
+    from rlt_mono.outputs import read_metrics
+
+    trainer, out, seen, _ = gpu_run
+    # vLLM importance sampling (TRL's default) makes TRL compute its policy log-probs in every generation batch.
+    assert trainer.trl_surface.one_call_sync and trainer.trl_surface.reuses_policy_log_probs
+    assert trainer.trl_surface.expects_policy_log_probs
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    for r in rows:
+        assert r["generate/weight_sync_seconds"] > 0  # the one-call sync ran, timed
+        assert r["score/teacher_log_probs_reused"] == 1
+        # The reward entered its model context for the teacher only for re-tokenized explanations.
+        assert r.get("score/reward_teacher_passes", 0) <= (1 if r["alignment/retokenized_frac"] > 0 else 0)
+    assert id(trainer.model) not in {key for key, _, _ in seen} or any(r["alignment/retokenized_frac"] > 0
+                                                                        for r in rows)
+
+
 def test_weight_sync_is_visible_in_vllm_greedy_output(gpu_run):
     trainer, _, _, greedy_before = gpu_run
     assert _greedy(trainer) != greedy_before
 
 
 @pytest.mark.gpu2
-def test_split_placement_keeps_the_critic_on_gpu1_and_overlaps(bf16_pair, tmp_path):
+def test_split_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_path):
     from rlt_mono import build_trainer, compose, release_trainer
     from rlt_mono.outputs import read_metrics
 
@@ -131,5 +153,5 @@ def test_split_placement_keeps_the_critic_on_gpu1_and_overlaps(bf16_pair, tmp_pa
     assert {p.device for p in trainer.ref_model.parameters()} == {torch.device("cuda", 0)}  # resident in split
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["overlap/critic_seconds"] > 0 and 0 <= r["overlap/fraction"] <= 1 for r in rows)
+    assert all(r["overlap/student_seconds"] > 0 and 0 <= r["overlap/fraction"] <= 1 for r in rows)
     release_trainer(trainer)

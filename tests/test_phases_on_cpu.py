@@ -1,16 +1,17 @@
-"""Phase bookkeeping: nested phases add up to wall time; throughputs and MFU follow their formulas."""
+"""Phase bookkeeping: nested phases add up to wall time; throughputs and MFU follow their formulas; the swapper
+moves nothing on the CPU."""
 
 import time
 
 import pytest
 import torch
 
-from rlt_mono.phases import Phase, PhaseController
-from rlt_mono.trainer import with_throughputs
+from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
+from rlt_mono.swapper import ModelSwapper
 
 
 def test_nested_phases_exclude_their_children():
-    phases = PhaseController("cpu")
+    phases = PhaseTimer("cpu")
     start = time.perf_counter()
     with phases.phase(Phase.TRAIN):
         time.sleep(0.05)
@@ -27,13 +28,24 @@ def test_nested_phases_exclude_their_children():
     assert phases.pop_metrics() == {}  # popped
 
 
-def test_cpu_controller_never_moves_models():
-    phases = PhaseController("cpu", offload=True)
+def test_cpu_swapper_never_moves_models():
+    timer = PhaseTimer("cpu")
+    swapper = ModelSwapper("cpu", timer)
     model = torch.nn.Linear(4, 4)
-    phases.place(model, "student", offload=True)
-    assert not phases.is_offloaded(model)
-    with phases.resident(model) as resident:
-        assert resident is model and model.weight.device.type == "cpu"
+    weight = model.weight.data_ptr()
+    swapper.place(model, "student", offload=True)
+    assert not swapper.is_offloaded(model)
+    with swapper.resident(model, writeback=True) as resident:
+        assert resident is model and model.weight.data_ptr() == weight
+    assert timer.pop_metrics() == {}  # nothing swapped, nothing counted
+
+
+def test_swaps_count_into_the_timer():
+    timer = PhaseTimer("cpu")
+    swapper = ModelSwapper("cpu", timer)
+    swapper._count_swap(start=0.0, nbytes=3 * 1024**3)
+    metrics = timer.pop_metrics()
+    assert metrics["swap/gib"] == 3.0 and metrics["swap/seconds"] > 0
 
 
 def test_throughputs_and_mfu(monkeypatch):

@@ -42,6 +42,9 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
         assert all(isinstance(r.get(key), (int, float)) for r in rows), key
     for r in rows:  # the reward TRL optimises is exactly our total
         assert abs(r["teacher_reward/total"] - r["reward"]) < 1e-4
+    # Generation and optimizer steps aligned, no vLLM: TRL computes no policy log-probs, the reward runs the teacher.
+    assert not trainer.trl_surface.expects_policy_log_probs
+    assert all(r["score/reward_teacher_passes"] == 1 and "score/teacher_log_probs_reused" not in r for r in rows)
     samples = [json.loads(line) for line in (out / SAMPLES_FILE).read_text().splitlines()]
     assert len(samples) == 2 * cfg.trainer.explanation_samples_per_step
     assert {"explanation", "r_ss", "r_kl", "match_penalty", "total"} <= set(samples[0])

@@ -1,0 +1,122 @@
+"""The one place that moves whole models between CPU and GPU, and empties the CUDA cache.
+
+The frozen models (reference, student) keep one pinned CPU copy of their weights and are swapped onto the
+compute device for the pass that uses them and swapped out after it. Swapping out a frozen model copies nothing
+back: the GPU tensors are dropped and the parameters point at the pinned copy again. The reference model, which
+``sync_ref_model`` updates in place, is swapped out with ``writeback=True``. Each swap's seconds and GiB count
+into the phase timer's metrics (``swap/seconds``, ``swap/gib``).
+
+Nothing else in rlt_mono calls ``.to(device)`` on a whole model or empties the CUDA cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from rlt_mono.phases import PhaseTimer
+
+logger = logging.getLogger(__name__)
+_GIB = 1024**3
+
+
+class ModelSwapper:
+    """Puts frozen models where they live between uses and swaps offloaded ones onto ``device`` for a pass.
+
+    Args:
+        device: where computation happens (``cuda:N`` or ``cpu``; on the CPU nothing is offloaded or moved).
+        timer: the phase timer the swap seconds and GiB count into.
+        pin_memory: keep the CPU copies in pinned memory (faster, asynchronous host-to-device copies).
+    """
+
+    def __init__(self, device: torch.device | str, timer: PhaseTimer, pin_memory: bool = True):
+        self.device = torch.device(device)
+        self.timer = timer
+        self.offload = self.device.type == "cuda"
+        self.pin_memory = pin_memory and self.offload
+        self._cpu_copies: dict[int, dict[str, torch.Tensor]] = {}
+
+    def offload_model(self, model: nn.Module, name: str) -> None:
+        """Make ``model`` swappable: its weights move to (pinned) CPU memory until a pass needs them."""
+        if not self.offload:
+            return
+        copies = {}
+        for key, tensor in _tensors(model):  # one tensor at a time: at most one extra copy alive
+            cpu = tensor.detach().to("cpu")
+            copies[key] = cpu.pin_memory() if self.pin_memory else cpu
+            tensor.data = copies[key]
+        self._cpu_copies[id(model)] = copies
+        self.empty_cache()
+        logger.info("%s offloaded to %s CPU memory (%.2f GiB)", name, "pinned" if self.pin_memory else "pageable",
+                    _nbytes(copies) / _GIB)
+
+    def place(self, model: nn.Module, name: str, offload: bool, device: torch.device | str | None = None) -> None:
+        """Put a frozen model where it lives between uses: offloaded to CPU (swapped onto the compute device
+        for its pass), or resident on ``device`` (default: the compute device)."""
+        if offload and self.offload:
+            self.offload_model(model, name)
+        else:
+            device = torch.device(device) if device is not None else self.device
+            model.to(device)
+            logger.info("%s resident on %s", name, device)
+
+    @contextlib.contextmanager
+    def resident(self, model: nn.Module, writeback: bool = False) -> Iterator[nn.Module]:
+        """Keep ``model`` on the compute device for the block; swap it back to CPU afterwards."""
+        copies = self._cpu_copies.get(id(model))
+        if copies is None:  # not offloaded: already where it computes
+            yield model
+            return
+        start = time.perf_counter()
+        self._point_at(model, {k: v.to(self.device, non_blocking=self.pin_memory) for k, v in copies.items()})
+        torch.cuda.synchronize(self.device)
+        self._count_swap(start, _nbytes(copies))
+        try:
+            yield model
+        finally:
+            start, nbytes = time.perf_counter(), 0
+            if writeback:
+                for key, tensor in _tensors(model):
+                    copies[key].copy_(tensor, non_blocking=True)
+                torch.cuda.synchronize(self.device)
+                nbytes = _nbytes(copies)
+            self._point_at(model, copies)
+            self._count_swap(start, nbytes)
+
+    def is_offloaded(self, model: nn.Module) -> bool:
+        return id(model) in self._cpu_copies
+
+    def forget(self) -> None:
+        """Drop the pinned CPU copies (the models that used them are being released)."""
+        self._cpu_copies.clear()
+
+    def empty_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _count_swap(self, start: float, nbytes: int) -> None:
+        self.timer.add_metric("swap/seconds", time.perf_counter() - start)
+        self.timer.add_metric("swap/gib", nbytes / _GIB)
+
+    @staticmethod
+    def _point_at(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        for key, tensor in _tensors(model):
+            tensor.data = tensors[key]
+
+
+def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Parameters and buffers, each shared tensor once (tied embeddings appear once)."""
+    seen: set[int] = set()
+    for key, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield key, tensor
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
