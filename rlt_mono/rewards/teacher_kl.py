@@ -196,7 +196,7 @@ class TeacherKLReward:
         log_metric: Callable[[str, float], None] | None = None,
         **_: object,
     ) -> list[float]:
-        """TRL reward call. ``student_scores`` (from ``score_students``, e.g. computed ahead on the critic's
+        """TRL reward call. ``student_scores`` (from ``score_students``, e.g. computed ahead on the student's
         GPU) and ``teacher_log_probs`` (TRL's policy log-probs) are optional precomputed inputs."""
         if student_scores is None:
             student_scores = self.score_students(question, solution, completion_ids)
@@ -225,8 +225,8 @@ class TeacherKLReward:
                              [list(ids) for ids in completion_ids], self.stop_ids)
 
     def student_pass(self, samples: list[AlignedSample]) -> list[StudentScore]:
-        """One batched student pass over aligned samples. Needs no teacher output and no tokenizer, so with a
-        critic on its own GPU it runs on a worker thread while the teacher's GPU works."""
+        """One batched student pass over aligned samples. Needs no teacher output and no tokenizer, so with the
+        student on its own GPU it runs on a worker thread while the teacher's GPU works."""
         solution_lp, explanation_lp = self._student_log_probs(samples)
         return [StudentScore(*row) for row in zip(samples, solution_lp, explanation_lp)]
 
