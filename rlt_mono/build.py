@@ -79,6 +79,12 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
                           f"in the teacher's {context}-token context (max_position_embeddings): lower it")
     dataset, skipped = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed,
                                        max_prompt_tokens=max_prompt_tokens)
+    eval_dataset = None  # the held-out learning curve: TRL's evaluation on the first eval_questions held-out rows
+    if args.eval_strategy != "no":
+        eval_dataset, _ = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed,
+                                          max_prompt_tokens=max_prompt_tokens, split="eval")
+        if args.eval_questions:
+            eval_dataset = eval_dataset.select(range(min(args.eval_questions, len(eval_dataset))))
     # TRL's sampler draws generation_batch_size / num_generations distinct prompts per generation; with fewer
     # rows it yields no batch and the run ends after 0 steps.
     check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
@@ -104,6 +110,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         teacher_reward=reward,
         args=args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=tokenizer,
         placement=placement,
         timer=timer,

@@ -157,7 +157,7 @@ def solution_log_probs(models: StageModels, rows: list[dict], completion_ids: li
     """Mean over solution tokens of log p_student(token | question, explanation, earlier tokens), temperature 1,
     the explanation being the reward's (same alignment: the teacher's ids up to the closing tag)."""
     samples = models.reward.align([r["question"] for r in rows], [r["solution"] for r in rows], completion_ids)
-    with models.phases.resident(models.student):
+    with models.swapper.resident(models.student):
         per_token = range_log_probs(models.student, [s.student_ids for s in samples],
                                     [s.solution_span for s in samples], temperature=1.0,
                                     micro_batch_size=models.reward.config.micro_batch_size,

@@ -59,6 +59,7 @@ class SamplingOptions:
     max_new_tokens: int = 4096
     rows_per_batch: int = 64
     vllm_gpu_memory_utilization: float = 0.5
+    vllm_enforce_eager: bool = True
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -180,7 +181,7 @@ class VLLMGenerator:
 
     def __init__(self, model_path: str, *, dtype: str, max_new_tokens: int, max_prompt_tokens: int,
                  stop_strings: tuple[str, ...] = (), top_p: float = 1.0, gpu_memory_utilization: float = 0.5,
-                 seed: int = 0):
+                 seed: int = 0, enforce_eager: bool = True):
         from vllm import LLM
 
         # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
@@ -191,7 +192,8 @@ class VLLMGenerator:
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
         self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True)
+                       max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True,
+                       enforce_eager=enforce_eager)
         self.llm.sleep(level=1)
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
@@ -228,7 +230,8 @@ def open_generator(models: StageModels, role: str, options: SamplingOptions, cfg
     dtype = cfg.model.dtype if role == "teacher" else cfg.student.dtype
     return VLLMGenerator(path, dtype=dtype, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
                          stop_strings=stop_strings, top_p=options.top_p, seed=cfg.seed,
-                         gpu_memory_utilization=options.vllm_gpu_memory_utilization)
+                         gpu_memory_utilization=options.vllm_gpu_memory_utilization,
+                         enforce_eager=options.vllm_enforce_eager)
 
 
 def teacher_prompts(models: StageModels, rows: list[dict]) -> tuple[list[str], list[list[int]]]:

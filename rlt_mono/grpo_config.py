@@ -25,6 +25,14 @@ class RLTConfig(trl.GRPOConfig):
         default=True,
         metadata={"help": "Write reward_components.png (reward components and phase timings over steps)."},
     )
+    eval_questions: int = field(
+        default=32,
+        metadata={
+            "help": "Held-out questions (the data's eval split, first N) whose mean reward TRL's evaluation measures "
+            "every eval_steps when eval_strategy is 'steps' (the held-out learning curve: eval_reward in "
+            "metrics.jsonl). 0: all of them."
+        },
+    )
     vllm_detokenize: bool = field(
         default=False,
         metadata={
@@ -49,7 +57,8 @@ class RLTConfig(trl.GRPOConfig):
         back to epochs: 1,500 steps of the embedded set; ``beta<0`` rewards drifting from the reference)."""
         numeric = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
                    "logging_steps", "save_steps", "ref_model_sync_steps", "num_generations", "steps_per_generation",
-                   "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha")
+                   "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha",
+                   "eval_questions")
         for name in numeric:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -65,7 +74,7 @@ class RLTConfig(trl.GRPOConfig):
                              f"got {self.num_generations}")
         if self.steps_per_generation is not None and self.steps_per_generation < 1:
             raise ValueError(f"steps_per_generation must be >= 1 or null, got {self.steps_per_generation}")
-        for name in ("beta", "learning_rate", "explanation_samples_per_step"):
+        for name in ("beta", "learning_rate", "explanation_samples_per_step", "eval_questions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:

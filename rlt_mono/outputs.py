@@ -35,6 +35,8 @@ README_FILE = "README.md"
 CONFIG_FILE = "config.yaml"
 STEP_EVENT = "step"
 SUMMARY_EVENT = "summary"
+# TRL's evaluation on held-out questions (trainer.eval_strategy: steps): its keys start with "eval_".
+EVAL_EVENT = "eval"
 # Keys of samples.jsonl rows written first, in this order, so a row reads as: what was asked, what the teacher
 # wrote, what it earned.
 SAMPLE_KEYS_FIRST = ("step", "question", "solution", "explanation", "total", "r_ss", "r_kl", "match_penalty")
@@ -77,7 +79,8 @@ class RunFilesCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        event = SUMMARY_EVENT if is_summary_log(logs) else STEP_EVENT
+        event = (SUMMARY_EVENT if is_summary_log(logs) else
+                 EVAL_EVENT if any(key.startswith("eval_") for key in logs) else STEP_EVENT)
         row = {"event": event, "step": state.global_step, **{k: _jsonable(v) for k, v in logs.items()}}
         with open(self.output_dir / METRICS_FILE, "a") as f:
             f.write(json.dumps(row) + "\n")
@@ -168,14 +171,15 @@ def drop_rows_after(path: str | Path, step: int) -> None:
 
 
 def row_event(row: Mapping) -> str:
-    """A ``metrics.jsonl`` row's event: ``STEP_EVENT`` or ``SUMMARY_EVENT``."""
+    """A ``metrics.jsonl`` row's event: ``STEP_EVENT``, ``EVAL_EVENT`` or ``SUMMARY_EVENT``."""
     # Rows written before rows carried "event": transformers' summary is the one with train_runtime.
     return row.get("event") or (SUMMARY_EVENT if is_summary_log(row) else STEP_EVENT)
 
 
 def read_metrics(path: str | Path, event: str = STEP_EVENT) -> list[dict]:
-    """The rows of a ``metrics.jsonl``: one per logged step (``event="step"``), or the end-of-training summaries
-    (``event="summary"``). A last line cut short by a killed run is skipped with a warning."""
+    """The rows of a ``metrics.jsonl``: one per logged step (``event="step"``), the held-out evaluations
+    (``event="eval"``), or the end-of-training summaries (``event="summary"``). A last line cut short by a
+    killed run is skipped with a warning."""
     path = Path(path)
     lines = path.read_text().splitlines()
     return [row for row in _parse_lines(path, lines) if row is not None and row_event(row) == event]

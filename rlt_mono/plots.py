@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from rlt_mono.outputs import STEP_EVENT, in_phase_order, is_number, read_metrics, row_event
+from rlt_mono.outputs import EVAL_EVENT, STEP_EVENT, in_phase_order, is_number, read_metrics, row_event
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ UNMATCHED_SERIES = (
     ("alignment/unmatched_frac", "explanation never closed (unmatched)", "tab:purple"),
     ("completions/clipped_ratio", "cut at max_completion_length", "tab:brown"),
 )
+# (metrics key of the eval rows, label, colour): the held-out learning curve.
+EVAL_SERIES = ("eval_reward", "held-out reward (eval)", "tab:green")
 PHASE_COLOURS = {"generate": "tab:green", "score": "tab:olive", "train": "tab:cyan"}
 
 
@@ -69,7 +71,9 @@ def _series(rows: Sequence[Mapping], key: str, label: str) -> Series | None:
 
 def metric_series(rows: Sequence[Mapping]) -> dict[str, list[Series]]:
     """What ``plot_metrics`` draws, panel by panel: ``reward`` (TRL's reward and the RLT components; ``total``
-    left out where it equals ``reward``), ``unmatched`` (fractions, when logged) and ``seconds`` (per phase)."""
+    left out where it equals ``reward``; the held-out reward of ``eval`` rows when there are any), ``unmatched``
+    (fractions, when logged) and ``seconds`` (per phase)."""
+    eval_rows = [row for row in rows if row_event(row) == EVAL_EVENT]
     rows = [row for row in rows if row_event(row) == STEP_EVENT]
     reward_keys = [key for key, _, _ in REWARD_SERIES]
     extra = sorted({k for row in rows for k in row if k.startswith("teacher_reward/") and k.count("/") == 1}
@@ -82,6 +86,8 @@ def metric_series(rows: Sequence[Mapping]) -> dict[str, list[Series]]:
         series = _series(rows, key, labels.get(key, key.removeprefix("teacher_reward/")))
         if series is not None:
             panels["reward"].append(series)
+    if (held_out := _series(eval_rows, EVAL_SERIES[0], EVAL_SERIES[1])) is not None:
+        panels["reward"].append(held_out)
     # Clipped completions are shown only beside the unmatched ones, as the usual reason an explanation never closes.
     if any(is_number(row.get(UNMATCHED_SERIES[0][0])) for row in rows):
         panels["unmatched"] = [s for key, label, _ in UNMATCHED_SERIES if (s := _series(rows, key, label))]
@@ -106,7 +112,8 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-    colours = {label: colour for table in (REWARD_SERIES, UNMATCHED_SERIES) for _, label, colour in table}
+    series_tables = (REWARD_SERIES, UNMATCHED_SERIES, [EVAL_SERIES])
+    colours = {label: colour for table in series_tables for _, label, colour in table}
     colours.update(PHASE_COLOURS)
     titles = {
         "reward": "RLT teacher reward per step (mean over the step's completions)",
@@ -149,7 +156,7 @@ def draw_metric_series(panels: Mapping[str, Sequence[Series]]):
 def plot_metrics(metrics_path: str | Path, out_path: str | Path) -> dict[str, list[Series]]:
     """Draw the step rows of ``metrics_path`` into the PNG ``out_path``; returns the series drawn
     (``metric_series``)."""
-    panels = metric_series(read_metrics(metrics_path))
+    panels = metric_series(read_metrics(metrics_path) + read_metrics(metrics_path, EVAL_EVENT))
     if not panels:
         logger.info("%s has no step metrics to plot", metrics_path)
         return panels
