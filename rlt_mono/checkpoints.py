@@ -285,19 +285,25 @@ def training_failures(trainer, output_dir: Path, memory_hint: str) -> Iterator[N
     a full disk, a card out of memory (``memory_hint``: the settings to lower), Ctrl-C."""
     try:
         yield
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
-            raise
-        raise UserError(f"disk full while writing {err.filename or output_dir}: free space, then resume with "
-                        f"{_resume_hint(output_dir)}") from err
     except KeyboardInterrupt as err:
         raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with "
                              f"{_resume_hint(output_dir)}") from err
-    except RuntimeError as err:
+    except Exception as err:
+        if is_disk_full(err):
+            raise UserError(f"disk full while writing {getattr(err, 'filename', None) or output_dir}: free space, "
+                            f"then resume with {_resume_hint(output_dir)}") from err
         if type(err).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
             raise
         raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; resume "
                         f"with {_resume_hint(output_dir)}") from err
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """An ``OSError`` with ``ENOSPC``, or a library error carrying its text: safetensors' writer (Rust) raises
+    ``SafetensorError: ... No space left on device (os error 28)`` for a full disk."""
+    if isinstance(err, OSError):
+        return err.errno == errno.ENOSPC
+    return "No space left on device" in str(err)
 
 
 def _resume_hint(output_dir: Path) -> str:

@@ -10,7 +10,8 @@ On the held-out rows, for the teacher ``model.model_name_or_path`` and the stude
   tokens; the reward's ``r_ss`` uses the reward's temperature instead);
 - student half (``eval.student_accuracy``): the student answers from the question alone (its chat with system
   and user turns only, greedy); a row is checkable when its solution says "The answer is N" (the embedded
-  arithmetic: compared with the number after "The answer is" in the student's output) or it has an
+  arithmetic: compared with the number after the student's last "The answer is", or in its last ``\boxed{}``
+  when it never says that) or it has an
   ``answer`` column (``math-verify`` against the student's solution section).
 
 Each figure is a mean over questions with a percentile-bootstrap interval (``eval.confidence``, resampling
@@ -69,6 +70,8 @@ METRICS = {
     "correct": "student/accuracy",
 }
 _THE_ANSWER_IS = re.compile(r"The answer is\s*\$?(-?[\d,]*\.?\d+)")
+# An instruct model's own way of stating a result (Qwen2.5: "the final number of trees is \boxed{51}").
+_BOXED_NUMBER = re.compile(r"\\boxed\{\s*\$?(-?[\d,]*\.?\d+)\s*\}")
 
 
 @dataclass
@@ -113,8 +116,8 @@ def summarize(values: list[float], confidence: float, resamples: int, seed: int)
 def check_answer(row: dict, student_output: str) -> bool | None:
     """Whether the student's output answers ``row`` correctly; None when the row has no checkable answer."""
     gold = _THE_ANSWER_IS.findall(row["solution"])
-    if gold:
-        said = _THE_ANSWER_IS.findall(student_output)
+    if gold:  # the student's last "The answer is N", else its last \boxed{N} (a student not trained on the format)
+        said = _THE_ANSWER_IS.findall(student_output) or _BOXED_NUMBER.findall(student_output)
         return bool(said) and _number(said[-1]) == _number(gold[-1])
     if row.get("answer"):
         from math_verify import parse, verify
@@ -262,15 +265,45 @@ def _cell(metric: dict | None) -> str:
     return f"{metric['mean']:.3f} [{metric['low']:.3f}, {metric['high']:.3f}] (n={metric['n']})"
 
 
+def rescore(folder: Path, resamples: int = 2000) -> dict:
+    """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
+    answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
+    new figure. Nothing is generated again."""
+    rows = [json.loads(line) for line in (folder / ROWS_FILE).read_text().splitlines() if line.strip()]
+    if not any("student_output" in r for r in rows):
+        raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
+    for row in rows:
+        if "student_output" in row:
+            row["correct"] = check_answer(row, row["student_output"])
+    result = json.loads((folder / EVAL_FILE).read_text())
+    checked = [float(r["correct"]) for r in rows if r.get("correct") is not None]
+    result["metrics"][METRICS["correct"]] = summarize(checked, result["confidence"], resamples, result["seed"])
+    result["rescored"] = True
+    (folder / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result["metrics"][METRICS["correct"]]
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: the table on stdout."""
+    """``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: the table on stdout;
+    ``python -m rlt_mono.evaluate rescore <eval folder> ...``: check stored student answers again."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m rlt_mono.evaluate", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     compare = commands.add_parser("compare", help="one markdown table of several eval.json side by side")
     compare.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
+    again = commands.add_parser("rescore", help="check the stored student answers of eval folders again")
+    again.add_argument("folders", nargs="+", help="eval run folders (with eval.json and eval_rows.jsonl)")
     args = parser.parse_args(argv)
+    if args.command == "rescore":
+        try:
+            for folder in args.folders:
+                sys.stdout.write(f"{folder}: student/accuracy {_cell(rescore(Path(folder)))}\n")
+        except UserError as err:
+            sys.stderr.write(f"error: {err}\n")
+            return err.exit_code
+        return 0
     paths = [Path(p) / EVAL_FILE if Path(p).is_dir() else Path(p) for p in args.eval_json]
     try:
         sys.stdout.write(compare_table(paths) + "\n")

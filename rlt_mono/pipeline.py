@@ -17,6 +17,9 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
 with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
 distilled explanation can be empty).
 
+``steps=[...]`` (``+steps=[...]`` where the config has no ``steps`` key) launches only the named steps and
+leaves the others as they are, their outputs read where a later step needs them.
+
 ``study: true`` adds the controls that say whether RL made the teacher better (the "Does it teach?" study):
 
     distill_sft_teacher      the SFT-only teacher (1_teacher_sft) explains the same rows as distill
@@ -138,6 +141,18 @@ def stage_of(step: str) -> str:
     return next(stage for stage in ORDER if step.startswith(stage))
 
 
+def selected_steps(cfg: DictConfig, steps: list[str]) -> set[str]:
+    """The steps this run may launch: ``steps`` (a list of step names, e.g. to finish a study's controls with the
+    main steps' outputs already in place), or all of them when it is unset."""
+    chosen = cfg.get("steps")
+    if chosen is None:
+        return set(steps)
+    unknown = sorted(set(chosen) - set(steps))
+    if unknown:
+        raise ConfigError(f"steps: unknown steps {unknown}; this pipeline's steps are {steps}")
+    return set(chosen)
+
+
 def stage_done(plan_: StagePlan) -> bool:
     """Whether a stage's output is complete (distill is never 'done': rerunning it skips rows it wrote)."""
     if stage_of(plan_.stage) == "eval":
@@ -167,10 +182,14 @@ def run_pipeline(cfg: DictConfig) -> Path:
     root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
     root.mkdir(parents=True, exist_ok=True)
     plans = plan(cfg, root)
+    selected = selected_steps(cfg, [p.stage for p in plans])
     OmegaConf.save(cfg, root / "config.yaml", resolve=True)
     summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the timings of the stages it skips
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"stages": {}}
     for i, stage in enumerate(plans, start=1):
+        if stage.stage not in selected:
+            logger.info("[%d/%d] %s: not in steps=%s, left as it is", i, len(plans), stage.stage, sorted(selected))
+            continue
         if stage_done(stage):
             logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)
             summary["stages"].setdefault(stage.stage, {"folder": str(stage.folder)})

@@ -79,3 +79,26 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
     assert len(skipped) == len(steps) - 2  # the two distill steps always run (they skip rows written)
     assert again.stderr.count("4 already written, 0 to explain") == 2
     assert len((out / "3_distill" / "distill.jsonl").read_text().splitlines()) == 4
+
+
+def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
+    import rlt_mono.pipeline as pipeline
+
+    launched = []
+
+    def fake_run(command, **kwargs):  # an eval step writes its eval.json, as the real stage does
+        out = Path(next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1])
+        launched.append(out.name)
+        out.mkdir(parents=True)
+        (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1, "metrics": {}}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
+    root = tmp_path / "p"
+    (root / "5_eval_teacher").mkdir(parents=True)
+    (root / "5_eval_teacher" / "eval.json").write_text(json.dumps({"questions": 1, "metrics": {}}))
+    pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "+steps=[eval_teacher,eval_student]"]))
+    assert launched == ["6_eval_student"]  # eval_teacher was done already; nothing else was selected
+    assert (root / "eval_table.md").is_file()
+    with pytest.raises(ConfigError, match=r"steps: unknown steps \['eval_sft_teacher'\]"):
+        pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "+steps=[eval_sft_teacher]"]))

@@ -208,3 +208,21 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tm
     restored = load_file(out / "final" / "model.safetensors")
     assert all(torch.equal(restored[name], trained[name]) for name in trained)  # no extra step trained
     assert [r["step"] for r in read_metrics(out / METRICS_FILE)] == [1, 2]
+
+
+def test_a_full_disk_reported_by_safetensors_is_one_line_too(tmp_path):
+    """Seen on the GPU machine: save_final's safetensors writer reported ENOSPC as its own error type."""
+    from types import SimpleNamespace
+
+    from rlt_mono.errors import UserError
+
+    class SafetensorError(Exception):
+        pass
+
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=24))
+    with pytest.raises(UserError, match=rf"^disk full while writing {tmp_path}: free space, then resume with"):
+        with checkpoints.training_failures(trainer, tmp_path, "x"):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    with pytest.raises(SafetensorError):  # anything else is still a bug, with its traceback
+        with checkpoints.training_failures(trainer, tmp_path, "x"):
+            raise SafetensorError("Error while serializing: header too large")

@@ -84,3 +84,28 @@ def test_a_study_pipeline_wires_each_control_to_its_source(tmp_path):
     assert (f"student.model_name_or_path={tmp_path}/9_student_sft_raw_traces/final"
             in steps["eval_student_raw_traces"].overrides)
     assert steps["student_sft_raw_traces"].config == "student_sft_tiny"  # the student_sft stage's run config
+
+
+def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_the_figure(tmp_path):
+    from rlt_mono.evaluate import check_answer, main
+
+    row = {"question": "q", "solution": "The answer is 51.", "answer": "51"}
+    # Qwen2.5-Coder-0.5B-Instruct's own answer to a held-out question (GPU eval, 2026-11-22), shortened
+    qwen = "3. **New Trees Planted:** \\(39 + 12 = 51\\) trees now.\n\nSo the number is \\(\\boxed{51}\\)."
+    assert check_answer(row, qwen) is True
+    assert check_answer(row, "\\boxed{50}") is False
+    assert check_answer(row, "The answer is 51. Check: \\boxed{3}") is True  # the stated format wins
+    assert check_answer(row, "no number at all") is False
+
+    folder = tmp_path / "6_eval_student"
+    rows = [{**row, "question": "a", "student_output": qwen, "correct": False},
+            {**row, "question": "b", "student_output": "The answer is 7.", "correct": False},
+            {"question": "c", "solution": "x", "student_output": "y", "correct": None}]
+    _eval_folder(folder, rows, {"student/accuracy": {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 2}})
+    eval_json = json.loads((folder / "eval.json").read_text())
+    (folder / "eval.json").write_text(json.dumps({**eval_json, "confidence": 0.95, "seed": 0}))
+    assert main(["rescore", str(folder)]) == 0
+    result = json.loads((folder / "eval.json").read_text())
+    assert result["rescored"] is True and result["metrics"]["student/accuracy"]["mean"] == 0.5
+    assert result["metrics"]["student/accuracy"]["n"] == 2  # the uncheckable row stays out
+    assert [json.loads(line)["correct"] for line in (folder / "eval_rows.jsonl").open()] == [True, False, None]
