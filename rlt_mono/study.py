@@ -82,9 +82,11 @@ def read_rows(folder: Path) -> list[dict]:
 def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence: float = 0.95,
                 resamples: int = 2000) -> str:
     """Write ``study.json`` and ``study_table.md`` into ``root`` from the study's step folders; returns the table."""
-    evals = {step: json.loads((folders[step] / EVAL_FILE).read_text()) for step in
-             ("eval_sft_teacher", "eval_teacher", *(arm[0] for arm in STUDENT_ARMS.values()))}
-    rows = {step: read_rows(folders[step]) for step in evals}
+    # An arm whose eval has not run (yet) is reported as missing, not guessed: its cells read "—".
+    steps = ("eval_sft_teacher", "eval_teacher", *(arm[0] for arm in STUDENT_ARMS.values()))
+    evals = {step: json.loads((folders[step] / EVAL_FILE).read_text()) if (folders[step] / EVAL_FILE).is_file()
+             else {"metrics": {}, "missing": True} for step in steps}
+    rows = {step: [] if evals[step].get("missing") else read_rows(folders[step]) for step in steps}
     teachers = {
         metric: {
             "sft_teacher": evals["eval_sft_teacher"]["metrics"].get(metric),
@@ -96,8 +98,8 @@ def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence:
     }
     students = {}
     for arm, (eval_step, sft_step, trained_on) in STUDENT_ARMS.items():
-        summary = (json.loads((folders[sft_step] / SFT_SUMMARY_FILE).read_text())
-                   if sft_step is not None else {})
+        summary_path = folders[sft_step] / SFT_SUMMARY_FILE if sft_step is not None else None
+        summary = json.loads(summary_path.read_text()) if summary_path and summary_path.is_file() else {}
         students[arm] = {
             "trained_on": trained_on,
             "accuracy": evals[eval_step]["metrics"].get("student/accuracy"),
@@ -111,7 +113,8 @@ def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence:
                                             confidence, resamples, seed)
         for b, a in STUDENT_PAIRS
     }
-    study = {"questions": evals["eval_teacher"]["questions"], "confidence": confidence, "seed": seed,
+    study = {"questions": evals["eval_teacher"].get("questions"), "confidence": confidence, "seed": seed,
+             "missing": [step for step in steps if evals[step].get("missing")],
              "teachers": teachers, "students": students, "student_differences": student_differences}
     (root / STUDY_FILE).write_text(json.dumps(study, indent=1) + "\n")
     table = study_table(study)
@@ -122,7 +125,9 @@ def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence:
 def study_table(study: dict) -> str:
     """Markdown: the teachers side by side with their paired difference, then the students."""
     level = f"{study['confidence']:.0%}"
-    lines = [f"Held-out questions: {study['questions']}; cells are mean [{level} bootstrap interval] (n).", "",
+    missing = f" Not run: {', '.join(study['missing'])}." if study.get("missing") else ""
+    lines = [f"Held-out questions: {study['questions']}; cells are mean [{level} bootstrap interval] (n).{missing}",
+             "",
              "| teacher figure | SFT teacher | RL teacher | RL − SFT (paired) |", "| --- | --- | --- | --- |"]
     for metric, cells in study["teachers"].items():
         lines.append(f"| {metric} | {_cell(cells['sft_teacher'])} | {_cell(cells['rl_teacher'])} | "

@@ -109,3 +109,16 @@ def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_th
     assert result["rescored"] is True and result["metrics"]["student/accuracy"]["mean"] == 0.5
     assert result["metrics"]["student/accuracy"]["n"] == 2  # the uncheckable row stays out
     assert [json.loads(line)["correct"] for line in (folder / "eval_rows.jsonl").open()] == [True, False, None]
+
+
+def test_an_arm_that_has_not_run_reads_as_missing(tmp_path):
+    folders = {step: tmp_path / step for step in (*STEPS, *STUDY_STEPS)}
+    rows = [{"question": "q", "total": -8.0, "correct": True}]
+    _eval_folder(folders["eval_teacher"], rows, {"teacher/reward": {"mean": -8.0, "low": -8.0, "high": -8.0, "n": 1}})
+    _eval_folder(folders["eval_student"], rows, {"student/accuracy": {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 1}})
+    table = write_study(tmp_path, folders, resamples=10)
+    study = json.loads((tmp_path / STUDY_FILE).read_text())
+    assert study["missing"] == ["eval_sft_teacher", "eval_student_raw_traces", "eval_student_sft_teacher"]
+    assert study["teachers"]["teacher/reward"]["rl_minus_sft"]["n"] == 0
+    assert "Not run: eval_sft_teacher, eval_student_raw_traces, eval_student_sft_teacher." in table
+    assert "| teacher/reward | — | -8.000 [-8.000, -8.000] (1) | — |" in table
