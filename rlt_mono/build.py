@@ -42,7 +42,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     pass it to ``trainer.train(resume_from_checkpoint=...)``.
     """
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_name, resuming=resuming,
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
                                     resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
@@ -146,8 +146,9 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
     return placement
 
 
-def resolve_output_dir(output_dir: str | None, run_name: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
-    """The run's folder: a new ``outputs/<run_name>/<time>`` when unset; an existing folder only to resume."""
+def resolve_output_dir(output_dir: str | None, run_dir: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
+    """The run's folder: ``output_dir``, or when it is unset a new folder ``run_dir`` (the config's
+    ``outputs/<run_name>/<time>``, made unique: ``checkpoints.new_run_dir``); an existing folder only to resume."""
     if output_dir is None:
         if resume_from_checkpoint is True or resume_from_checkpoint == "true":
             raise ConfigError(
@@ -155,7 +156,7 @@ def resolve_output_dir(output_dir: str | None, run_name: str, *, resuming: bool,
                 "null (a new folder each run): set output_dir=<the run's folder>, or "
                 "resume_from_checkpoint=<checkpoint path>"
             )
-        return checkpoints.new_run_dir(Path("outputs") / run_name)
+        return checkpoints.new_run_dir(run_dir)
     if not resuming:
         checkpoints.check_fresh_output_dir(output_dir)
     return Path(output_dir)

@@ -10,7 +10,6 @@ Nothing here imports torch: the checks run before any model loads.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import errno
 import json
 import logging
@@ -41,19 +40,21 @@ class CheckpointError(UserError):
 
 
 # ---- run folders -----------------------------------------------------------------------------------
-def new_run_dir(root: str | Path, now: datetime.datetime | None = None) -> Path:
-    """Create and return a fresh ``root/<date_time>`` folder. Two runs started in the same second get
-    ``..._2``, ``..._3``: ``mkdir`` without ``exist_ok`` is atomic, so no two processes share one."""
-    stamp = (now or datetime.datetime.now()).strftime("%Y-%m-%d_%H-%M-%S")
-    _make_dir(Path(root), "the outputs folder")
+def new_run_dir(run_dir: str | Path) -> Path:
+    """Create and return the fresh folder ``run_dir`` (the config's ``run_dir``, e.g.
+    ``outputs/<run_name>/<date_time>``), its parents included. When it exists already (two runs started in the
+    same second) the run gets ``<run_dir>_2``, ``_3``, ...: ``mkdir`` without ``exist_ok`` is atomic, so no two
+    processes share one."""
+    run_dir = Path(run_dir)
+    _make_dir(run_dir.parent, "the outputs folder")
     for attempt in range(1, 1000):
-        folder = Path(root) / (stamp if attempt == 1 else f"{stamp}_{attempt}")
+        folder = run_dir if attempt == 1 else run_dir.with_name(f"{run_dir.name}_{attempt}")
         try:
             folder.mkdir()
             return folder
         except FileExistsError:
             continue
-    raise CheckpointError(f"{root} holds 999 runs started at {stamp}: set output_dir=<a new folder>")
+    raise CheckpointError(f"{run_dir} and 998 variants of it exist: set output_dir=<a new folder>")
 
 
 def previous_run_files(output_dir: str | Path) -> list[str]:

@@ -293,7 +293,7 @@ def stage_rows(cfg: DictConfig, split: str) -> tuple[list[dict], str]:
 def stage_output_dir(cfg: DictConfig) -> Path:
     """``output_dir`` as given (created if missing), or a new ``outputs/<run_name>/<time>``."""
     if cfg.output_dir is None:
-        return checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
+        return checkpoints.new_run_dir(cfg.run_dir)
     return checkpoints.ensure_output_dir(cfg.output_dir)
 
 

@@ -179,7 +179,7 @@ def resume_overrides(plan_: StagePlan) -> list[str]:
 
 def run_pipeline(cfg: DictConfig) -> Path:
     """Run (or continue) every stage in order; returns the pipeline folder (``pipeline.json`` sums it up)."""
-    root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(Path("outputs") / cfg.run_name)
+    root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
     plans = plan(cfg, root)
     selected = selected_steps(cfg, [p.stage for p in plans])

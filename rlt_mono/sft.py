@@ -215,7 +215,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     if stage not in STAGE_MODEL_GROUP:
         raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_name, resuming=resuming,
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
                                     resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- typed configs: every value checked before a model loads -------------------------------------------------
     sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)

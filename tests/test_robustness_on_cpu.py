@@ -37,10 +37,19 @@ def _fake_checkpoint(run: Path, step: int, *, manifest: bool = True, skip: tuple
 
 # ---- run folders --------------------------------------------------------------------------------------
 def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path):
-    now = datetime.datetime(2026, 11, 22, 11, 0, 0)
-    first, second = checkpoints.new_run_dir(tmp_path, now), checkpoints.new_run_dir(tmp_path, now)
+    run_dir = tmp_path / "outputs" / "demo" / "2026-11-22_11-00-00"
+    first, second = checkpoints.new_run_dir(run_dir), checkpoints.new_run_dir(run_dir)
     assert (first.name, second.name) == ("2026-11-22_11-00-00", "2026-11-22_11-00-00_2")
     assert first.is_dir() and second.is_dir()
+
+
+def test_a_new_run_lands_in_the_configs_run_dir(tmp_path):
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-")
+    default = compose("demo_tiny").run_dir  # outputs/<run_name>/<time>, from the root config
+    assert default.startswith(f"outputs/demo_tiny/{stamp}")
+    cfg = compose("demo_tiny", [f"run_dir={tmp_path}/mine/${{now:%Y}}"])
+    folder = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=False)
+    assert folder == tmp_path / "mine" / stamp[:4] and folder.is_dir()
 
 
 def test_reusing_an_output_dir_without_resume_names_both_ways_forward(tmp_path):
