@@ -194,16 +194,6 @@ def compose_bench(options: argparse.Namespace, teacher: Path, student: Path, out
     return compose(RUN_CONFIG, bench_overrides(options, teacher, student, output_dir))
 
 
-def trainer_kwargs(cfg, use_vllm: bool) -> dict:
-    """What ``rlt_mono.build.build_trainer`` passes to ``RLTConfig`` for ``cfg`` (a CPU test holds them equal)."""
-    from omegaconf import OmegaConf
-
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    kwargs.update(output_dir=str(cfg.output_dir), run_name=cfg.run_name, seed=cfg.seed,
-                  report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
-    return kwargs
-
-
 def grpo_configs(cfg, use_vllm: bool = True):
     """``(RLTConfig, trl.GRPOConfig)`` of the rlt and plain-TRL arms, both built from the same settings.
 
@@ -214,10 +204,11 @@ def grpo_configs(cfg, use_vllm: bool = True):
     """
     import trl
 
+    from rlt_mono.build import trainer_kwargs
     from rlt_mono.config import instantiate
     from rlt_mono.grpo_config import RLTConfig
 
-    kwargs = trainer_kwargs(cfg, use_vllm)
+    kwargs = trainer_kwargs(cfg, cfg.output_dir, use_vllm)
     rlt_args = instantiate(RLTConfig, kwargs, "trainer")
     trl_names = {field.name for field in dataclasses.fields(trl.GRPOConfig) if field.init}
     trl_kwargs = {name: value for name, value in kwargs.items() if name in trl_names}

@@ -47,10 +47,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     # ---- typed configs: every value checked before a model loads ---------------------------------------
-    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
-                          report_to=list(cfg.logging.report_to), use_vllm=placement.use_vllm)
-    args = instantiate(RLTConfig, trainer_kwargs, "trainer")
+    args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps)
@@ -144,6 +141,15 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
     return placement
+
+
+def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> dict:
+    """The ``RLTConfig`` keyword arguments of a run: the ``trainer`` group plus the run-level settings (also
+    used by ``bench/bench_mono.py``, whose plain-TRL arm takes the same values)."""
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
+                  report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+    return kwargs
 
 
 def resolve_output_dir(output_dir: str | None, run_dir: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
