@@ -1,0 +1,530 @@
+"""Predict the peak GPU memory of each phase of an rlt_mono RL step on one GPU, before any model loads.
+
+**These are predictions, not yet checked against measured peaks** (issue 12 asks for that check on the GPU
+machine: within 15%, never an under-prediction that ends in an out-of-memory error). Nothing here imports
+torch: the inputs are the models' ``config.json`` values and the run's settings, the outputs are bytes.
+
+What is modelled: placement ``mono`` (every role on one GPU), vLLM colocated with sleep mode, the reference and
+the student kept in CPU memory and swapped in for their pass, TRL 1.16's fused LM head for the policy and
+reference log-probs, rlt_mono's own chunked LM head for the reward (``rlt_mono/rewards/log_probs.py``). A step
+has three phases, and each phase's bytes are a sum of named terms (``Phase.terms``):
+
+- **GENERATE**: vLLM's pool, ``vllm_gpu_memory_utilization x total``, which holds vLLM's copy of the teacher, its
+  activations and the KV cache (vLLM sizes the KV cache to fill the pool); plus what the trainer keeps on the
+  GPU throughout: the teacher's weights and, after the first optimizer step, its optimizer state. Gradients are
+  not held (transformers' Trainer zeroes them with ``set_to_none`` after each optimizer step).
+- **SCORE**: teacher weights and optimizer state, the vLLM pool only if it is not asleep, then the largest of
+  the no-grad passes: the reference log-probs (the reference swapped in, TRL's micro-batch
+  ``per_device_train_batch_size``), the student's scoring and the reward's teacher pass (``reward.micro_batch_size``
+  sequences). The reference mixup at the end of a step holds the same weights plus the reference, and no more.
+- **TRAIN**: teacher weights, gradients and optimizer state, the activations of one micro-batch
+  (``per_device_train_batch_size`` sequences) kept for the backward pass, with or without gradient
+  checkpointing, and the fused LM head's loss buffers.
+
+Every phase adds ``overhead_gib`` for what torch does not allocate (CUDA context, cuBLAS workspaces) and the
+allocator's fragmentation: an assumption (1 GiB by default), not a measurement.
+
+**Sleep mode.** TRL's colocated engine sleeps at level 2 (``trl/generation/vllm_generation.py``: ``llm.sleep(level
+=2)`` after generation, ``wake_up(tags=["weights"])`` before the weight sync, ``wake_up(tags=["kv_cache"])`` before
+generating): level 2 discards vLLM's weights and frees the KV cache, so outside GENERATE the pool is assumed to
+return to the device (``vllm_enable_sleep_mode=false``: it is counted in every phase). The README's envelope runs
+capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card it does not.
+
+Run it on a config: ``python -m rlt_mono.memory teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlt_mono.errors import UserError
+
+GIB = 1024**3
+PHASES = ("GENERATE", "SCORE", "TRAIN")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# Optimizer state per parameter. adamw_torch: exp_avg and exp_avg_sq, each like the parameter (8 bytes for
+# float32 weights, 4 for bfloat16). adamw_bnb_8bit: two 8-bit states (2 bytes) plus one float32 absmax per
+# 256-element block for each (8 / 256 bytes).
+OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
+_BNB_BYTES_PER_PARAM = 2 + 8 / 256
+# TRL 1.16's fused LM head (trl/kernels/chunked_logprob.py): tiles of TOKEN_CHUNK_SIZE positions x
+# _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries.
+_FUSED_TOKENS, _FUSED_VOCAB = 4096, 32768
+# rlt_mono's reward applies the LM head to this many positions at a time (rlt_mono/rewards/log_probs.py).
+_REWARD_HEAD_CHUNK = 1024
+# Qwen2.5 architectures (config.json of the public checkpoints), as in bench/bench_mono.py's ARCHS.
+QWEN25_ARCHS = {
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2"),
+    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                 intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True, model_type="qwen2"),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False, model_type="qwen2"),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A decoder-only transformer (Qwen2 / Llama layout: GQA attention, SwiGLU MLP, RMSNorm)."""
+
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    head_dim: int
+    # Biases on q, k, v (Qwen2 always; Llama when attention_bias, which also biases o).
+    qkv_bias: bool
+    o_bias: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> Arch:
+        """From a Hugging Face ``config.json`` dict; a missing key is a ``UserError`` naming it."""
+        keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size")
+        missing = [key for key in keys if key not in config]
+        if missing:
+            raise UserError(f"model config has no {', '.join(missing)}: the memory planner needs a decoder config "
+                            "(Qwen2/Llama config.json)")
+        attention_bias = bool(config.get("attention_bias", False))
+        return cls(
+            hidden_size=config["hidden_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            intermediate_size=config["intermediate_size"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+            vocab_size=config["vocab_size"],
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+            qkv_bias=config.get("model_type") == "qwen2" or attention_bias,
+            o_bias=attention_bias,
+        )
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the k (or v) projection: ``num_key_value_heads x head_dim``."""
+        return self.num_key_value_heads * self.head_dim
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    def layer_params(self) -> int:
+        """One decoder layer: q ``H x q_dim``, k and v ``H x kv_dim`` each, o ``q_dim x H`` (+ biases), the MLP's
+        gate, up and down ``3 x H x I``, two RMSNorm weights ``2H``."""
+        h = self.hidden_size
+        attention = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        if self.qkv_bias:
+            attention += self.q_dim + 2 * self.kv_dim
+        if self.o_bias:
+            attention += h
+        return attention + 3 * h * self.intermediate_size + 2 * h
+
+    def params(self) -> int:
+        """All parameters, a tied embedding once: embedding ``V x H`` + layers + final norm ``H`` + LM head
+        ``V x H`` when not tied."""
+        embedding = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embedding
+        return embedding + self.num_hidden_layers * self.layer_params() + self.hidden_size + head
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """vLLM's KV cache per token: k and v, ``2 x layers x kv_dim x dtype bytes``."""
+        return 2 * self.num_hidden_layers * self.kv_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the prediction depends on (the names follow the config keys they come from)."""
+
+    teacher: Arch
+    student: Arch
+    # model.dtype / student.dtype: the weights' dtype (the reference is a copy of the teacher).
+    teacher_dtype: str = "bfloat16"
+    student_dtype: str = "bfloat16"
+    # trainer.optim, trainer.gradient_checkpointing, trainer.bf16 (autocast of forward and backward).
+    optim: str = "adamw_bnb_8bit"
+    gradient_checkpointing: bool = True
+    bf16: bool = True
+    # The longest prompt in tokens (the planner's own input: the config does not bound it) and
+    # trainer.max_completion_length; a sequence is prompt + completion.
+    prompt_length: int = 512
+    max_completion_length: int = 4096
+    # trainer.per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation.
+    per_device_train_batch_size: int = 4
+    gradient_accumulation_steps: int = 8
+    steps_per_generation: int = 8
+    # reward.micro_batch_size: sequences per scoring forward.
+    reward_micro_batch_size: int = 4
+    # trainer.vllm_gpu_memory_utilization and vllm_enable_sleep_mode.
+    vllm_gpu_memory_utilization: float = 0.3
+    vllm_sleep: bool = True
+    # placement.offload_reference / offload_student: resident ones are counted in every phase.
+    offload_reference: bool = True
+    offload_student: bool = True
+    # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
+    total_gib: float = 80.0
+    free_gib: float | None = None
+    # CUDA context, workspaces and fragmentation, added to every phase: assumed, not measured.
+    overhead_gib: float = 1.0
+
+    def __post_init__(self):
+        for name in ("teacher_dtype", "student_dtype"):
+            if getattr(self, name) not in DTYPE_BYTES:
+                raise UserError(f"{name}={getattr(self, name)!r}: the planner knows {sorted(DTYPE_BYTES)}")
+        if self.optim not in OPTIMIZERS:
+            raise UserError(f"trainer.optim={self.optim!r}: the memory planner knows {', '.join(OPTIMIZERS)}")
+        for name in ("prompt_length", "max_completion_length", "per_device_train_batch_size",
+                     "gradient_accumulation_steps", "steps_per_generation", "reward_micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name}={getattr(self, name)} must be >= 1")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise UserError(f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
+
+    @property
+    def free(self) -> float:
+        return self.total_gib if self.free_gib is None else self.free_gib
+
+    @property
+    def sequence_length(self) -> int:
+        return self.prompt_length + self.max_completion_length
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase's predicted peak: ``terms`` are ``(what, bytes)``, summed in ``bytes``."""
+
+    name: str
+    terms: tuple[tuple[str, int], ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(nbytes for _, nbytes in self.terms)
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The prediction for ``settings``: per-phase peaks, the largest, whether it fits, and if not the advice."""
+
+    settings: Settings
+    phases: dict[str, Phase]
+    # Full-length sequences whose KV cache fits beside vLLM's weights in its pool (< 1: vLLM cannot start).
+    kv_sequences: int
+    advice: str | None = field(default=None)
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases.values(), key=lambda phase: phase.bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.gib <= self.settings.free and self.kv_sequences >= 1
+
+    def refusal(self) -> str:
+        """One line: what does not fit and the advice (empty when the plan fits)."""
+        if self.fits:
+            return ""
+        if self.kv_sequences < 1:
+            problem = (f"vLLM's pool ({_gib(_pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
+                       "cache beside its weights")
+        else:
+            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
+        return f"{problem}: {self.advice}"
+
+    def table(self) -> str:
+        """A text table: each phase's total and its terms, then the peak and the verdict."""
+        s = self.settings
+        lines = [f"memory plan (predicted, not measured): card {s.total_gib:g} GiB, {s.free:g} free; "
+                 f"vLLM pool {_gib(_pool_bytes(s))} GiB ({s.vllm_gpu_memory_utilization:g}), "
+                 f"{self.kv_sequences} full-length sequences of KV cache",
+                 f"  {'phase':<9} {'GiB':>7}  terms (GiB)"]
+        for phase in self.phases.values():
+            terms = ", ".join(f"{what} {_gib(nbytes)}" for what, nbytes in phase.terms)
+            lines.append(f"  {phase.name:<9} {phase.gib:>7.2f}  {terms}")
+        verdict = "fits" if self.fits else f"does not fit: {self.refusal()}"
+        lines.append(f"  peak: {self.peak.name} {self.peak.gib:.2f} GiB; {verdict}")
+        return "\n".join(lines)
+
+
+# ---- the arithmetic ---------------------------------------------------------------------------------------
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f}"
+
+
+def _pool_bytes(s: Settings) -> int:
+    """vLLM's pool: ``vllm_gpu_memory_utilization x total`` bytes."""
+    return int(s.vllm_gpu_memory_utilization * s.total_gib * GIB)
+
+
+def weight_bytes(arch: Arch, dtype: str) -> int:
+    """``params x dtype bytes``."""
+    return arch.params() * DTYPE_BYTES[dtype]
+
+
+def optimizer_bytes(arch: Arch, dtype: str, optim: str) -> int:
+    """adamw_torch: two states like the parameters, ``2 x params x dtype bytes`` (8 bytes/param in float32);
+    adamw_bnb_8bit: ``params x (2 + 8/256)`` (two 8-bit states and their blockwise float32 scales)."""
+    if optim == "adamw_torch":
+        return 2 * weight_bytes(arch, dtype)
+    return math.ceil(arch.params() * _BNB_BYTES_PER_PARAM)
+
+
+def activation_bytes(s: Settings) -> int:
+    """Element size of activations: 2 bytes under bf16 autocast or with 16-bit weights, else 4."""
+    return 2 if s.bf16 or DTYPE_BYTES[s.teacher_dtype] == 2 else 4
+
+
+def layer_saved_per_token(arch: Arch, act: int) -> int:
+    """Bytes one decoder layer saves for its backward pass, per token (flash/SDPA attention: no ``T x T`` term):
+    attention block ``9H + 3 kv_dim`` elements (RMSNorm input in float32 counted as 2H and its output H; q, k, v
+    and q, k after RoPE ``2 q_dim + 3 kv_dim``; the attention kernel's q and k, v expanded to all heads and its
+    output ``4 q_dim``); MLP block ``3H + 4I`` (RMSNorm ``3H``; gate, up, SiLU(gate), their product ``4I``)."""
+    h, i = arch.hidden_size, arch.intermediate_size
+    attention = 3 * h + 2 * arch.q_dim + 3 * arch.kv_dim + 4 * arch.q_dim
+    return act * (attention + 3 * h + 4 * i)
+
+
+def inference_peak_per_token(arch: Arch, act: int) -> int:
+    """A no-grad forward's live activations per token inside one layer: the residual stream, its norm, the
+    attention output and a spare ``4H``, and the MLP's gate, up and their product ``3I``."""
+    return act * (4 * arch.hidden_size + 3 * arch.intermediate_size)
+
+
+def fused_head_bytes(arch: Arch, tokens: int, act: int, backward: bool) -> int:
+    """TRL's fused LM head (log-probs without ``(B, T, V)`` logits): a ``min(tokens, 4096) x min(V, 32768)`` tile
+    and its matmul buffer in the compute dtype; with ``backward`` also the float32 gradient accumulators of the
+    head weight ``V x H x 4`` and of the hidden states ``tokens x H x 4``."""
+    tile = min(tokens, _FUSED_TOKENS) * min(arch.vocab_size, _FUSED_VOCAB) * act * 2
+    if not backward:
+        return tile
+    return tile + arch.vocab_size * arch.hidden_size * 4 + tokens * arch.hidden_size * 4
+
+
+def reward_head_bytes(arch: Arch, length: int, dtype: str) -> int:
+    """rlt_mono's reward head on ``min(length, 1024)`` positions at a time: the head output in the weights'
+    dtype, its float32 copy divided by the temperature, and the float32 log-softmax, ``(dtype bytes + 8)`` per
+    logit."""
+    return min(length, _REWARD_HEAD_CHUNK) * arch.vocab_size * (DTYPE_BYTES[dtype] + 8)
+
+
+def no_grad_pass_bytes(arch: Arch, dtype: str, batch: int, length: int, act: int, head: int) -> int:
+    """A no-grad scoring forward of ``batch`` sequences of ``length`` tokens: the decoder's final hidden states
+    ``batch x length x H`` (kept for the head), one layer's live activations
+    (``inference_peak_per_token x batch x length``) and the head's ``head`` bytes."""
+    tokens = batch * length
+    return tokens * arch.hidden_size * act + tokens * inference_peak_per_token(arch, act) + head
+
+
+def train_activation_bytes(s: Settings) -> int:
+    """Activations of one micro-batch, ``b = per_device_train_batch_size`` sequences of ``T`` tokens:
+    with gradient checkpointing, each layer's input ``L x b x T x H`` plus one layer recomputed in the backward
+    (``layer_saved_per_token x b x T``); without it, every layer's saved tensors ``L x layer_saved_per_token x b x
+    T``; plus the final norm's input and output ``2 x b x T x H``."""
+    arch, act = s.teacher, activation_bytes(s)
+    tokens = s.per_device_train_batch_size * s.sequence_length
+    per_layer = layer_saved_per_token(arch, act) * tokens
+    if s.gradient_checkpointing:
+        kept = arch.num_hidden_layers * tokens * arch.hidden_size * act + per_layer
+    else:
+        kept = arch.num_hidden_layers * per_layer
+    return kept + 2 * tokens * arch.hidden_size * act
+
+
+def predict(s: Settings) -> tuple[dict[str, Phase], int]:
+    """The three phases' terms, and how many full-length sequences of KV cache vLLM's pool holds."""
+    act = activation_bytes(s)
+    teacher_w = weight_bytes(s.teacher, s.teacher_dtype)
+    reference_w = teacher_w  # the reference is a copy of the teacher
+    student_w = weight_bytes(s.student, s.student_dtype)
+    optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim)
+    pool = _pool_bytes(s)
+    overhead = int(s.overhead_gib * GIB)
+    resident = [("teacher weights", teacher_w), ("optimizer state", optimizer)]
+    if not s.offload_reference:
+        resident.append(("reference weights (resident)", reference_w))
+    if not s.offload_student:
+        resident.append(("student weights (resident)", student_w))
+    asleep_pool = [] if s.vllm_sleep else [("vLLM pool (no sleep mode)", pool)]
+
+    length, completion = s.sequence_length, s.max_completion_length
+    train_b, reward_b = s.per_device_train_batch_size, s.reward_micro_batch_size
+    passes = {  # name -> (weights swapped in for it, its activations)
+        "reference pass": (reference_w if s.offload_reference else 0, no_grad_pass_bytes(
+            s.teacher, s.teacher_dtype, train_b, length, act, fused_head_bytes(s.teacher, train_b * completion, act,
+                                                                               backward=False))),
+        "student pass": (student_w if s.offload_student else 0, no_grad_pass_bytes(
+            s.student, s.student_dtype, reward_b, length, act, reward_head_bytes(s.student, completion,
+                                                                                s.student_dtype))),
+        "teacher pass": (0, no_grad_pass_bytes(s.teacher, s.teacher_dtype, reward_b, length, act,
+                                               reward_head_bytes(s.teacher, completion, s.teacher_dtype))),
+    }
+    name, (swapped, activations) = max(passes.items(), key=lambda item: sum(item[1]))
+    score_terms = [*resident, *asleep_pool]
+    if swapped:
+        score_terms.append((f"{name.split()[0]} weights (swapped in)", swapped))
+    score_terms.append((f"{name} activations", activations))
+
+    train_terms = [*resident, ("gradients", teacher_w), *asleep_pool,
+                   ("activations", train_activation_bytes(s)),
+                   ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
+    overhead_term = ("overhead", overhead)
+    phases = {
+        "GENERATE": Phase("GENERATE", (("vLLM pool", pool), *resident, overhead_term)),
+        "SCORE": Phase("SCORE", (*score_terms, overhead_term)),
+        "TRAIN": Phase("TRAIN", (*train_terms, overhead_term)),
+    }
+    kv_room = pool - weight_bytes(s.teacher, s.teacher_dtype)
+    kv_sequences = max(0, kv_room // (s.teacher.kv_bytes_per_token(DTYPE_BYTES[s.teacher_dtype]) * length))
+    return phases, int(kv_sequences)
+
+
+# ---- the plan and its advice ------------------------------------------------------------------------------
+def _candidates(s: Settings) -> list[dict]:
+    """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
+    micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
+    gradient checkpointing on, 8-bit Adam, shorter completions (halved down to 128 tokens)."""
+    changes: list[dict] = []
+    size = s.reward_micro_batch_size // 2
+    while size >= 1:
+        changes.append({"reward_micro_batch_size": size})
+        size //= 2
+    b = s.per_device_train_batch_size
+    for smaller in sorted((d for d in range(1, b) if b % d == 0), reverse=True):
+        factor = b // smaller
+        changes.append({"per_device_train_batch_size": smaller,
+                        "gradient_accumulation_steps": s.gradient_accumulation_steps * factor,
+                        "steps_per_generation": s.steps_per_generation * factor})
+    if not s.gradient_checkpointing:
+        changes.append({"gradient_checkpointing": True})
+    if s.optim != "adamw_bnb_8bit":
+        changes.append({"optim": "adamw_bnb_8bit"})
+    length = s.max_completion_length // 2
+    while length >= 128:
+        changes.append({"max_completion_length": length})
+        length //= 2
+    return changes
+
+
+_CONFIG_KEYS = {"reward_micro_batch_size": "reward.micro_batch_size"}
+
+
+def _wording(change: dict) -> str:
+    return " ".join(f"{_CONFIG_KEYS.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in change.items())
+
+
+def _fits(s: Settings) -> bool:
+    phases, kv_sequences = predict(s)
+    return max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
+
+
+def advise(s: Settings) -> str:
+    """The first single change of ``_candidates`` that fits; failing that, the changes of every kind taken
+    together in the same order until they fit; failing that, what is left to try."""
+    candidates = _candidates(s)
+    for change in candidates:
+        if _fits(dataclasses.replace(s, **change)):
+            return _wording(change)
+    combined: dict = {}
+    for change in candidates:  # later values of a kind are more drastic: each replaces the one before
+        combined.update(change)
+        if _fits(dataclasses.replace(s, **combined)):
+            return _wording(combined)
+    if predict(s)[1] < 1:
+        return "raise vllm_gpu_memory_utilization until vLLM's pool holds its weights and one sequence's KV cache"
+    return "no change of these settings fits: a smaller model pair or a larger card"
+
+
+def plan(settings: Settings) -> Plan:
+    """Predict every phase for ``settings``; when the peak exceeds the free memory, attach ``advise``'s change."""
+    phases, kv_sequences = predict(settings)
+    result = Plan(settings, phases, kv_sequences)
+    return result if result.fits else dataclasses.replace(result, advice=advise(settings))
+
+
+# ---- from a run config ------------------------------------------------------------------------------------
+def arch_for(group, name: str, arch: str | None) -> Arch:
+    """The architecture of config group ``name`` (``model`` or ``student``): its folder's config.json when
+    ``model_name_or_path`` is a local folder, else the Qwen2.5 architecture ``arch``."""
+    folder = Path(str(group.model_name_or_path)).expanduser()
+    if (folder / "config.json").is_file():
+        return Arch.from_config(json.loads((folder / "config.json").read_text()))
+    if arch is None:
+        raise UserError(f"{name}.model_name_or_path={group.model_name_or_path} is no local folder with "
+                        f"config.json: pass --arch {'|'.join(QWEN25_ARCHS)} (the Qwen2.5 architecture to assume)")
+    return Arch.from_config(QWEN25_ARCHS[arch])
+
+
+def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None, arch: str | None = None,
+                         prompt_length: int = 512, overhead_gib: float = 1.0) -> Settings:
+    """``Settings`` of a composed ``teacher_rlt`` run config (placement mono only)."""
+    if cfg.get("stage") != "teacher_rlt":
+        raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
+    if cfg.placement.mode != "mono":
+        raise UserError(f"placement={cfg.placement.mode}: the memory planner covers placement=mono only")
+    trainer = cfg.trainer
+    return Settings(
+        teacher=arch_for(cfg.model, "model", arch),
+        student=arch_for(cfg.student, "student", arch),
+        teacher_dtype=cfg.model.dtype,
+        student_dtype=cfg.student.dtype,
+        optim=trainer.optim,
+        gradient_checkpointing=bool(trainer.gradient_checkpointing),
+        bf16=bool(trainer.bf16),
+        prompt_length=prompt_length,
+        max_completion_length=trainer.max_completion_length,
+        per_device_train_batch_size=trainer.per_device_train_batch_size,
+        gradient_accumulation_steps=trainer.gradient_accumulation_steps,
+        steps_per_generation=trainer.get("steps_per_generation") or trainer.gradient_accumulation_steps,
+        reward_micro_batch_size=cfg.reward.micro_batch_size,
+        vllm_gpu_memory_utilization=trainer.get("vllm_gpu_memory_utilization", 0.3),
+        vllm_sleep=bool(trainer.get("vllm_enable_sleep_mode", False)),
+        offload_reference=bool(cfg.placement.offload_reference),
+        offload_student=bool(cfg.placement.offload_student),
+        total_gib=total_gib,
+        free_gib=free_gib,
+        overhead_gib=overhead_gib,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlt_mono.memory <run config> [overrides] --gpu-gib N``: print the plan; exit 0 if it fits, 2
+    with the one-line advice if not (or on a mistake in the arguments)."""
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory", description=__doc__.splitlines()[0])
+    parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
+    parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")
+    parser.add_argument("--free-gib", type=float, help="memory free for the run in GiB (default: --gpu-gib)")
+    parser.add_argument("--arch", choices=list(QWEN25_ARCHS), help="Qwen2.5 architecture of a model without a "
+                        "local folder (embedded:, hub ids, GGUF options)")
+    parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")
+    parser.add_argument("--overhead-gib", type=float, default=1.0, help="non-torch memory added to every phase")
+    args = parser.parse_intermixed_args(argv)
+    from rlt_mono.config import compose
+
+    try:
+        cfg = compose(args.run_config, args.overrides)
+        result = plan(settings_from_config(cfg, total_gib=args.gpu_gib, free_gib=args.free_gib, arch=args.arch,
+                                           prompt_length=args.prompt_length, overhead_gib=args.overhead_gib))
+    except UserError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    sys.stdout.write(result.table() + "\n")
+    if not result.fits:
+        sys.stderr.write(f"error: {result.refusal()}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
