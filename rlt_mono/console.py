@@ -93,8 +93,13 @@ def replace_progress_callback(trainer) -> CompactProgressCallback:
 
 def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
     """One line for a step's logs; a missing metric is left out, e.g. ``step 12/40 | reward -2.71 (r_ss -1.90,
-    r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)``."""
+    r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)``; for a held-out evaluation
+    ``step 25/200 | held-out reward -8.05`` (RL) or ``step 4/40 | held-out loss 0.0213`` (SFT)."""
     parts = [f"step {step}/{max_steps}"]
+    if is_number(logs.get("eval_reward")):  # TRL's evaluation on held-out questions (its keys start with eval_)
+        return f"{parts[0]} | held-out reward {_reward_number(logs['eval_reward'])}"
+    if is_number(logs.get("eval_loss")):
+        return f"{parts[0]} | held-out loss {logs['eval_loss']:.4g}"
     details = [f"{name} {_reward_number(logs[key])}" for name, key in
                (("r_ss", "teacher_reward/r_ss"), ("r_kl", "teacher_reward/r_kl")) if is_number(logs.get(key))]
     if is_number(logs.get("alignment/unmatched_frac")):

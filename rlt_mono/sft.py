@@ -51,7 +51,7 @@ from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import METRICS_FILE, RunFilesCallback, read_metrics
+from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
 from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
@@ -304,9 +304,9 @@ def count_truncated(dataset: datasets.Dataset, num_rows: int, eos_token_id: int)
 
 def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path, resuming: bool) -> float:
     """Held-out loss of the model before training. A resumed run takes the value its first start logged (the step-0
-    row of metrics.jsonl) rather than logging a second step-0 row."""
+    eval row of metrics.jsonl) rather than logging a second step-0 row."""
     if resuming and (output_dir / METRICS_FILE).exists():
-        for row in read_metrics(output_dir / METRICS_FILE):
+        for row in read_metrics(output_dir / METRICS_FILE, EVAL_EVENT):
             if row.get("step") == 0 and "eval_loss" in row:
                 return row["eval_loss"]
     return trainer.evaluate()["eval_loss"]

@@ -37,6 +37,9 @@ def test_step_line_is_one_compact_line():
 
 def test_step_line_omits_missing_keys():
     assert format_step_line({"reward": -0.004}, 3, 5) == "step 3/5 | reward -4.0e-03"
+    # held-out evaluations (TRL's eval_ keys): RL's reward, SFT's loss
+    assert format_step_line({"eval_reward": -8.0489}, 25, 200) == "step 25/200 | held-out reward -8.05"
+    assert format_step_line({"eval_loss": 0.021347, "epoch": 1}, 4, 40) == "step 4/40 | held-out loss 0.02135"
     assert format_step_line({"phase/generate/seconds": 0.25, "phase/train/seconds": 0.5}, 1, 2) == (
         "step 1/2 | 0.75 s/step (gen 0.25, train 0.50)"  # no step_time: the phases' sum
     )

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.data import DataConfig, load_split
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.sft import (
     SUMMARY_FILE,
@@ -102,7 +102,7 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["steps"] == 4 and summary["rows"] == {"train": 64, "heldout": 32, "skipped": 0, "truncated": 0}
     assert summary["heldout_loss_after"] < summary["heldout_loss_before"] - 0.1
-    evals = [row for row in read_metrics(out / METRICS_FILE) if "eval_loss" in row]
+    evals = read_metrics(out / METRICS_FILE, EVAL_EVENT)  # held-out losses are "eval" rows
     assert [(row["step"], row["eval_loss"]) for row in evals] == [
         (0, summary["heldout_loss_before"]), (4, summary["heldout_loss_after"])]
     assert [row["step"] for row in read_metrics(out / METRICS_FILE) if "loss" in row] == [1, 2, 3, 4]
@@ -117,9 +117,8 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=6", "resume_from_checkpoint=true"]))
     resumed = json.loads((out / SUMMARY_FILE).read_text())
     assert resumed["steps"] == 6 and resumed["heldout_loss_before"] == summary["heldout_loss_before"]
-    rows = read_metrics(out / METRICS_FILE)
-    assert [row["step"] for row in rows if "loss" in row] == [1, 2, 3, 4, 5, 6]
-    assert [row["step"] for row in rows if "eval_loss" in row] == [0, 4, 6]
+    assert [row["step"] for row in read_metrics(out / METRICS_FILE) if "loss" in row] == [1, 2, 3, 4, 5, 6]
+    assert [row["step"] for row in read_metrics(out / METRICS_FILE, EVAL_EVENT)] == [0, 4, 6]
 
 
 def test_rows_are_split_by_question_like_data_py_and_keep_the_explanation_column(tmp_path):
