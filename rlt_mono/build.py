@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.console import replace_progress_callback
+from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.grpo_config import RLTConfig
@@ -114,7 +114,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         swapper=swapper,
         reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
         callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
-                                    run_config=OmegaConf.to_container(cfg, resolve=True))],
+                                    run_config=OmegaConf.to_container(cfg, resolve=True)),
+                   NoLearningSignalWarning()],
     )
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.resume_checkpoint = resume_checkpoint

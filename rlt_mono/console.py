@@ -74,6 +74,35 @@ class CompactProgressCallback(TrainerCallback):
             self.bar = None
 
 
+class NoLearningSignalWarning(TrainerCallback):
+    """Warns once when GRPO has had almost nothing to learn from for ``window`` logged steps: in at least
+    ``threshold`` of the step's groups every completion got the same reward (TRL's ``frac_reward_zero_std``), so
+    their advantages, and the gradient they give, are zero.
+
+    Seen on a GPU: after an SFT warm-up on templated traces the teacher wrote the same explanation 8 times per
+    prompt (mean ``frac_reward_zero_std`` 0.89 over 200 steps) and RL left it where it was (README, "Does it
+    teach?").
+    """
+
+    def __init__(self, window: int = 10, threshold: float = 0.9):
+        self.window, self.threshold = window, threshold
+        self._recent: list[float] = []
+        self.warned = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.warned or not logs or not is_number(logs.get("frac_reward_zero_std")):
+            return
+        self._recent = [*self._recent, float(logs["frac_reward_zero_std"])][-self.window:]
+        mean = sum(self._recent) / len(self._recent)
+        if len(self._recent) == self.window and mean >= self.threshold:
+            self.warned = True
+            logger.warning(
+                "no learning signal: over the last %d steps %.0f%% of prompt groups had all completions rewarded "
+                "alike (frac_reward_zero_std), so GRPO's advantages are zero; the teacher writes the same explanation "
+                "for a prompt. Raise trainer.temperature, or start from a less converged warm-up (fewer SFT steps)",
+                self.window, 100 * mean)
+
+
 def replace_progress_callback(trainer) -> CompactProgressCallback:
     """Swap the progress display transformers gave ``trainer`` for a ``CompactProgressCallback``.
 

@@ -75,3 +75,20 @@ def test_replace_progress_callback_removes_whichever_transformers_added(default)
                               add_callback=handler.add_callback)
     added = replace_progress_callback(trainer)
     assert handler.callbacks == [added] and isinstance(added, CompactProgressCallback)
+
+
+def test_a_run_without_reward_spread_is_warned_about_once(caplog):
+    from types import SimpleNamespace
+
+    from rlt_mono.console import NoLearningSignalWarning
+
+    watch = NoLearningSignalWarning(window=3, threshold=0.9)
+    with caplog.at_level("WARNING", logger="rlt_mono.console"):
+        for spread in (1.0, 1.0, 0.5, 1.0, 1.0):  # windows: [1, 1, .5] -> 0.83, [1, .5, 1] -> 0.83, [.5, 1, 1] -> 0.83
+            watch.on_log(None, SimpleNamespace(), None, logs={"frac_reward_zero_std": spread})
+        assert not watch.warned
+        for spread in (1.0, 1.0, 1.0, 1.0):  # [1, 1, 1] -> warned once, not again
+            watch.on_log(None, SimpleNamespace(), None, logs={"frac_reward_zero_std": spread})
+    assert watch.warned
+    warnings = [r.getMessage() for r in caplog.records if "no learning signal" in r.getMessage()]
+    assert len(warnings) == 1 and "over the last 3 steps 100% of prompt groups" in warnings[0]
