@@ -34,12 +34,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
+from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, read_rows, summarize
 from rlt_mono.explanations import (
     SamplingOptions,
     StageModels,
@@ -57,8 +57,6 @@ from rlt_mono.rewards.log_probs import range_log_probs
 
 logger = logging.getLogger(__name__)
 
-EVAL_FILE = "eval.json"
-ROWS_FILE = "eval_rows.jsonl"
 # Row fields averaged over questions -> the metric they are reported as.
 METRICS = {
     "total": "teacher/reward",
@@ -94,25 +92,6 @@ class EvalConfig(SamplingOptions):
 
 
 # ---- statistics and answer checks -------------------------------------------------------------------------
-def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 2000,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``values``: resample them with replacement ``resamples``
-    times, take the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the resampled means."""
-    data = np.asarray(values, dtype=np.float64)  # (n,)
-    picks = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))  # (resamples, n)
-    means = data[picks].mean(axis=1)  # (resamples,)
-    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return float(low), float(high)
-
-
-def summarize(values: list[float], confidence: float, resamples: int, seed: int) -> dict:
-    """``{"mean", "low", "high", "n"}`` of a list of per-question values (all None for an empty list)."""
-    if not values:
-        return {"mean": None, "low": None, "high": None, "n": 0}
-    low, high = bootstrap_interval(values, confidence, resamples, seed)
-    return {"mean": float(np.mean(values)), "low": low, "high": high, "n": len(values)}
-
-
 def check_answer(row: dict, student_output: str) -> bool | None:
     """Whether the student's output answers ``row`` correctly; None when the row has no checkable answer."""
     gold = _THE_ANSWER_IS.findall(row["solution"])
@@ -269,7 +248,7 @@ def rescore(folder: Path, resamples: int = 2000) -> dict:
     """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
     answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
     new figure. Nothing is generated again."""
-    rows = [json.loads(line) for line in (folder / ROWS_FILE).read_text().splitlines() if line.strip()]
+    rows = read_rows(folder)
     if not any("student_output" in r for r in rows):
         raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
     for row in rows:

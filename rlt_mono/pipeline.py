@@ -30,7 +30,7 @@ leaves the others as they are, their outputs read where a later step needs them.
 
 and writes ``study.json`` / ``study_table.md``: each figure per arm with its bootstrap interval, and the paired
 differences RL - SFT teacher and between students, over the same held-out questions
-(``rlt_mono.evaluate.paired_difference``). Run it again with ``output_dir=<root>`` to continue: a stage whose output
+(``rlt_mono.study.paired_difference``). Run it again with ``output_dir=<root>`` to continue: a stage whose output
 exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
 distill skips the rows it wrote.
 

@@ -18,17 +18,12 @@ correlated across questions (the same hard questions are hard for both).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
-import numpy as np
-
-logger = logging.getLogger(__name__)
+from rlt_mono.eval_results import EVAL_FILE, read_rows, summarize
 
 STUDY_FILE = "study.json"
 STUDY_TABLE_FILE = "study_table.md"
-EVAL_FILE = "eval.json"  # rlt_mono.evaluate.EVAL_FILE / ROWS_FILE (not imported: evaluate pulls in torch)
-ROWS_FILE = "eval_rows.jsonl"
 SFT_SUMMARY_FILE = "sft_summary.json"  # rlt_mono.sft.SUMMARY_FILE
 
 # The teachers' figures: per-question field of eval_rows.jsonl -> the metric name of eval.json.
@@ -50,17 +45,6 @@ STUDENT_PAIRS = (("rl_teacher", "sft_teacher"), ("rl_teacher", "raw_traces"), ("
                  ("rl_teacher", "base"))
 
 
-def bootstrap_mean(values: np.ndarray, confidence: float, resamples: int, seed: int) -> dict:
-    """``{"mean", "low", "high", "n"}``: the mean of ``values`` (shape (n,)) and its percentile-bootstrap
-    interval (``resamples`` resamples of the n values with replacement); all None when n is 0."""
-    if len(values) == 0:
-        return {"mean": None, "low": None, "high": None, "n": 0}
-    picks = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))  # (resamples, n)
-    means = values[picks].mean(axis=1)  # (resamples,)
-    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"mean": float(values.mean()), "low": float(low), "high": float(high), "n": int(len(values))}
-
-
 def paired_difference(rows_a: list[dict], rows_b: list[dict], field: str, confidence: float = 0.95,
                       resamples: int = 2000, seed: int = 0) -> dict:
     """Mean over shared questions of ``b[field] - a[field]`` with its bootstrap interval.
@@ -71,12 +55,7 @@ def paired_difference(rows_a: list[dict], rows_b: list[dict], field: str, confid
     values_a = {r["question"]: r.get(field) for r in rows_a}
     differences = [float(r[field]) - float(values_a[r["question"]]) for r in rows_b
                    if r.get(field) is not None and values_a.get(r["question"]) is not None]
-    return bootstrap_mean(np.asarray(differences, dtype=np.float64), confidence, resamples, seed)
-
-
-def read_rows(folder: Path) -> list[dict]:
-    with open(folder / ROWS_FILE) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return summarize(differences, confidence, resamples, seed)
 
 
 def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence: float = 0.95,

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from rlt_mono.config import compose
+from rlt_mono.eval_results import summarize
 from rlt_mono.pipeline import STEPS, STUDY_STEPS, plan
-from rlt_mono.study import STUDY_FILE, STUDY_TABLE_FILE, bootstrap_mean, paired_difference, write_study
+from rlt_mono.study import STUDY_FILE, STUDY_TABLE_FILE, paired_difference, write_study
 
 
 def test_paired_difference_matches_questions_and_skips_missing_values():
@@ -27,7 +28,7 @@ def test_a_constant_difference_has_a_zero_width_interval():
     a = [{"question": f"q{i}", "total": float(i)} for i in range(10)]
     b = [{"question": f"q{i}", "total": float(i) + 0.5} for i in range(10)]
     assert paired_difference(a, b, "total") == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 10}
-    assert bootstrap_mean(np.array([]), 0.95, 10, 0)["n"] == 0
+    assert summarize([], 0.95, 10, 0)["n"] == 0
 
 
 def _eval_folder(folder: Path, rows: list[dict], metrics: dict) -> None:
