@@ -29,7 +29,6 @@ Run::
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from rlt_mono.checkpoints import is_disk_full
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.explanations import (
@@ -156,7 +156,7 @@ def run_distill(cfg: DictConfig) -> Path:
         raise RunInterrupted(f"distill interrupted after {written} of {len(todo)} questions; resume with "
                              f"output_dir={output_dir}") from err
     except OSError as err:
-        if err.errno != errno.ENOSPC:
+        if not is_disk_full(err):
             raise
         raise UserError(f"disk full while writing {out_path}: free space, then resume with output_dir={output_dir}"
                         ) from err
