@@ -8,6 +8,7 @@ run generates the same number of tokens. Each mode runs in its own process (its 
     python bench/bench_mono.py all --modes rlt,trl --detokenize true --steps 8   # some modes, in this order
     python bench/bench_mono.py rlt|trl|vllm|vllm_inproc|pcie [options]           # one mode, one JSON line
     python bench/bench_mono.py envelope --arch 0.5b --cap-gib 12 --vllm-gib 4 --micro-batches 2,4,8,16
+    python bench/bench_mono.py planner --pairs 0.5b:1024,1.5b:4096:2 --steps 2 --out planner.json
     python bench/bench_mono.py <sub-command> --help                               # the options it takes
 
 Modes: ``rlt`` rlt_mono step (teacher + student of the same architecture, reference and student offloaded);
@@ -34,6 +35,13 @@ while vLLM sleeps, so the trainer's budget is ``cap - vllm_gib`` in every phase 
 that size, sleeping vLLM returns its memory to the trainer). Micro-batches are tried in increasing order until
 one runs out of CUDA memory (``fits: false``); any other failure (a full disk, a bug) stops the search as
 ``status: error`` with its message, since it says nothing about memory.
+
+``planner``: the memory planner's accuracy. Each ``rlt`` run reports, per phase, the device-level peak it
+measured (``device_peak/<phase>``: the largest ``phase/<phase>/device_peak_gib`` over all its steps, every
+process and allocator on the GPU included) and the planner's prediction for the same settings
+(``predicted/<phase>``, ``rlt_mono.memory``, the card's total memory and the data's longest prompt as inputs);
+``planner`` runs one such child per ``--pairs`` entry ``arch:completion_length[:micro_batch]`` and adds the
+ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
 Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
 error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
@@ -95,6 +103,8 @@ OPTIONS = {
     "--modes": dict(default="pcie,vllm,trl,rlt", help="modes to run, comma-separated, in order"),
     "--micro-batches": dict(default="2,4,8,16", help="micro-batches to try, comma-separated, increasing"),
     "--accumulation": dict(type=int, default=8, help="micro-batches per optimizer step"),
+    "--pairs": dict(default="0.5b:1024,0.5b:4096,1.5b:1024,1.5b:4096", help="planner runs, comma-separated "
+                    "arch:completion_length[:micro_batch]"),
     "--out": dict(type=Path, help="write the list of results here (JSON) after each mode"),
     "--result-file": dict(type=Path, help="write this mode's result here (JSON) instead of printing it"),
 }
@@ -109,17 +119,20 @@ MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
     "pcie": ["--pcie-gib"],
 }
 ENVELOPE_SETS = ("--completions", "--micro-batch", "--score-micro-batch")  # envelope sets these per try
+PLANNER_SETS = ("--arch", "--completion-length", "--micro-batch")  # planner sets these per pair
 SUBCOMMANDS = {
     **{mode: [*options, "--result-file"] for mode, options in MODE_OPTIONS.items()},
     "all": [*dict.fromkeys(o for options in MODE_OPTIONS.values() for o in options), "--modes", "--out"],
     "envelope": [*(o for o in MODE_OPTIONS["rlt"] if o not in ENVELOPE_SETS), "--micro-batches", "--accumulation",
                  "--out"],
+    "planner": [*(o for o in MODE_OPTIONS["rlt"] if o not in PLANNER_SETS), "--pairs", "--out"],
 }
 HELP = {
     "rlt": "one rlt_mono step benchmark", "trl": "one plain TRL GRPOTrainer step benchmark",
     "vllm": "standalone vLLM generation", "vllm_inproc": "standalone vLLM, engine core in this process",
     "pcie": "pinned host-to-device copy", "all": "several modes, each in its own process",
     "envelope": "largest micro-batch that fits a memory cap",
+    "planner": "memory planner: predicted vs measured device-level peak per phase",
 }
 
 
@@ -132,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         for flag in flags:
             sub.add_argument(flag, **OPTIONS[flag])
     commands.choices["envelope"].set_defaults(steps=2)
+    commands.choices["planner"].set_defaults(steps=2)
     return parser
 
 
@@ -359,19 +373,50 @@ def run_rlt(a) -> dict:
     apply_cap(a)
     teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
     out = run_folder(a, f"rlt-{a.placement}")
-    trainer = build_trainer(compose_bench(a, teacher, student, out))
+    cfg = compose_bench(a, teacher, student, out)
+    trainer = build_trainer(cfg)
     config = grpo_fields(trainer.args)
+    prediction = predicted_peaks(cfg, trainer, a.arch)
     timer = StepTimer()
     trainer.add_callback(timer.callback)
     timer.wrap_generation(trainer)
     trainer.train()
-    rows = after_first([r for r in read_metrics(out / "metrics.jsonl") if "reward" in r])
+    all_rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    rows = after_first(all_rows)
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     return {"mode": "rlt", "placement": a.placement, "detokenize": trainer.args.generation_kwargs["detokenize"],
             **timer.summary(), **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
+            **measured_peaks(all_rows), **prediction,
             "student_gib": sum(p.numel() * p.element_size() for p in trainer.teacher_reward.student_model.parameters())
             / 2**30, "grpo_config": config}
+
+
+def measured_peaks(rows: list[dict]) -> dict:
+    """``device_peak/<phase>``: the largest device-level peak of each phase over every step (the first included:
+    it creates the optimizer state)."""
+    peaks = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.startswith("phase/") and key.endswith("/device_peak_gib"):
+                name = f"device_peak/{key.split('/')[1]}"
+                peaks[name] = max(peaks.get(name, 0.0), value)
+    return peaks
+
+
+def predicted_peaks(cfg, trainer, arch: str) -> dict:
+    """The memory planner's per-phase prediction for this run (``predicted/<phase>`` in GiB, and its table),
+    from the card's total memory and the longest prompt of the trainer's data."""
+    import torch
+
+    from rlt_mono import memory
+
+    prompts = trainer.train_dataset["prompt"]
+    longest = max(len(ids) for ids in trainer.processing_class(prompts, add_special_tokens=False).input_ids)
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    plan = memory.plan(memory.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest))
+    return {**{f"predicted/{name.lower()}": phase.gib for name, phase in plan.phases.items()},
+            "predicted_table": plan.table(), "prompt_length": longest}
 
 
 def run_trl(a) -> dict:
@@ -557,6 +602,32 @@ def envelope(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
             return
 
 
+def planner_pairs(text: str) -> list[tuple[str, int, int | None]]:
+    """``arch:completion_length[:micro_batch]`` entries, comma-separated."""
+    pairs = []
+    for entry in text.split(","):
+        fields = entry.split(":")
+        if len(fields) not in (2, 3) or fields[0] not in ARCHS or not all(f.isdigit() for f in fields[1:]):
+            raise ValueError(f"--pairs entry {entry!r}: expected arch:completion_length[:micro_batch], arch one of "
+                             f"{','.join(ARCHS)}")
+        pairs.append((fields[0], int(fields[1]), int(fields[2]) if len(fields) == 3 else None))
+    return pairs
+
+
+def planner(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
+    """One rlt run per pair; each result gains ``ratio/<phase>`` = predicted / measured device-level peak."""
+    for arch, length, micro in planner_pairs(a.pairs):
+        attempt = argparse.Namespace(**vars(a), arch=arch, completion_length=length,
+                                     micro_batch=micro or OPTIONS["--micro-batch"]["default"])
+        result = runner("rlt", child_argv("rlt", attempt))
+        result.update(micro_batch=attempt.micro_batch)
+        for key in [k for k in result if k.startswith("device_peak/")]:
+            phase = key.split("/")[1]
+            if result.get(f"predicted/{phase}") and result[key] > 0:
+                result[f"ratio/{phase}"] = result[f"predicted/{phase}"] / result[key]
+        yield result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -578,7 +649,12 @@ def main(argv: list[str] | None = None) -> int:
     def runner(mode: str, child: list[str]) -> dict:
         return run_child(mode, child, a.workdir / "logs")
 
-    runs = envelope(a, runner) if a.command == "envelope" else run_all(a, runner)
+    if a.command == "planner":
+        try:
+            planner_pairs(a.pairs)
+        except ValueError as err:
+            parser.error(str(err))
+    runs = {"envelope": envelope, "planner": planner}.get(a.command, run_all)(a, runner)
     results = []
     for result in runs:
         results.append(result)

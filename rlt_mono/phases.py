@@ -5,12 +5,19 @@ scoring) -> TRAIN (the teacher update). ``PhaseTimer`` times each phase (phases 
 its children's), records peak GPU memory per phase and accumulates the per-step counters other parts add
 (``generate/tokens``, ``swap/*`` from ``rlt_mono.swapper.ModelSwapper``, ...) until the trainer logs them;
 ``with_throughputs`` turns those into tokens/s and MFU.
+
+Two memory figures per phase: ``peak_allocated_gib``, torch's allocator peak (it counts vLLM's pool even while
+vLLM sleeps, so it can exceed the card), and ``device_peak_gib``, the device-level peak in use (what
+``nvidia-smi`` shows, every process and allocator included) sampled by ``DevicePeak`` every 5 ms. The second
+is the one a card's size limits, and the one ``rlt_mono.memory`` predicts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 _GIB = 1024**3
+logger = logging.getLogger(__name__)
 
 # Dense bf16 peak FLOP/s (no sparsity) by device name, for MFU.
 PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12}
@@ -30,20 +38,81 @@ class Phase(enum.Enum):
     TRAIN = "train"
 
 
-class PhaseTimer:
-    """Times phases and records their peak memory on ``device`` (``cuda:N`` or ``cpu``: no memory figures)."""
+class DevicePeak:
+    """The peak of ``read()`` (bytes in use on a device) since the last ``reset``, sampled every ``interval``
+    seconds by a daemon thread. Exact for memory that stays in use for longer than ``interval``: torch's caching
+    allocator keeps what it reserved until ``empty_cache``, and vLLM's pool lives for the whole GENERATE phase."""
 
-    def __init__(self, device: torch.device | str):
+    def __init__(self, read, interval: float = 0.005):
+        self._read = read
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._peak = read()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rlt-device-peak", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> DevicePeak:
+        """Sampling NVML's used memory (``torch.cuda.device_memory_used``: no CUDA call, no stream sync), or
+        ``total - free`` from ``torch.cuda.mem_get_info`` where NVML is not available."""
+        try:
+            torch.cuda.device_memory_used(device)
+            return cls(lambda: torch.cuda.device_memory_used(device))
+        except Exception as err:  # pynvml missing or NVML unusable: the CUDA runtime's figure instead
+            logger.debug("NVML unavailable (%s): sampling torch.cuda.mem_get_info", err)
+
+            def used() -> int:
+                free, total = torch.cuda.mem_get_info(device)
+                return total - free
+
+            return cls(used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            value = self._read()
+            with self._lock:
+                self._peak = max(self._peak, value)
+
+    def peak(self) -> int:
+        """Bytes: the largest sample since the last reset, the current reading included."""
+        value = self._read()
+        with self._lock:
+            self._peak = max(self._peak, value)
+            return self._peak
+
+    def reset(self) -> None:
+        """Start a new window at the current reading."""
+        value = self._read()
+        with self._lock:
+            self._peak = value
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class PhaseTimer:
+    """Times phases and records their peak memory on ``device`` (``cuda:N`` or ``cpu``: no memory figures).
+    ``device_peak`` overrides how the device-level peak is sampled (tests pass a ``DevicePeak`` over a fake
+    reading; by default a CUDA device gets ``DevicePeak.for_device``, a CPU none)."""
+
+    def __init__(self, device: torch.device | str, device_peak: DevicePeak | None = None):
         self.device = torch.device(device)
         self._metrics: dict[str, float] = defaultdict(float)
         self._stack: list[_Frame] = []
+        self._device_peak = device_peak
+        if device_peak is None and self.device.type == "cuda":
+            self._device_peak = DevicePeak.for_device(self.device)
 
     def begin(self, phase: Phase) -> None:
         """Enter ``phase``. Phases nest (TRL scores inside its training step): a parent's time and peak
         memory exclude its children's, so the per-phase seconds add up to the step's wall time."""
         now = time.perf_counter()
         if self._stack:
-            self._stack[-1].peak_gib = max(self._stack[-1].peak_gib, self._peak_gib())
+            parent = self._stack[-1]
+            parent.peak_gib = max(parent.peak_gib, self._peak_gib())
+            parent.device_peak_gib = max(parent.device_peak_gib, self._device_peak_gib())
         self._reset_peak()
         self._stack.append(_Frame(phase, now))
 
@@ -59,6 +128,9 @@ class PhaseTimer:
             self._metrics[f"{key}/peak_allocated_gib"] = max(self._metrics[f"{key}/peak_allocated_gib"], peak)
             self._metrics[f"{key}/device_used_gib"] = max(self._metrics[f"{key}/device_used_gib"],
                                                           (total - free) / _GIB)
+        if self._device_peak is not None:
+            device_peak = max(frame.device_peak_gib, self._device_peak_gib())
+            self._metrics[f"{key}/device_peak_gib"] = max(self._metrics[f"{key}/device_peak_gib"], device_peak)
         self._reset_peak()
         if self._stack:
             self._stack[-1].child_seconds += elapsed
@@ -84,9 +156,20 @@ class PhaseTimer:
     def _peak_gib(self) -> float:
         return torch.cuda.max_memory_allocated(self.device) / _GIB if self.device.type == "cuda" else 0.0
 
+    def _device_peak_gib(self) -> float:
+        return self._device_peak.peak() / _GIB if self._device_peak is not None else 0.0
+
     def _reset_peak(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        if self._device_peak is not None:
+            self._device_peak.reset()
+
+    def close(self) -> None:
+        """Stop the device-peak sampler (a trainer's ``release`` calls this)."""
+        if self._device_peak is not None:
+            self._device_peak.close()
+            self._device_peak = None
 
 
 @dataclass
@@ -95,6 +178,7 @@ class _Frame:
     start: float
     child_seconds: float = 0.0
     peak_gib: float = 0.0
+    device_peak_gib: float = 0.0
 
 
 def with_throughputs(metrics: dict[str, float], num_parameters: int, device: torch.device) -> dict[str, float]:

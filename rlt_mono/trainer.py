@@ -202,6 +202,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             if hasattr(callback, "reward"):  # RunFilesCallback keeps the reward (and so the student) alive
                 callback.reward = None
         self.swapper.forget()
+        self.timer.close()
         gc.collect()
         self.swapper.empty_cache()
 

@@ -41,7 +41,7 @@ def bf16_gpu(monkeypatch):
 def test_help_needs_no_torch_or_vllm():
     top = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert top.returncode == 0, top.stderr
-    assert "{rlt,trl,vllm,vllm_inproc,pcie,all,envelope}" in top.stdout
+    assert "{rlt,trl,vllm,vllm_inproc,pcie,all,envelope,planner}" in top.stdout
     probe = (
         "import runpy, sys\n"
         f"sys.argv = [{str(BENCH)!r}, 'envelope', '--help']\n"
@@ -90,11 +90,13 @@ def test_child_command_lines_carry_the_parents_values():
     "all --modes pcie,vllm,trl,rlt --arch 0.5b --completion-length 1024 --steps 8",
     "rlt --arch 7b --completion-length 4096 --steps 1 --micro-batch 2 --score-micro-batch 2 --util 0.3",
     "envelope --arch 0.5b --completion-length 4096 --cap-gib 12 --vllm-gib 4 --micro-batches 1,2,4,8 --steps 2",
+    "planner --pairs 0.5b:1024,1.5b:4096:2 --steps 2 --out planner.json",
 ])
 def test_documented_command_lines_parse(command):
     options = parse(*command.split())
     assert options.command == command.split()[0]
-    assert options.arch == command.split()[command.split().index("--arch") + 1]
+    if "--arch" in command:
+        assert options.arch == command.split()[command.split().index("--arch") + 1]
 
 
 def test_completions_must_be_whole_micro_batches(capsys):
@@ -313,3 +315,35 @@ def test_all_rejects_an_unknown_mode(capsys):
     with pytest.raises(SystemExit):
         bench.main(["all", "--modes", "rlt,nope"])
     assert "--modes: unknown ['nope']" in capsys.readouterr().err
+
+
+def test_planner_runs_each_pair_and_divides_prediction_by_measurement(tmp_path, monkeypatch):
+    measured = {"mode": "rlt", "status": "ok", "device_peak/generate": 25.0, "device_peak/score": 8.0,
+                "device_peak/train": 10.0, "predicted/generate": 26.0, "predicted/score": 6.0,
+                "predicted/train": 11.5}
+    runner = FakeRunner(measured, {"mode": "rlt", "status": "out_of_memory"})
+    monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
+    out = tmp_path / "planner.json"
+    assert bench.main(["planner", "--pairs", "0.5b:1024,7b:4096:1", "--out", str(out)]) == 1  # the 7B pair failed
+    results = json.loads(out.read_text())
+    assert results[0]["ratio/generate"] == 26.0 / 25.0
+    assert results[0]["ratio/score"] == 0.75  # an under-prediction
+    assert results[0]["ratio/train"] == 1.15
+    assert "ratio/train" not in results[1]
+    assert [(option(argv, "--arch"), option(argv, "--completion-length"), option(argv, "--micro-batch"),
+             option(argv, "--steps")) for _, argv in runner.calls] == [("0.5b", "1024", "4", "2"),
+                                                                       ("7b", "4096", "1", "2")]
+
+
+@pytest.mark.parametrize("pairs", ["0.5b", "3b:1024", "0.5b:long", "0.5b:1024:2:9"])
+def test_planner_rejects_a_malformed_pair(pairs, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["planner", "--pairs", pairs])
+    assert exit_info.value.code == 2
+    assert "arch:completion_length[:micro_batch]" in capsys.readouterr().err
+
+
+def test_measured_peaks_take_the_largest_over_every_step():
+    rows = [{"phase/train/device_peak_gib": 9.5, "phase/score/device_peak_gib": 7.0},
+            {"phase/train/device_peak_gib": 9.0, "phase/score/device_peak_gib": 7.5, "phase/train/seconds": 1.0}]
+    assert bench.measured_peaks(rows) == {"device_peak/train": 9.5, "device_peak/score": 7.5}

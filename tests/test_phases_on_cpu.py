@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
+from rlt_mono.phases import DevicePeak, Phase, PhaseTimer, with_throughputs
 from rlt_mono.swapper import ModelSwapper
 
 
@@ -58,3 +58,27 @@ def test_throughputs_and_mfu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     out = with_throughputs(dict(metrics), num_parameters=10**9, device=torch.device("cuda", 0))
     assert out["perf/mfu"] == pytest.approx(6 * 1e9 * 2000 / (4.0 * 989.4e12))
+
+
+def test_device_peak_per_phase_sees_spikes_between_phase_edges_and_nests():
+    gib = 1024**3
+    level = {"bytes": 1 * gib}
+    sampler = DevicePeak(lambda: level["bytes"], interval=0.001)
+    timer = PhaseTimer("cpu", device_peak=sampler)
+    try:
+        with timer.phase(Phase.TRAIN):
+            level["bytes"] = 5 * gib  # a spike that is over before the next phase edge: only the thread sees it
+            time.sleep(0.05)
+            level["bytes"] = 2 * gib
+            with timer.phase(Phase.SCORE):
+                level["bytes"] = 3 * gib
+            level["bytes"] = 1 * gib
+        with timer.phase(Phase.GENERATE):
+            pass
+    finally:
+        timer.close()
+    metrics = timer.pop_metrics()
+    assert metrics["phase/train/device_peak_gib"] == 5.0
+    assert metrics["phase/score/device_peak_gib"] == 3.0  # a window of its own, not the parent's spike
+    assert metrics["phase/generate/device_peak_gib"] == 1.0  # reset at the phase's start
+    assert "phase/train/peak_allocated_gib" not in metrics  # torch's allocator figures are CUDA-only
