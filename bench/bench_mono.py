@@ -411,7 +411,7 @@ def predicted_peaks(cfg, trainer, arch: str) -> dict:
 
     from rlt_mono import memory
 
-    prompts = trainer.train_dataset["prompt"]
+    prompts = list(trainer.train_dataset["prompt"])
     longest = max(len(ids) for ids in trainer.processing_class(prompts, add_special_tokens=False).input_ids)
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
     plan = memory.plan(memory.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest))
