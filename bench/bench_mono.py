@@ -52,6 +52,7 @@ with 1 if a mode failed (``envelope``: if the search ended on an error rather th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -97,6 +98,12 @@ OPTIONS = {
                          "(default: rlt_mono's config)"),
     "--score-micro-batch": dict(type=int, default=4, help="reward.micro_batch_size"),
     "--placement": dict(choices=["mono", "split"], default="mono", help="placement"),
+    "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
+                     "share and the batch sizes (rlt_mono/fit.py); manual runs the options as given"),
+    "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
+                       "GPU for the run, as if the card had only that much free; the measured peaks leave it out"),
+    "--activation-offloading": dict(choices=["true", "false"], help="trainer.activation_offloading"),
+    "--offload-actor": dict(choices=["true", "false"], help="trainer.offload_actor_in_generation"),
     "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
     "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
     "--pcie-gib": dict(type=float, default=1.0, help="bytes copied host to device, in GiB"),
@@ -112,7 +119,8 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
             "--optim", "--util", "--detokenize", "--cap-gib", "--vllm-gib"]
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
-    "rlt": [*TRAINING, "--score-micro-batch", "--placement"],
+    "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--memory", "--card-gib", "--activation-offloading",
+            "--offload-actor"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -179,6 +187,9 @@ OVERRIDES = {
     "detokenize": ["trainer.vllm_detokenize={detokenize}"],
     "score_micro_batch": ["reward.micro_batch_size={score_micro_batch}"],
     "placement": ["placement={placement}"],
+    "memory": ["memory={memory}"],
+    "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
+    "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
 }
 # The output folder is each arm's own; every other trl.GRPOConfig field must agree between the arms.
 ARM_SPECIFIC = ("output_dir",)
@@ -191,6 +202,7 @@ def bench_overrides(options: argparse.Namespace, teacher: Path, student: Path, o
     if values.get("micro_batch"):
         values["accumulation"] = options.completions // options.micro_batch
     overrides = [f"model.model_name_or_path={teacher}", f"student.model_name_or_path={student}", "logging=local",
+                 "memory=manual",
                  "placement.rollout=vllm", "trainer.plot_metrics=false", "+trainer.save_strategy=no",
                  "++trainer.generation_kwargs.ignore_eos=true"]
     if output_dir is not None:
@@ -367,11 +379,16 @@ def run_folder(a, mode: str) -> Path:
 
 
 def run_rlt(a) -> dict:
+    apply_cap(a)
+    teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
+    with card_of(a.card_gib) as held:
+        return {**run_rlt_steps(a, teacher, student, held), "card_gib": a.card_gib, "others_gib": held}
+
+
+def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     from rlt_mono import build_trainer
     from rlt_mono.outputs import read_metrics
 
-    apply_cap(a)
-    teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
     out = run_folder(a, f"rlt-{a.placement}")
     cfg = compose_bench(a, teacher, student, out)
     trainer = build_trainer(cfg)
@@ -387,21 +404,59 @@ def run_rlt(a) -> dict:
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     return {"mode": "rlt", "placement": a.placement, "detokenize": trainer.args.generation_kwargs["detokenize"],
             **timer.summary(), **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
-            **measured_peaks(all_rows), **prediction,
+            **measured_peaks(all_rows, others_gib), **prediction, "memory": a.memory,
+            "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},
+                       "reward_micro_batch_size": cfg.reward.micro_batch_size},
             "student_gib": sum(p.numel() * p.element_size() for p in trainer.teacher_reward.student_model.parameters())
             / 2**30, "grpo_config": config}
 
 
-def measured_peaks(rows: list[dict]) -> dict:
+CHOSEN = ("vllm_gpu_memory_utilization", "per_device_train_batch_size", "gradient_accumulation_steps",
+          "steps_per_generation", "activation_offloading", "offload_actor_in_generation")  # reported per rlt run
+
+
+def measured_peaks(rows: list[dict], others_gib: float = 0.0) -> dict:
     """``device_peak/<phase>``: the largest device-level peak of each phase over every step (the first included:
-    it creates the optimizer state)."""
+    it creates the optimizer state), less ``others_gib`` held by other processes (``--card-gib``'s)."""
     peaks = {}
     for row in rows:
         for key, value in row.items():
             if key.startswith("phase/") and key.endswith("/device_peak_gib"):
                 name = f"device_peak/{key.split('/')[1]}"
-                peaks[name] = max(peaks.get(name, 0.0), value)
+                peaks[name] = max(peaks.get(name, 0.0), value - others_gib)
     return peaks
+
+
+@contextlib.contextmanager
+def card_of(card_gib: float | None):
+    """``--card-gib``: a child process allocates all but ``card_gib`` of the GPU's free memory and holds it for
+    the block; yields the GiB the blocker holds (with its CUDA context), which the measured peaks leave out."""
+    import torch
+
+    if not card_gib:
+        yield 0.0
+        return
+    torch.cuda.empty_cache()  # what building the models left cached goes back to the device first
+    before = torch.cuda.device_memory_used(0)
+    ready = Path(tempfile.mkdtemp()) / "ready"
+    code = ("import sys, time, torch\n"
+            "free, _ = torch.cuda.mem_get_info()\n"
+            f"hold = torch.empty(free - int({card_gib} * 2**30), dtype=torch.uint8, device='cuda')\n"
+            f"open({str(ready)!r}, 'w').close()\n"
+            "time.sleep(86400)\n")
+    blocker = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        while not ready.exists():
+            if blocker.poll() is not None:
+                raise RuntimeError(f"the --card-gib blocker exited with code {blocker.returncode}")
+            time.sleep(0.2)
+        held = (torch.cuda.device_memory_used(0) - before) / 2**30
+        free, _ = torch.cuda.mem_get_info()
+        logger.info("--card-gib %s: %.2f GiB free for the run, %.2f GiB held by others", card_gib, free / 2**30, held)
+        yield held
+    finally:
+        blocker.kill()
+        blocker.wait()
 
 
 def predicted_peaks(cfg, trainer, arch: str) -> dict:

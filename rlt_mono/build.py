@@ -16,14 +16,15 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono import checkpoints
+from rlt_mono import checkpoints, fit
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.grpo_config import RLTConfig
+from rlt_mono.memory import Arch
 from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.phases import PhaseTimer
 from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
@@ -62,14 +63,11 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     student_path = model_path(cfg.student, cfg.seed, "student")
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
-    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
-    student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
-    student.requires_grad_(False)
-    swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
+    teacher_config = load_config(teacher_path, "model.model_name_or_path")
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
     # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
-    context = teacher.config.max_position_embeddings
+    context = teacher_config.max_position_embeddings
     max_prompt_tokens = context - args.max_completion_length
     if max_prompt_tokens <= 0:
         raise ConfigError(f"trainer.max_completion_length={args.max_completion_length} leaves no room for a prompt "
@@ -85,6 +83,16 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # TRL's sampler draws generation_batch_size / num_generations distinct prompts per generation; with fewer
     # rows it yields no batch and the run ends after 0 steps.
     check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
+    # ---- memory: fit the run to the card before a model loads (cfg.memory: auto or manual) ---------------
+    if fit_memory(cfg, placement, teacher_config, load_config(student_path, "student.model_name_or_path"),
+                  longest_prompt(dataset, tokenizer)):
+        args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
+        reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+    # ---- models ---------------------------------------------------------------------------------------
+    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
+    student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
+    student.requires_grad_(False)
+    swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
     # ---- reward ---------------------------------------------------------------------------------------
     try:
         reward = TeacherKLReward(
@@ -142,6 +150,30 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
     return placement
+
+
+def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
+    """``rlt_mono.fit`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
+    settings into ``cfg`` (True: the typed configs must be built again). On a CPU or with the student on another
+    GPU nothing is planned."""
+    device = torch.device(placement.device(Role.ACTOR))
+    if device.type != "cuda" or placement.beside_actor(Role.STUDENT):
+        if cfg.get("memory") == "auto":
+            logger.info("memory=auto plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
+                        device, placement.mode)
+        return False
+    free, total = torch.cuda.mem_get_info(device)
+    settings = fit.settings_from_config(cfg, total_gib=total / fit.GIB, free_gib=free / fit.GIB,
+                                        teacher=Arch.from_config(teacher_config.to_dict()),
+                                        student=Arch.from_config(student_config.to_dict()),
+                                        prompt_length=prompt_length)
+    fit.fit_run_config(cfg, settings)
+    return cfg.get("memory") == "auto"
+
+
+def longest_prompt(dataset, tokenizer) -> int:
+    """Tokens in the longest training prompt (the prompts are already rendered chats)."""
+    return max(len(ids) for ids in tokenizer(list(dataset["prompt"]), add_special_tokens=False).input_ids)
 
 
 def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> dict:
@@ -222,6 +254,15 @@ def load_tokenizer(path: str, key: str):
         logger.info("tokenizer has no pad token: using eos %r", tokenizer.eos_token)
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def load_config(path: str, key: str):
+    """The model config at ``path`` (no weights loaded)."""
+    try:
+        return AutoConfig.from_pretrained(path)
+    except OSError as err:
+        raise ConfigError(f"{key}={path}: cannot load its config ({_first_line(err)}); check the id or folder "
+                          "(this machine may have no network to the model hub)") from err
 
 
 def load_model(path: str, key: str, **kwargs):

@@ -33,6 +33,22 @@ class RLTConfig(trl.GRPOConfig):
             "metrics.jsonl). 0: all of them."
         },
     )
+    activation_offloading: bool = field(
+        default=False,
+        metadata={
+            "help": "Move the activations the training forward saves for its backward to pinned CPU memory (TRL's "
+            "get_act_offloading_ctx_manager, as SFTConfig.activation_offloading does): less GPU memory in TRAIN, "
+            "for the time of the copies. GPU only."
+        },
+    )
+    offload_actor_in_generation: bool = field(
+        default=False,
+        metadata={
+            "help": "While vLLM generates (it holds its own copy of the weights by then), move the teacher's "
+            "weights, gradients and optimizer state to pinned CPU memory and back before scoring: vLLM's KV cache "
+            "gets their GPU memory, for two copies a step. Needs vLLM colocated with the one-call weight sync."
+        },
+    )
     vllm_detokenize: bool = field(
         default=False,
         metadata={
@@ -79,5 +95,7 @@ class RLTConfig(trl.GRPOConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.activation_offloading and self.use_cpu:
+            raise ValueError("activation_offloading moves activations from a GPU to the CPU: it needs a GPU run")
         if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
             raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")

@@ -1,8 +1,9 @@
 """Predict the peak GPU memory of each phase of an rlt_mono RL step on one GPU, before any model loads.
 
-**These are predictions, not yet checked against measured peaks** (issue 12 asks for that check on the GPU
-machine: within 15%, never an under-prediction that ends in an out-of-memory error). Nothing here imports
-torch: the inputs are the models' ``config.json`` values and the run's settings, the outputs are bytes.
+The prediction is of the **device-level** peak (what ``nvidia-smi`` shows, ``phase/<p>/device_peak_gib`` in a
+run's metrics), the figure a card's size limits. Nothing here imports torch: the inputs are the models'
+``config.json`` values and the run's settings, the outputs are bytes. ``rlt_mono.fit`` turns a prediction into
+a plan (the settings ``memory=auto`` picks, the advice when nothing fits) and has the command line.
 
 What is modelled: placement ``mono`` (every role on one GPU), vLLM colocated with sleep mode, the reference and
 the student kept in CPU memory and swapped in for their pass, TRL 1.16's fused LM head for the policy and
@@ -12,17 +13,32 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
 - **GENERATE**: vLLM's pool, ``vllm_gpu_memory_utilization x total``, which holds vLLM's copy of the teacher, its
   activations and the KV cache (vLLM sizes the KV cache to fill the pool); plus what the trainer keeps on the
   GPU throughout: the teacher's weights and, after the first optimizer step, its optimizer state. Gradients are
-  not held (transformers' Trainer zeroes them with ``set_to_none`` after each optimizer step).
+  not held (transformers' Trainer zeroes them with ``set_to_none`` after each optimizer step). With
+  ``offload_actor_in_generation`` the trainer's part waits on the CPU once vLLM has the weights: the phase's
+  peak is then the larger of the pool and the moment of the weight sync (trainer + vLLM's weights, no KV cache).
 - **SCORE**: teacher weights and optimizer state, the vLLM pool only if it is not asleep, then the largest of
   the no-grad passes: the reference log-probs (the reference swapped in, TRL's micro-batch
   ``per_device_train_batch_size``), the student's scoring and the reward's teacher pass (``reward.micro_batch_size``
   sequences). The reference mixup at the end of a step holds the same weights plus the reference, and no more.
 - **TRAIN**: teacher weights, gradients and optimizer state, the activations of one micro-batch
   (``per_device_train_batch_size`` sequences) kept for the backward pass, with or without gradient
-  checkpointing, and the fused LM head's loss buffers.
+  checkpointing, and the fused LM head's loss buffers. With ``activation_offloading`` (TRL's
+  ``get_act_offloading_ctx_manager`` around the training step) the saved activations go to pinned CPU memory
+  and at most ``_OFFLOAD_STASH`` of them stay on the GPU in flight.
 
-Every phase adds ``overhead_gib`` for what torch does not allocate (CUDA context, cuBLAS workspaces) and the
-allocator's fragmentation: an assumption (1 GiB by default), not a measurement.
+Three terms come from measurements rather than from the models' shapes. They were fitted to the device-level
+peaks of three runs on an H100 (0.5B + 0.5B at 1024 and 4096 tokens, 1.5B + 1.5B at 4096; 32 completions,
+micro-batch 4; ``bench/results/h100_planner.json``), then checked on runs they were not fitted to (same file):
+
+- ``context_gib`` (1.5 GiB), in every phase: what torch does not allocate (the CUDA context, cuBLAS and NCCL
+  workspaces).
+- ``slack`` (12%) of the trainer's torch-allocated terms, in every phase: the caching allocator's fragmentation
+  and the blocks it keeps reserved.
+- vLLM beyond its pool during GENERATE, ``VLLM_BEYOND_POOL`` (0.4) x the teacher's weights: what the engine
+  holds outside the ``gpu_memory_utilization`` budget (measured +0.3 GiB at 0.5B, +1.1 GiB at 1.5B).
+
+Outside GENERATE torch keeps what it reserved from one phase to the next, so the device holds the larger of
+SCORE's and TRAIN's allocations in both ("allocator cache from ...").
 
 **Sleep mode.** TRL's colocated engine sleeps at level 2 (``trl/generation/vllm_generation.py``: ``llm.sleep(level
 =2)`` after generation, ``wake_up(tags=["weights"])`` before the weight sync, ``wake_up(tags=["kv_cache"])`` before
@@ -30,18 +46,13 @@ generating): level 2 discards vLLM's weights and frees the KV cache, so outside 
 return to the device (``vllm_enable_sleep_mode=false``: it is counted in every phase). The README's envelope runs
 capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card it does not.
 
-Run it on a config: ``python -m rlt_mono.memory teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
+Run it on a config: ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import math
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rlt_mono.errors import UserError
 
@@ -50,7 +61,8 @@ PHASES = ("GENERATE", "SCORE", "TRAIN")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Optimizer state per parameter. adamw_torch: exp_avg and exp_avg_sq, each like the parameter (8 bytes for
 # float32 weights, 4 for bfloat16). adamw_bnb_8bit: two 8-bit states (2 bytes) plus one float32 absmax per
-# 256-element block for each (8 / 256 bytes).
+# 256-element block for each (8 / 256 bytes), except the input embedding, whose two states transformers' Trainer
+# keeps in float32 (8 bytes; it registers nn.Embedding weights with bitsandbytes as optim_bits=32).
 OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
 _BNB_BYTES_PER_PARAM = 2 + 8 / 256
 # TRL 1.16's fused LM head (trl/kernels/chunked_logprob.py): tiles of TOKEN_CHUNK_SIZE positions x
@@ -58,6 +70,13 @@ _BNB_BYTES_PER_PARAM = 2 + 8 / 256
 _FUSED_TOKENS, _FUSED_VOCAB = 4096, 32768
 # rlt_mono's reward applies the LM head to this many positions at a time (rlt_mono/rewards/log_probs.py).
 _REWARD_HEAD_CHUNK = 1024
+# TRL's activation offloading keeps this many saved tensors on the GPU while the next ones are copied out
+# (get_act_offloading_ctx_manager's max_fwd_stash_size).
+_OFFLOAD_STASH = 5
+# Measured (module docstring): non-torch memory per phase, and the allocator's slack on torch's terms.
+CONTEXT_GIB = 1.5
+ALLOCATOR_SLACK = 0.12
+VLLM_BEYOND_POOL = 0.4
 # Qwen2.5 architectures (config.json of the public checkpoints), as in bench/bench_mono.py's ARCHS.
 QWEN25_ARCHS = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -148,10 +167,14 @@ class Settings:
     # model.dtype / student.dtype: the weights' dtype (the reference is a copy of the teacher).
     teacher_dtype: str = "bfloat16"
     student_dtype: str = "bfloat16"
-    # trainer.optim, trainer.gradient_checkpointing, trainer.bf16 (autocast of forward and backward).
+    # trainer.optim, trainer.gradient_checkpointing, trainer.bf16 (autocast of forward and backward),
+    # trainer.activation_offloading.
     optim: str = "adamw_bnb_8bit"
     gradient_checkpointing: bool = True
     bf16: bool = True
+    activation_offloading: bool = False
+    # trainer.offload_actor_in_generation: the teacher and its optimizer state wait on the CPU while vLLM generates.
+    offload_actor_in_generation: bool = False
     # The longest prompt in tokens (the planner's own input: the config does not bound it) and
     # trainer.max_completion_length; a sequence is prompt + completion.
     prompt_length: int = 512
@@ -171,8 +194,9 @@ class Settings:
     # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
     total_gib: float = 80.0
     free_gib: float | None = None
-    # CUDA context, workspaces and fragmentation, added to every phase: assumed, not measured.
-    overhead_gib: float = 1.0
+    # Measured (module docstring): non-torch memory in every phase, and the allocator's slack on torch's terms.
+    context_gib: float = CONTEXT_GIB
+    slack: float = ALLOCATOR_SLACK
 
     def __post_init__(self):
         for name in ("teacher_dtype", "student_dtype"):
@@ -207,6 +231,10 @@ class Phase:
     def bytes(self) -> int:
         return sum(nbytes for _, nbytes in self.terms)
 
+    def term(self, prefix: str) -> int:
+        """Bytes of the terms whose name starts with ``prefix``."""
+        return sum(nbytes for what, nbytes in self.terms if what.startswith(prefix))
+
     @property
     def gib(self) -> float:
         return self.bytes / GIB
@@ -224,7 +252,8 @@ class Plan:
 
     @property
     def peak(self) -> Phase:
-        return max(self.phases.values(), key=lambda phase: phase.bytes)
+        """The largest phase; of SCORE and TRAIN at the same level, the one whose own allocations set it."""
+        return max(self.phases.values(), key=lambda phase: (phase.bytes, -phase.term("allocator cache")))
 
     @property
     def fits(self) -> bool:
@@ -239,12 +268,12 @@ class Plan:
                        "cache beside its weights")
         else:
             problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
-        return f"{problem}: {self.advice}"
+        return f"{problem}: {self.advice}" if self.advice else problem
 
     def table(self) -> str:
         """A text table: each phase's total and its terms, then the peak and the verdict."""
         s = self.settings
-        lines = [f"memory plan (predicted, not measured): card {s.total_gib:g} GiB, {s.free:g} free; "
+        lines = [f"memory plan (predicted device-level peaks): card {s.total_gib:.1f} GiB, {s.free:.1f} free; "
                  f"vLLM pool {_gib(_pool_bytes(s))} GiB ({s.vllm_gpu_memory_utilization:g}), "
                  f"{self.kv_sequences} full-length sequences of KV cache",
                  f"  {'phase':<9} {'GiB':>7}  terms (GiB)"]
@@ -273,10 +302,12 @@ def weight_bytes(arch: Arch, dtype: str) -> int:
 
 def optimizer_bytes(arch: Arch, dtype: str, optim: str) -> int:
     """adamw_torch: two states like the parameters, ``2 x params x dtype bytes`` (8 bytes/param in float32);
-    adamw_bnb_8bit: ``params x (2 + 8/256)`` (two 8-bit states and their blockwise float32 scales)."""
+    adamw_bnb_8bit: the input embedding ``V x H x 8`` (two float32 states) and the other parameters
+    ``x (2 + 8/256)`` (two 8-bit states and their blockwise float32 scales)."""
     if optim == "adamw_torch":
         return 2 * weight_bytes(arch, dtype)
-    return math.ceil(arch.params() * _BNB_BYTES_PER_PARAM)
+    embedding = arch.vocab_size * arch.hidden_size
+    return embedding * 8 + math.ceil((arch.params() - embedding) * _BNB_BYTES_PER_PARAM)
 
 
 def activation_bytes(s: Settings) -> int:
@@ -329,15 +360,23 @@ def train_activation_bytes(s: Settings) -> int:
     """Activations of one micro-batch, ``b = per_device_train_batch_size`` sequences of ``T`` tokens:
     with gradient checkpointing, each layer's input ``L x b x T x H`` plus one layer recomputed in the backward
     (``layer_saved_per_token x b x T``); without it, every layer's saved tensors ``L x layer_saved_per_token x b x
-    T``; plus the final norm's input and output ``2 x b x T x H``."""
+    T``; plus the final norm's input and output ``2 x b x T x H``. With activation offloading what is saved goes
+    to the CPU but for ``_OFFLOAD_STASH`` tensors in flight: with checkpointing that many layer inputs, without
+    it one layer's saved tensors (a layer saves more than ``_OFFLOAD_STASH`` of them)."""
     arch, act = s.teacher, activation_bytes(s)
     tokens = s.per_device_train_batch_size * s.sequence_length
     per_layer = layer_saved_per_token(arch, act) * tokens
+    layer_input = tokens * arch.hidden_size * act
+    layers = min(arch.num_hidden_layers, _OFFLOAD_STASH) if s.activation_offloading else arch.num_hidden_layers
     if s.gradient_checkpointing:
-        kept = arch.num_hidden_layers * tokens * arch.hidden_size * act + per_layer
+        kept = layers * layer_input + per_layer
     else:
-        kept = arch.num_hidden_layers * per_layer
-    return kept + 2 * tokens * arch.hidden_size * act
+        kept = (1 if s.activation_offloading else layers) * per_layer
+    return kept + 2 * layer_input
+
+
+def _total(terms: list[tuple[str, int]]) -> int:
+    return sum(nbytes for _, nbytes in terms)
 
 
 def predict(s: Settings) -> tuple[dict[str, Phase], int]:
@@ -348,7 +387,6 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     student_w = weight_bytes(s.student, s.student_dtype)
     optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim)
     pool = _pool_bytes(s)
-    overhead = int(s.overhead_gib * GIB)
     resident = [("teacher weights", teacher_w), ("optimizer state", optimizer)]
     if not s.offload_reference:
         resident.append(("reference weights (resident)", reference_w))
@@ -369,162 +407,36 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
                                                reward_head_bytes(s.teacher, completion, s.teacher_dtype))),
     }
     name, (swapped, activations) = max(passes.items(), key=lambda item: sum(item[1]))
-    score_terms = [*resident, *asleep_pool]
+    score_terms = list(resident)
     if swapped:
         score_terms.append((f"{name.split()[0]} weights (swapped in)", swapped))
     score_terms.append((f"{name} activations", activations))
-
-    train_terms = [*resident, ("gradients", teacher_w), *asleep_pool,
-                   ("activations", train_activation_bytes(s)),
+    train_terms = [*resident, ("gradients", teacher_w), ("activations", train_activation_bytes(s)),
                    ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
-    overhead_term = ("overhead", overhead)
+    # Torch keeps what it reserved between SCORE and TRAIN: both phases hold the larger allocation.
+    score_torch, train_torch = _total(score_terms), _total(train_terms)
+    score_terms.append(("allocator cache from TRAIN", max(0, train_torch - score_torch)))
+    train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
+    vllm_weights = weight_bytes(s.teacher, s.teacher_dtype)
+    if s.offload_actor_in_generation:
+        # The actor steps aside after the weight sync: before it does, vLLM holds only its weights (no KV cache
+        # yet) beside the trainer; after, the pool alone. The phase's peak is the larger moment.
+        sync_moment = int((1 + s.slack) * _total(resident)) + vllm_weights
+        generate_terms = [("actor during the weight sync, then on the CPU", max(0, sync_moment - pool))]
+    else:
+        generate_terms = list(resident)
+
+    def measured(torch_terms: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        return [("allocator slack", int(s.slack * _total(torch_terms))), ("CUDA context", int(s.context_gib * GIB))]
+
+    generate_measured = ([("CUDA context", int(s.context_gib * GIB))] if s.offload_actor_in_generation
+                         else measured(generate_terms))
     phases = {
-        "GENERATE": Phase("GENERATE", (("vLLM pool", pool), *resident, overhead_term)),
-        "SCORE": Phase("SCORE", (*score_terms, overhead_term)),
-        "TRAIN": Phase("TRAIN", (*train_terms, overhead_term)),
+        "GENERATE": Phase("GENERATE", (("vLLM pool", pool), ("vLLM beyond its pool", int(VLLM_BEYOND_POOL * teacher_w)),
+                                       *generate_terms, *generate_measured)),
+        "SCORE": Phase("SCORE", (*score_terms, *asleep_pool, *measured(score_terms))),
+        "TRAIN": Phase("TRAIN", (*train_terms, *asleep_pool, *measured(train_terms))),
     }
-    kv_room = pool - weight_bytes(s.teacher, s.teacher_dtype)
+    kv_room = pool - vllm_weights
     kv_sequences = max(0, kv_room // (s.teacher.kv_bytes_per_token(DTYPE_BYTES[s.teacher_dtype]) * length))
     return phases, int(kv_sequences)
-
-
-# ---- the plan and its advice ------------------------------------------------------------------------------
-def _candidates(s: Settings) -> list[dict]:
-    """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
-    micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
-    gradient checkpointing on, 8-bit Adam, shorter completions (halved down to 128 tokens)."""
-    changes: list[dict] = []
-    size = s.reward_micro_batch_size // 2
-    while size >= 1:
-        changes.append({"reward_micro_batch_size": size})
-        size //= 2
-    b = s.per_device_train_batch_size
-    for smaller in sorted((d for d in range(1, b) if b % d == 0), reverse=True):
-        factor = b // smaller
-        changes.append({"per_device_train_batch_size": smaller,
-                        "gradient_accumulation_steps": s.gradient_accumulation_steps * factor,
-                        "steps_per_generation": s.steps_per_generation * factor})
-    if not s.gradient_checkpointing:
-        changes.append({"gradient_checkpointing": True})
-    if s.optim != "adamw_bnb_8bit":
-        changes.append({"optim": "adamw_bnb_8bit"})
-    length = s.max_completion_length // 2
-    while length >= 128:
-        changes.append({"max_completion_length": length})
-        length //= 2
-    return changes
-
-
-_CONFIG_KEYS = {"reward_micro_batch_size": "reward.micro_batch_size"}
-
-
-def _wording(change: dict) -> str:
-    return " ".join(f"{_CONFIG_KEYS.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in change.items())
-
-
-def _fits(s: Settings) -> bool:
-    phases, kv_sequences = predict(s)
-    return max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
-
-
-def advise(s: Settings) -> str:
-    """The first single change of ``_candidates`` that fits; failing that, the changes of every kind taken
-    together in the same order until they fit; failing that, what is left to try."""
-    candidates = _candidates(s)
-    for change in candidates:
-        if _fits(dataclasses.replace(s, **change)):
-            return _wording(change)
-    combined: dict = {}
-    for change in candidates:  # later values of a kind are more drastic: each replaces the one before
-        combined.update(change)
-        if _fits(dataclasses.replace(s, **combined)):
-            return _wording(combined)
-    if predict(s)[1] < 1:
-        return "raise vllm_gpu_memory_utilization until vLLM's pool holds its weights and one sequence's KV cache"
-    return "no change of these settings fits: a smaller model pair or a larger card"
-
-
-def plan(settings: Settings) -> Plan:
-    """Predict every phase for ``settings``; when the peak exceeds the free memory, attach ``advise``'s change."""
-    phases, kv_sequences = predict(settings)
-    result = Plan(settings, phases, kv_sequences)
-    return result if result.fits else dataclasses.replace(result, advice=advise(settings))
-
-
-# ---- from a run config ------------------------------------------------------------------------------------
-def arch_for(group, name: str, arch: str | None) -> Arch:
-    """The architecture of config group ``name`` (``model`` or ``student``): its folder's config.json when
-    ``model_name_or_path`` is a local folder, else the Qwen2.5 architecture ``arch``."""
-    folder = Path(str(group.model_name_or_path)).expanduser()
-    if (folder / "config.json").is_file():
-        return Arch.from_config(json.loads((folder / "config.json").read_text()))
-    if arch is None:
-        raise UserError(f"{name}.model_name_or_path={group.model_name_or_path} is no local folder with "
-                        f"config.json: pass --arch {'|'.join(QWEN25_ARCHS)} (the Qwen2.5 architecture to assume)")
-    return Arch.from_config(QWEN25_ARCHS[arch])
-
-
-def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None, arch: str | None = None,
-                         prompt_length: int = 512, overhead_gib: float = 1.0) -> Settings:
-    """``Settings`` of a composed ``teacher_rlt`` run config (placement mono only)."""
-    if cfg.get("stage") != "teacher_rlt":
-        raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
-    if cfg.placement.mode != "mono":
-        raise UserError(f"placement={cfg.placement.mode}: the memory planner covers placement=mono only")
-    trainer = cfg.trainer
-    return Settings(
-        teacher=arch_for(cfg.model, "model", arch),
-        student=arch_for(cfg.student, "student", arch),
-        teacher_dtype=cfg.model.dtype,
-        student_dtype=cfg.student.dtype,
-        optim=trainer.optim,
-        gradient_checkpointing=bool(trainer.gradient_checkpointing),
-        bf16=bool(trainer.bf16),
-        prompt_length=prompt_length,
-        max_completion_length=trainer.max_completion_length,
-        per_device_train_batch_size=trainer.per_device_train_batch_size,
-        gradient_accumulation_steps=trainer.gradient_accumulation_steps,
-        steps_per_generation=trainer.get("steps_per_generation") or trainer.gradient_accumulation_steps,
-        reward_micro_batch_size=cfg.reward.micro_batch_size,
-        vllm_gpu_memory_utilization=trainer.get("vllm_gpu_memory_utilization", 0.3),
-        vllm_sleep=bool(trainer.get("vllm_enable_sleep_mode", False)),
-        offload_reference=bool(cfg.placement.offload_reference),
-        offload_student=bool(cfg.placement.offload_student),
-        total_gib=total_gib,
-        free_gib=free_gib,
-        overhead_gib=overhead_gib,
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.memory <run config> [overrides] --gpu-gib N``: print the plan; exit 0 if it fits, 2
-    with the one-line advice if not (or on a mistake in the arguments)."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory", description=__doc__.splitlines()[0])
-    parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
-    parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")
-    parser.add_argument("--free-gib", type=float, help="memory free for the run in GiB (default: --gpu-gib)")
-    parser.add_argument("--arch", choices=list(QWEN25_ARCHS), help="Qwen2.5 architecture of a model without a "
-                        "local folder (embedded:, hub ids, GGUF options)")
-    parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")
-    parser.add_argument("--overhead-gib", type=float, default=1.0, help="non-torch memory added to every phase")
-    args = parser.parse_intermixed_args(argv)
-    from rlt_mono.config import compose
-
-    try:
-        cfg = compose(args.run_config, args.overrides)
-        result = plan(settings_from_config(cfg, total_gib=args.gpu_gib, free_gib=args.free_gib, arch=args.arch,
-                                           prompt_length=args.prompt_length, overhead_gib=args.overhead_gib))
-    except UserError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return 2
-    sys.stdout.write(result.table() + "\n")
-    if not result.fits:
-        sys.stderr.write(f"error: {result.refusal()}\n")
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,6 +6,10 @@ back: the GPU tensors are dropped and the parameters point at the pinned copy ag
 ``sync_ref_model`` updates in place, is swapped out with ``writeback=True``. Each swap's seconds and GiB count
 into the phase timer's metrics (``swap/seconds``, ``swap/gib``).
 
+The actor (the teacher being trained) can also step aside while vLLM generates (``actor_aside``): vLLM holds
+its own copy of the weights by then, so the actor's weights, gradients and optimizer state wait in pinned CPU
+buffers (allocated once, reused every step) and come back before scoring.
+
 Nothing else in rlt_mono calls ``.to(device)`` on a whole model or empties the CUDA cache.
 """
 
@@ -40,6 +44,7 @@ class ModelSwapper:
         self.offload = self.device.type == "cuda"
         self.pin_memory = pin_memory and self.offload
         self._cpu_copies: dict[int, dict[str, torch.Tensor]] = {}
+        self._aside_buffers: dict[tuple[int, str], torch.Tensor] = {}
 
     def offload_model(self, model: nn.Module, name: str) -> None:
         """Make ``model`` swappable: its weights move to (pinned) CPU memory until a pass needs them."""
@@ -88,6 +93,45 @@ class ModelSwapper:
             self._point_at(model, copies)
             self._count_swap(start, nbytes)
 
+    def actor_aside(self, model: nn.Module, optimizer) -> ActorAside:
+        """Move the actor's weights, gradients and optimizer state to pinned CPU memory and free their GPU memory;
+        ``.restore()`` on what this returns moves them back. Parameters keep their identity (the optimizer's
+        state stays keyed by them); only what they point at moves."""
+        start = time.perf_counter()
+        moved: list[tuple[object, object, torch.Tensor]] = []  # (holder, key, CPU copy)
+
+        def out(holder, key, tensor: torch.Tensor, tag: str) -> torch.Tensor:
+            buffer = self._aside_buffers.get((id(holder), tag))
+            if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+                buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=self.pin_memory)
+                self._aside_buffers[(id(holder), tag)] = buffer
+            buffer.copy_(tensor, non_blocking=True)
+            moved.append((holder, key, buffer))
+            return buffer
+
+        for _, param in _tensors(model):
+            if param.device.type == "cuda":
+                out(param, "data", param.data, "data")
+                if param.grad is not None:
+                    out(param, "grad", param.grad, "grad")
+        states = getattr(optimizer, "state", {}) if optimizer is not None else {}
+        for state in states.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+                    out(state, key, value, f"state:{key}")
+        torch.cuda.synchronize(self.device)
+        for holder, key, cpu in moved:
+            if key == "data":
+                holder.data = cpu
+            elif key == "grad":
+                holder.grad = None
+            else:
+                holder[key] = cpu
+        self.empty_cache()
+        nbytes = sum(cpu.numel() * cpu.element_size() for _, _, cpu in moved)
+        self._count_swap(start, nbytes)
+        return ActorAside(self, moved)
+
     def is_offloaded(self, model: nn.Module) -> bool:
         return id(model) in self._cpu_copies
 
@@ -107,6 +151,30 @@ class ModelSwapper:
     def _point_at(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         for key, tensor in _tensors(model):
             tensor.data = tensors[key]
+
+
+class ActorAside:
+    """What ``ModelSwapper.actor_aside`` moved; ``restore`` puts it back on the device (once)."""
+
+    def __init__(self, swapper: ModelSwapper, moved: list):
+        self._swapper, self._moved = swapper, moved
+
+    def restore(self) -> None:
+        if not self._moved:
+            return
+        start = time.perf_counter()
+        device = self._swapper.device
+        for holder, key, cpu in self._moved:
+            back = cpu.to(device, non_blocking=True)
+            if key == "data":
+                holder.data = back
+            elif key == "grad":
+                holder.grad = back
+            else:
+                holder[key] = back
+        torch.cuda.synchronize(device)
+        self._swapper._count_swap(start, sum(cpu.numel() * cpu.element_size() for _, _, cpu in self._moved))
+        self._moved = []
 
 
 def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

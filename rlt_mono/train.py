@@ -19,6 +19,7 @@ import traceback
 
 from rlt_mono.config import available_run_configs, compose, config_groups
 from rlt_mono.errors import UserError
+from rlt_mono.fit import MODES as MEMORY_MODES
 
 logger = logging.getLogger("rlt_mono")
 
@@ -67,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
-    ``seed``, and ``resume_from_checkpoint`` only for the stages that resume from a checkpoint."""
+    ``seed``, ``memory`` one of ``rlt_mono.fit.MODES``, and ``resume_from_checkpoint`` only for the stages that
+    resume from a checkpoint."""
     from omegaconf import OmegaConf
 
     for key in ("stage", "run_name"):
@@ -75,6 +77,8 @@ def check_run_keys(cfg) -> None:
             raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")
     if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
         raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
+    if cfg.get("memory", "manual") not in MEMORY_MODES:
+        raise UserError(f"memory={cfg.get('memory')!r}: choose one of {', '.join(MEMORY_MODES)}")
     if cfg.stage in WITHOUT_CHECKPOINTS and cfg.get("resume_from_checkpoint") not in (None, False):
         raise UserError(f"stage {cfg.stage} keeps no checkpoints: drop resume_from_checkpoint (run it again with "
                         f"output_dir=<its folder> to continue it)")

@@ -32,6 +32,7 @@ import safetensors.torch
 import torch
 import trl
 from transformers import TrainerCallback
+from trl.models import get_act_offloading_ctx_manager
 
 from rlt_mono import checkpoints, trl_vllm
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
@@ -87,15 +88,25 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                           device=placement.device(Role.REFERENCE))
             trl_vllm.wrap_reference_sync(self, swapper)
         self.add_callback(_OptimizerPhaseCallback(timer))
+        # TRL's activation offloading, entered around each training step as TRL's SFTTrainer does; the no-grad
+        # generation and scoring inside a step save nothing, so only the training forward's activations move.
+        self._activation_offload = (get_act_offloading_ctx_manager(self.model) if self.args.activation_offloading
+                                    else contextlib.nullcontext())
         self._train_tokens = torch.zeros((), dtype=torch.long, device=self.accelerator.device)
+        self._actor_aside = None
+        aside = self.args.offload_actor_in_generation
+        if aside and not self.trl_surface.one_call_sync:
+            logger.warning("offload_actor_in_generation needs vLLM colocated with the one-call weight sync (off "
+                           "here): the teacher stays on the GPU while vLLM generates")
         if self.trl_surface.one_call_sync:
             trl_vllm.install_one_call_sync(
                 self.vllm_generation, swapper.empty_cache,
-                lambda seconds: timer.add_metric("generate/weight_sync_seconds", seconds))
+                lambda seconds: timer.add_metric("generate/weight_sync_seconds", seconds),
+                after_sync=self._step_actor_aside if aside else None)
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):
-        with self.timer.phase(Phase.TRAIN):
+        with self.timer.phase(Phase.TRAIN), self._activation_offload:
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _generate_and_score_completions(self, inputs):
@@ -112,7 +123,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
 
     def _generate(self, prompts):
         with self.timer.phase(Phase.GENERATE):
-            output = super()._generate(prompts)
+            try:
+                output = super()._generate(prompts)
+            finally:
+                if self._actor_aside is not None:  # offload_actor_in_generation: back before scoring
+                    self._actor_aside.restore()
+                    self._actor_aside = None
         completion_ids = trl_vllm.completion_ids(output)
         self.timer.add_metric("generate/tokens", sum(len(ids) for ids in completion_ids))
         if self._student_pool is not None and self._batch_inputs is not None:
@@ -123,6 +139,11 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self._student_job = self._student_pool.submit(_timed, self.teacher_reward.student_pass, samples)
             self._actor_scoring_start = time.perf_counter()
         return output
+
+    def _step_actor_aside(self) -> None:
+        """After the weight sync: vLLM has the weights, so the actor and its optimizer state wait on the CPU."""
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # accelerate's wrapper, or none yet
+        self._actor_aside = self.swapper.actor_aside(self.model, optimizer)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         # Counted on the GPU; read once per log, so no micro-step waits for a device-to-host copy.

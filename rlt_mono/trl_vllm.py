@@ -223,10 +223,12 @@ def weights_asleep(generation) -> bool | None:
     return getattr(generation, "_llm_weights_sleeping", None)
 
 
-def install_one_call_sync(generation, empty_cache: Callable[[], None], record_seconds: Callable[[float], None]):
+def install_one_call_sync(generation, empty_cache: Callable[[], None], record_seconds: Callable[[float], None],
+                          after_sync: Callable[[], None] | None = None):
     """Replace TRL's colocated weight sync (wake the weights, load the teacher's, reset the prefix cache) by the
     same steps with every tensor handed to vLLM's ``load_weights`` in one call instead of one call per tensor
-    (drop when TRL batches the call). ``record_seconds`` receives each sync's duration."""
+    (drop when TRL batches the call). ``record_seconds`` receives each sync's duration; ``after_sync`` runs
+    once vLLM has the weights, before it wakes its KV cache and generates."""
 
     def sync_weights() -> None:
         start = time.perf_counter()
@@ -239,6 +241,8 @@ def install_one_call_sync(generation, empty_cache: Callable[[], None], record_se
         generation.llm.reset_prefix_cache()
         torch.cuda.synchronize()
         record_seconds(time.perf_counter() - start)
+        if after_sync is not None:
+            after_sync()
 
     generation.sync_weights = sync_weights
 

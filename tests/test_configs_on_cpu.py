@@ -81,7 +81,8 @@ def test_overrides_and_errors():
 
 def test_rlt_fields_do_not_shadow_grpo_config():
     ours = {f.name for f in dataclasses.fields(RLTConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
-    assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize", "eval_questions"}
+    assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize", "eval_questions",
+                    "activation_offloading"}
     with pytest.raises(ValueError, match="explanation_samples_per_step must be >= 0"):
         RLTConfig(output_dir="/tmp/x", max_steps=1, explanation_samples_per_step=-1, use_cpu=True)
 
@@ -131,7 +132,7 @@ def test_the_root_leaves_stage_and_run_name_to_the_run_configs():
     root = compose(str(ROOT_CONFIG))
     assert OmegaConf.is_missing(root, "stage") and OmegaConf.is_missing(root, "run_name")
     assert set(root) == {"model", "student", "data", "reward", "placement", "logging",  # the stage groups: null
-                         "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint"}
+                         "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint", "memory"}
 
 
 @pytest.mark.parametrize("group", sorted(p.parent.name for p in CONFIG_DIR.glob("*/_base.yaml")))
@@ -162,6 +163,7 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
     (["demo_tiny", "run_name=???"],
      "error: run_name is not set: the run config sets it (or add run_name=... to the command)"),
     (["demo_tiny", "seed=x"], "error: seed must be an integer, got 'x'"),
+    (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, manual"),
 ])
 def test_run_level_key_mistakes_are_one_line_before_any_stage_starts(argv, error, capsys):
     assert train_main(argv) == 2

@@ -155,3 +155,33 @@ def test_split_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_p
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["overlap/student_seconds"] > 0 and 0 <= r["overlap/fraction"] <= 1 for r in rows)
     release_trainer(trainer)
+
+
+def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_state():
+    from rlt_mono.phases import PhaseTimer
+    from rlt_mono.swapper import ModelSwapper
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 2048, device="cuda")).sum().backward()
+    optimizer.step()  # creates exp_avg / exp_avg_sq on the GPU
+    model(torch.randn(8, 2048, device="cuda")).sum().backward()  # gradients held too
+    weights = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    states = [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters()]
+    timer = PhaseTimer("cuda:0")
+    swapper = ModelSwapper("cuda:0", timer)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    aside = swapper.actor_aside(model, optimizer)
+    # weights, gradients and both Adam states of 2 x (2048 x 2048 + 2048) float32 parameters left the GPU
+    assert before - torch.cuda.memory_allocated() >= 4 * 2 * (2048 * 2048 + 2048) * 4
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    aside.restore()
+    for p, w, g, st in zip(model.parameters(), weights, grads, states, strict=True):
+        assert p.device.type == "cuda" and torch.equal(p.data, w) and torch.equal(p.grad, g)
+        assert all(torch.equal(optimizer.state[p][k], v) and optimizer.state[p][k].is_cuda for k, v in st.items())
+    optimizer.step()  # the optimizer still steps the same parameters
+    assert not torch.equal(next(model.parameters()).data, weights[0])
+    assert timer.pop_metrics()["swap/gib"] > 0

@@ -1,9 +1,11 @@
-"""The memory planner's arithmetic (rlt_mono/memory.py) against hand-computed bytes, its advice and its CLI."""
+"""The memory planner's arithmetic (rlt_mono/memory.py) against hand-computed bytes; the plan, memory=auto's
+choice, its advice and the CLI (rlt_mono/fit.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +14,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlt_mono import fit
 from rlt_mono.errors import UserError
-from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings, plan
+from rlt_mono.fit import plan
+from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +48,8 @@ def tiny_settings(**changes) -> Settings:
     values = dict(teacher=TINY, student=TINY, teacher_dtype="float32", student_dtype="float32", optim="adamw_torch",
                   gradient_checkpointing=False, bf16=False, prompt_length=4, max_completion_length=12,
                   per_device_train_batch_size=2, gradient_accumulation_steps=4, steps_per_generation=4,
-                  reward_micro_batch_size=1, vllm_gpu_memory_utilization=0.5, total_gib=1.0, overhead_gib=0.0)
+                  reward_micro_batch_size=1, vllm_gpu_memory_utilization=0.5, total_gib=1.0, context_gib=0.0,
+                  slack=0.0)
     return Settings(**{**values, **changes})
 
 
@@ -52,8 +57,9 @@ def test_tiny_phases_by_hand():
     result = plan(tiny_settings())
     weights, optimizer, grads = 1480 * 4, 2 * 1480 * 4, 1480 * 4  # float32; adamw_torch: two float32 states
     pool = GIB // 2  # 0.5 x 1 GiB
-    assert dict(result.phases["GENERATE"].terms) == {"vLLM pool": pool, "teacher weights": weights,
-                                                     "optimizer state": optimizer, "overhead": 0}
+    assert dict(result.phases["GENERATE"].terms) == {"vLLM pool": pool, "vLLM beyond its pool": int(0.4 * weights),
+                                                     "teacher weights": weights, "optimizer state": optimizer,
+                                                     "allocator slack": 0, "CUDA context": 0}
     # TRAIN, activations (4 bytes, no autocast), micro-batch 2 x (4 + 12) = 32 tokens:
     #   saved per token per layer: attention 3*8 + 2*8 + 3*4 + 4*8 = 84, MLP 3*8 + 4*16 = 88 -> 172 * 4 = 688 B
     #   no checkpointing: 2 layers * 688 * 32 = 44032, + final norm in/out 2 * 32 * 8 * 4 = 2048 -> 46080
@@ -62,6 +68,7 @@ def test_tiny_phases_by_hand():
     train = dict(result.phases["TRAIN"].terms)
     assert train["activations"] == 46080
     assert train["loss head"] == 7936
+    assert train["allocator cache from SCORE"] == 0  # TRAIN allocates more than SCORE
     assert result.phases["TRAIN"].bytes == weights + optimizer + grads + 46080 + 7936 == 77696
     # SCORE: the largest pass is the reference's (micro-batch 2, 32 tokens):
     #   hidden 32*8*4 = 1024, one layer live 32 * 4*(4*8 + 3*16) = 10240, fused head tile 6144 -> 17408,
@@ -70,7 +77,9 @@ def test_tiny_phases_by_hand():
     score = dict(result.phases["SCORE"].terms)
     assert score["reference pass activations"] == 17408
     assert score["reference weights (swapped in)"] == weights
-    assert result.phases["SCORE"].bytes == weights + optimizer + weights + 17408 == 41088
+    # torch keeps TRAIN's reserve through SCORE: the device holds the larger of the two in both phases
+    assert score["allocator cache from TRAIN"] == 77696 - 41088
+    assert result.phases["SCORE"].bytes == result.phases["TRAIN"].bytes == 77696
     assert result.peak.name == "GENERATE"
     # KV: (pool - vLLM weights) // (2 layers * 2 (k, v) * kv_dim 4 * 4 B * 16 tokens)
     assert result.kv_sequences == (pool - weights) // (2 * 2 * 4 * 4 * 16)
@@ -83,7 +92,9 @@ def test_checkpointing_8bit_adam_and_sleep_mode_terms():
     # each layer's input 2 * 32 * 8 * 4 = 2048, one layer recomputed 688 * 32 = 22016, final norm 2048
     assert dict(checkpointed.phases["TRAIN"].terms)["activations"] == 2 * tokens * 8 * 4 + 688 * tokens + 2048
     bnb = plan(tiny_settings(optim="adamw_bnb_8bit"))
-    assert dict(bnb.phases["TRAIN"].terms)["optimizer state"] == 1480 * 2 + 1480 * 8 // 256 + 1  # ceil(1480*2.03125)
+    # the embedding (32 x 8 = 256) keeps float32 states (8 bytes each), the other 1224 parameters 8-bit ones:
+    # ceil(1224 * (2 + 8/256)) = ceil(2486.25)
+    assert dict(bnb.phases["TRAIN"].terms)["optimizer state"] == 256 * 8 + 2487
     awake = plan(tiny_settings(vllm_sleep=False))
     assert dict(awake.phases["TRAIN"].terms)["vLLM pool (no sleep mode)"] == GIB // 2
 
@@ -98,7 +109,8 @@ def test_advice_lowers_the_micro_batch_keeping_completions_per_step():
     result = plan(dataclasses.replace(base, free_gib=free))
     assert not result.fits and result.peak.name == "TRAIN"
     # lowering reward.micro_batch_size (tried first) only shrinks SCORE, so the micro-batch is the first that fits
-    assert result.advice == "per_device_train_batch_size=2 gradient_accumulation_steps=16 steps_per_generation=16"
+    assert result.advice == ("trainer.per_device_train_batch_size=2 trainer.gradient_accumulation_steps=16 "
+                             "trainer.steps_per_generation=16")  # overrides a user can paste
     assert result.refusal() == (f"TRAIN needs {result.peak.gib:.1f} GiB, the card has {free:.1f} free: "
                                 f"{result.advice}")
     assert "does not fit: TRAIN needs" in result.table()
@@ -106,11 +118,11 @@ def test_advice_lowers_the_micro_batch_keeping_completions_per_step():
 
 def test_advice_falls_through_to_completion_length_and_to_nothing():
     arch = Arch.from_config(QWEN25_ARCHS["1.5b"])
-    one = Settings(teacher=arch, student=arch, total_gib=24.0, vllm_gpu_memory_utilization=0.2,
+    one = Settings(teacher=arch, student=arch, total_gib=24.0, vllm_gpu_memory_utilization=0.15,
                    per_device_train_batch_size=1, reward_micro_batch_size=1)
     shorter = plan(dataclasses.replace(one, max_completion_length=2048))
     result = plan(dataclasses.replace(one, free_gib=round(shorter.peak.gib + 0.01, 2)))
-    assert result.advice == "max_completion_length=2048"
+    assert result.advice == "trainer.max_completion_length=2048"
     hopeless = plan(dataclasses.replace(one, free_gib=1.0))
     assert hopeless.advice == "no change of these settings fits: a smaller model pair or a larger card"
 
@@ -123,7 +135,7 @@ def test_bad_settings_are_user_errors():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.memory", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlt_mono.fit", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -150,3 +162,133 @@ def test_cli_exit_codes_and_lines(tmp_path):
                     f"student.model_name_or_path={tmp_path}", "trainer.vllm_gpu_memory_utilization=0.3")
     assert local.returncode == 0, local.stderr
     assert f"teacher weights {494_032_768 * 2 / GIB:.2f}" in local.stdout
+
+
+# ---- memory=auto --------------------------------------------------------------------------------------------
+
+
+def test_activation_offloading_keeps_five_layer_inputs_on_the_gpu():
+    s = tiny_settings(gradient_checkpointing=True, activation_offloading=True)
+    arch = Arch.from_config(QWEN25_ARCHS["1.5b"])  # 28 layers: offloading keeps 5 of the 28 layer inputs
+    big = dataclasses.replace(s, teacher=arch, student=arch)
+    tokens, layer_input = 2 * 16, 2 * 16 * 1536 * 4
+    on = dict(plan(big).phases["TRAIN"].terms)["activations"]
+    off = dict(plan(dataclasses.replace(big, activation_offloading=False)).phases["TRAIN"].terms)["activations"]
+    assert off - on == (28 - 5) * layer_input
+    # a 2-layer model has fewer layer inputs than the stash: nothing changes
+    assert (dict(plan(s).phases["TRAIN"].terms)["activations"]
+            == dict(plan(dataclasses.replace(s, activation_offloading=False)).phases["TRAIN"].terms)["activations"]
+            == 2 * tokens * 8 * 4 + 688 * tokens + 2048)
+
+
+def qwen_settings(arch: str, **changes) -> Settings:
+    a = Arch.from_config(QWEN25_ARCHS[arch])
+    return Settings(**{**dict(teacher=a, student=a, prompt_length=200, max_completion_length=4096,
+                              total_gib=80.0, free_gib=79.0), **changes})
+
+
+def test_auto_keeps_completions_per_step_and_per_generation_and_fits():
+    s = qwen_settings("1.5b", total_gib=24.0, free_gib=23.5)
+    chosen = fit.choose(s)
+    assert fit.plan(chosen).fits
+    assert chosen.per_device_train_batch_size * chosen.gradient_accumulation_steps == 32
+    assert chosen.per_device_train_batch_size * chosen.steps_per_generation == 32
+    # the largest micro-batch that fits: the next larger divisor of 32 does not
+    larger = 2 * chosen.per_device_train_batch_size
+    assert not fit.fits(dataclasses.replace(chosen, per_device_train_batch_size=larger,
+                                            gradient_accumulation_steps=32 // larger,
+                                            steps_per_generation=32 // larger))
+    # the pool holds the teacher (x 1.1), the KV cache of the 32 sequences and 1.5 GiB, as a share of 24 GiB
+    kv = 32 * 4296 * 2 * 28 * 256 * 2
+    pool_gib = (1_543_714_304 * 2 * 1.1 + kv) / GIB + 1.5
+    assert chosen.vllm_gpu_memory_utilization == math.ceil(pool_gib / 24 * 100) / 100
+
+
+def test_auto_on_a_big_card_takes_the_largest_batches_and_a_small_pool():
+    chosen = fit.choose(qwen_settings("0.5b"))
+    assert (chosen.per_device_train_batch_size, chosen.reward_micro_batch_size) == (fit.MAX_MICRO_BATCH, 16)
+    assert chosen.vllm_gpu_memory_utilization < 0.1  # the configured 0.3 would waste 17 GiB of an 80 GiB card
+
+
+def test_auto_moves_the_actor_aside_before_it_shrinks_the_kv_cache(caplog):
+    s = qwen_settings("1.5b", total_gib=16.0, free_gib=15.5)
+    with caplog.at_level("WARNING"):
+        chosen = fit.choose(s)
+    # the whole generation batch's KV cache fits once the trainer waits on the CPU while vLLM generates
+    assert fit.plan(chosen).fits and chosen.offload_actor_in_generation
+    assert chosen.vllm_gpu_memory_utilization == fit._utilization(s, 32)
+    assert "vLLM queues the rest" not in caplog.text
+    assert not fit.fits(dataclasses.replace(chosen, offload_actor_in_generation=False))
+    # 30,000-token completions: even then only half a generation batch's KV cache fits
+    long = qwen_settings("0.5b", max_completion_length=30000, total_gib=14.0, free_gib=13.5)
+    with caplog.at_level("WARNING"):
+        chosen = fit.choose(long)
+    assert fit.plan(chosen).fits and chosen.vllm_gpu_memory_utilization == fit._utilization(long, 16)
+    assert "holds the KV cache of 16 of the 32 sequences a generation makes (vLLM queues the rest" in caplog.text
+
+
+def test_auto_refusal_says_what_is_missing_and_the_cheapest_change():
+    refused = fit.plan(fit.choose(qwen_settings("7b", total_gib=48.0, free_gib=47.5)))
+    assert not refused.fits
+    line = refused.refusal()
+    assert line.startswith(f"{refused.peak.name} needs {refused.peak.gib:.1f} GiB, the card has 47.5 free: ")
+
+
+def compose_rl(*overrides):
+    from rlt_mono.config import compose
+
+    return compose("teacher_rlt_mono", list(overrides))
+
+
+def test_fit_run_config_auto_writes_its_choice_into_the_config(caplog):
+    cfg = compose_rl()
+    assert cfg.memory == "auto"  # the GPU run config's default
+    s = fit.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, arch="1.5b", prompt_length=200)
+    with caplog.at_level("INFO"):
+        result = fit.fit_run_config(cfg, s)
+    chosen = fit.choose(s)
+    assert result.fits and result.settings == chosen
+    assert cfg.trainer.per_device_train_batch_size == chosen.per_device_train_batch_size
+    assert cfg.trainer.gradient_accumulation_steps == chosen.gradient_accumulation_steps
+    assert cfg.trainer.vllm_gpu_memory_utilization == chosen.vllm_gpu_memory_utilization
+    assert cfg.reward.micro_batch_size == chosen.reward_micro_batch_size
+    assert "memory plan (predicted device-level peaks)" in caplog.text
+    assert "trainer.vllm_gpu_memory_utilization: 0.7 -> " in caplog.text  # what auto changed, logged
+
+
+def test_fit_run_config_manual_keeps_the_settings_and_warns(caplog):
+    cfg = compose_rl("memory=manual")
+    s = fit.settings_from_config(cfg, total_gib=24.0, arch="1.5b", prompt_length=200)
+    with caplog.at_level("INFO"):
+        result = fit.fit_run_config(cfg, s)
+    assert not result.fits  # vLLM at 0.7 of a 24 GiB card leaves too little for the rest
+    assert cfg.trainer.vllm_gpu_memory_utilization == 0.7
+    assert "memory=manual: these settings will likely run out of GPU memory" in caplog.text
+
+
+def test_fit_run_config_auto_refuses_in_one_line():
+    cfg = compose_rl()
+    s = fit.settings_from_config(cfg, total_gib=48.0, arch="7b", prompt_length=200)
+    with pytest.raises(UserError, match=r"^memory=auto: nothing fits this card: (GENERATE|SCORE|TRAIN) needs [0-9.]+ "
+                                        r"GiB, the card has 48.0 free: "):
+        fit.fit_run_config(cfg, s)
+    assert cfg.trainer.per_device_train_batch_size == 4  # nothing written
+    # a 12 GiB card cannot even hold vLLM's copy of a 7B teacher
+    tiny_card = fit.settings_from_config(cfg, total_gib=12.0, arch="7b", prompt_length=200)
+    with pytest.raises(UserError, match=r"vLLM needs 17\.\d GiB for the teacher's weights and one sequence's KV "
+                                        r"cache, the card has 12.0 free: a smaller teacher or a larger card$"):
+        fit.fit_run_config(cfg, tiny_card)
+
+
+def test_unknown_memory_mode_is_a_user_error():
+    cfg = compose_rl("memory=fast")
+    with pytest.raises(UserError, match="memory='fast': choose one of auto, manual"):
+        fit.fit_run_config(cfg, fit.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
+
+
+def test_cli_auto_prints_what_it_would_set():
+    shown = run_cli("teacher_rlt_mono", "--arch", "1.5b", "--gpu-gib", "24", "--auto")
+    assert shown.returncode == 0, shown.stderr
+    chosen = fit.choose(fit.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
+    assert (f"memory=auto: trainer.vllm_gpu_memory_utilization={chosen.vllm_gpu_memory_utilization} "
+            in shown.stdout)

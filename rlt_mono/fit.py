@@ -1,0 +1,316 @@
+"""Fit an RL run to the card before any model loads: ``memory=auto`` picks the settings, ``memory=manual`` checks them.
+
+``rlt_mono.memory`` predicts each phase's device-level peak from the model configs and the settings; this module
+turns that into decisions:
+
+- ``plan(settings)``: the prediction, and when it does not fit, the cheapest single change that would
+  (``advise``: lower ``reward.micro_batch_size``, a smaller micro-batch with more accumulation, gradient
+  checkpointing, 8-bit Adam, activation offloading, shorter completions; failing each alone, all of them).
+- ``choose(settings)``: what ``memory=auto`` runs with. The completions per optimizer step and per generation
+  stay as configured; it sizes vLLM's pool to the teacher's weights, the KV cache of one generation batch and
+  vLLM's own working memory (``vllm_gpu_memory_utilization``), then takes the largest micro-batch (with the
+  gradient accumulation that keeps completions per step) and the largest ``reward.micro_batch_size`` that fit,
+  each at most ``MAX_MICRO_BATCH``. A generation batch whose KV cache does not fit beside the trainer first gets
+  the trainer out of the way while vLLM generates (``offload_actor_in_generation``), then a smaller pool (vLLM
+  queues sequences: slower, never out of memory).
+- ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, applies ``choose``'s settings to the
+  config (``memory=auto``) or warns when the configured ones will not fit (``memory=manual``), and raises a
+  one-line ``UserError`` with the numbers and the advice when nothing fits.
+
+Command line (no GPU needed): ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--arch 1.5b]
+[--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+from rlt_mono.errors import UserError
+from rlt_mono.memory import DTYPE_BYTES, GIB, QWEN25_ARCHS, Arch, Plan, Settings, predict, weight_bytes
+
+logger = logging.getLogger(__name__)
+
+# The largest micro-batch and reward micro-batch memory=auto picks: beyond it a forward gains little speed.
+MAX_MICRO_BATCH = 16
+# vLLM's memory besides weights and KV cache (its profiling forward of up to 4096 batched tokens, the sampler's
+# logits, CUDA graphs): this much plus a tenth of the weights. An estimate, on the safe side of what vLLM asks.
+VLLM_WORKING_GIB = 1.5
+VLLM_WORKING_SHARE = 0.10
+# Config keys of the Settings fields memory=auto sets.
+CONFIG_KEYS = {
+    "vllm_gpu_memory_utilization": "trainer.vllm_gpu_memory_utilization",
+    "per_device_train_batch_size": "trainer.per_device_train_batch_size",
+    "gradient_accumulation_steps": "trainer.gradient_accumulation_steps",
+    "steps_per_generation": "trainer.steps_per_generation",
+    "reward_micro_batch_size": "reward.micro_batch_size",
+    "gradient_checkpointing": "trainer.gradient_checkpointing",
+    "optim": "trainer.optim",
+    "activation_offloading": "trainer.activation_offloading",
+    "offload_actor_in_generation": "trainer.offload_actor_in_generation",
+    "max_completion_length": "trainer.max_completion_length",
+}
+MODES = ("auto", "manual")
+
+
+# ---- the plan and its advice ------------------------------------------------------------------------------
+def fits(s: Settings) -> bool:
+    phases, kv_sequences = predict(s)
+    return max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
+
+
+def _candidates(s: Settings) -> list[dict]:
+    """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
+    micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
+    gradient checkpointing on, 8-bit Adam, activation offloading, shorter completions (halved down to 128)."""
+    changes: list[dict] = []
+    size = s.reward_micro_batch_size // 2
+    while size >= 1:
+        changes.append({"reward_micro_batch_size": size})
+        size //= 2
+    b = s.per_device_train_batch_size
+    for smaller in sorted((d for d in range(1, b) if b % d == 0), reverse=True):
+        factor = b // smaller
+        changes.append({"per_device_train_batch_size": smaller,
+                        "gradient_accumulation_steps": s.gradient_accumulation_steps * factor,
+                        "steps_per_generation": s.steps_per_generation * factor})
+    if not s.gradient_checkpointing:
+        changes.append({"gradient_checkpointing": True})
+    if s.optim != "adamw_bnb_8bit":
+        changes.append({"optim": "adamw_bnb_8bit"})
+    if not s.activation_offloading:
+        changes.append({"activation_offloading": True})
+    length = s.max_completion_length // 2
+    while length >= 128:
+        changes.append({"max_completion_length": length})
+        length //= 2
+    return changes
+
+
+def wording(change: dict) -> str:
+    """``key=value`` overrides, as a user types them on the command line."""
+    return " ".join(f"{CONFIG_KEYS.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in change.items())
+
+
+def advise(s: Settings) -> str:
+    """The first single change of ``_candidates`` that fits; failing that, the changes of every kind taken
+    together in the same order until they fit; failing that, what is left to try."""
+    candidates = _candidates(s)
+    for change in candidates:
+        if fits(dataclasses.replace(s, **change)):
+            return wording(change)
+    combined: dict = {}
+    for change in candidates:  # later values of a kind are more drastic: each replaces the one before
+        combined.update(change)
+        if fits(dataclasses.replace(s, **combined)):
+            return wording(combined)
+    if predict(s)[1] < 1:
+        return "raise vllm_gpu_memory_utilization until vLLM's pool holds its weights and one sequence's KV cache"
+    return "no change of these settings fits: a smaller model pair or a larger card"
+
+
+def plan(settings: Settings) -> Plan:
+    """Predict every phase for ``settings``; when the peak exceeds the free memory, attach ``advise``'s change."""
+    phases, kv_sequences = predict(settings)
+    result = Plan(settings, phases, kv_sequences)
+    return result if result.fits else dataclasses.replace(result, advice=advise(settings))
+
+
+# ---- memory=auto ------------------------------------------------------------------------------------------
+def vllm_pool_gib(s: Settings, sequences: int) -> float:
+    """vLLM's pool for ``sequences`` full-length sequences at once: the teacher's weights, their KV cache and
+    vLLM's working memory (``VLLM_WORKING_GIB`` + ``VLLM_WORKING_SHARE`` of the weights)."""
+    weights = weight_bytes(s.teacher, s.teacher_dtype)
+    kv = sequences * s.sequence_length * s.teacher.kv_bytes_per_token(DTYPE_BYTES[s.teacher_dtype])
+    return (weights * (1 + VLLM_WORKING_SHARE) + kv) / GIB + VLLM_WORKING_GIB
+
+
+def _utilization(s: Settings, sequences: int) -> float:
+    """The pool for ``sequences`` as a share of the card, rounded up to a hundredth."""
+    return min(1.0, math.ceil(vllm_pool_gib(s, sequences) / s.total_gib * 100) / 100)
+
+
+def _largest_fitting(s: Settings, options: list[dict]) -> Settings:
+    """The first of ``options`` (largest first, the last one known to fit) applied to ``s`` that fits."""
+    for change in options:
+        candidate = dataclasses.replace(s, **change)
+        if fits(candidate):
+            return candidate
+    return s
+
+
+def choose(s: Settings) -> Settings:
+    """The settings ``memory=auto`` runs with (see the module docstring). When nothing fits, the least this run
+    needs (micro-batches of 1, a pool for one sequence): ``plan`` of it then says by how much it misses and what
+    else to change."""
+    completions = s.per_device_train_batch_size * s.gradient_accumulation_steps
+    generation_batch = s.per_device_train_batch_size * s.steps_per_generation
+    # Size the pool with micro-batches of 1, so that it gets what the card can give.
+    smallest = dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions,
+                                   steps_per_generation=generation_batch, reward_micro_batch_size=1)
+    # The whole generation batch's KV cache; failing that, with the actor aside while vLLM generates; failing
+    # that, a smaller share of the batch at once.
+    tries = [(smallest.offload_actor_in_generation, generation_batch), (True, generation_batch)]
+    sequences = generation_batch // 2
+    while sequences >= 1:
+        tries.append((True, sequences))
+        sequences //= 2
+    for aside, sequences in tries:
+        sized = dataclasses.replace(smallest, offload_actor_in_generation=aside,
+                                    vllm_gpu_memory_utilization=_utilization(s, sequences))
+        if fits(sized):
+            break
+    else:
+        return sized
+    if sequences < generation_batch:
+        logger.warning("memory=auto: vLLM's pool holds the KV cache of %d of the %d sequences a generation makes "
+                       "(vLLM queues the rest: slower generation)", sequences, generation_batch)
+    micro_batches = [b for b in range(min(MAX_MICRO_BATCH, completions), 0, -1)
+                     if completions % b == 0 and generation_batch % b == 0]
+    sized = _largest_fitting(sized, [{"per_device_train_batch_size": b, "gradient_accumulation_steps": completions // b,
+                                      "steps_per_generation": generation_batch // b} for b in micro_batches])
+    rewards = [r for r in (16, 8, 4, 2, 1) if r <= MAX_MICRO_BATCH]
+    return _largest_fitting(sized, [{"reward_micro_batch_size": r} for r in rewards])
+
+
+def auto_refusal(result: Plan) -> str:
+    """Why ``choose`` found nothing: vLLM alone does not fit beside the trainer, or a phase is over (with advice)."""
+    s = result.settings
+    if result.kv_sequences < 1:
+        return (f"vLLM needs {vllm_pool_gib(s, 1):.1f} GiB for the teacher's weights and one sequence's KV cache, "
+                f"the card has {s.free:.1f} free: a smaller teacher or a larger card")
+    return result.refusal()
+
+
+def changes(before: Settings, after: Settings) -> dict:
+    """The config keys whose values differ, ``{key: (before, after)}``."""
+    return {CONFIG_KEYS[name]: (getattr(before, name), getattr(after, name)) for name in CONFIG_KEYS
+            if getattr(before, name) != getattr(after, name)}
+
+
+# ---- from a run config ------------------------------------------------------------------------------------
+def arch_for(group, name: str, arch: str | None) -> Arch:
+    """The architecture of config group ``name`` (``model`` or ``student``): its folder's config.json when
+    ``model_name_or_path`` is a local folder, else the Qwen2.5 architecture ``arch``."""
+    folder = Path(str(group.model_name_or_path)).expanduser()
+    if (folder / "config.json").is_file():
+        return Arch.from_config(json.loads((folder / "config.json").read_text()))
+    if arch is None:
+        raise UserError(f"{name}.model_name_or_path={group.model_name_or_path} is no local folder with "
+                        f"config.json: pass --arch {'|'.join(QWEN25_ARCHS)} (the Qwen2.5 architecture to assume)")
+    return Arch.from_config(QWEN25_ARCHS[arch])
+
+
+def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None, arch: str | None = None,
+                         teacher: Arch | None = None, student: Arch | None = None,
+                         prompt_length: int = 512) -> Settings:
+    """``Settings`` of a composed ``teacher_rlt`` run config (placement mono only); ``teacher``/``student``
+    default to ``arch_for`` the model and student groups."""
+    if cfg.get("stage") != "teacher_rlt":
+        raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
+    if cfg.placement.mode != "mono":
+        raise UserError(f"placement={cfg.placement.mode}: the memory planner covers placement=mono only")
+    trainer = cfg.trainer
+    return Settings(
+        teacher=teacher or arch_for(cfg.model, "model", arch),
+        student=student or arch_for(cfg.student, "student", arch),
+        teacher_dtype=cfg.model.dtype,
+        student_dtype=cfg.student.dtype,
+        optim=trainer.optim,
+        gradient_checkpointing=bool(trainer.gradient_checkpointing),
+        bf16=bool(trainer.bf16),
+        activation_offloading=bool(trainer.get("activation_offloading", False)),
+        offload_actor_in_generation=bool(trainer.get("offload_actor_in_generation", False)),
+        prompt_length=prompt_length,
+        max_completion_length=trainer.max_completion_length,
+        per_device_train_batch_size=trainer.per_device_train_batch_size,
+        gradient_accumulation_steps=trainer.gradient_accumulation_steps,
+        steps_per_generation=trainer.get("steps_per_generation") or trainer.gradient_accumulation_steps,
+        reward_micro_batch_size=cfg.reward.micro_batch_size,
+        vllm_gpu_memory_utilization=trainer.get("vllm_gpu_memory_utilization", 0.3),
+        vllm_sleep=bool(trainer.get("vllm_enable_sleep_mode", False)),
+        offload_reference=bool(cfg.placement.offload_reference),
+        offload_student=bool(cfg.placement.offload_student),
+        total_gib=total_gib,
+        free_gib=free_gib,
+    )
+
+
+def fit_run_config(cfg, settings: Settings) -> Plan:
+    """The build step: log the plan; ``memory=auto`` writes ``choose``'s settings into ``cfg`` (logged as
+    ``key: before -> after``); ``memory=manual`` keeps them and warns if they will not fit. Raises ``UserError``
+    (one line: the phase, its need, the free memory, the advice) when ``memory=auto`` finds nothing that fits."""
+    mode = cfg.get("memory", "manual")
+    if mode not in MODES:
+        raise UserError(f"memory={mode!r}: choose one of {', '.join(MODES)}")
+    if mode == "manual":
+        result = plan(settings)
+        logger.info("memory=manual, the configured settings:\n%s", result.table())
+        if not result.fits:
+            logger.warning("memory=manual: these settings will likely run out of GPU memory (%s); memory=auto picks "
+                           "settings that fit", result.refusal())
+        return result
+    chosen = choose(settings)
+    result = plan(chosen)
+    logger.info("memory=auto:\n%s", result.table())
+    if not result.fits:
+        raise UserError(f"memory=auto: nothing fits this card: {auto_refusal(result)}")
+    diff = changes(settings, chosen)
+    for key, (_, after) in diff.items():
+        _set(cfg, key, after)
+    if diff:
+        logger.info("memory=auto set %s", ", ".join(f"{key}: {before} -> {after}"
+                                                     for key, (before, after) in diff.items()))
+    return result
+
+
+def _set(cfg, key: str, value) -> None:
+    from omegaconf import open_dict
+
+    group, name = key.split(".")
+    with open_dict(cfg[group]):
+        cfg[group][name] = value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlt_mono.fit <run config> [overrides] --gpu-gib N [--auto]``: print the plan; exit 0 if it
+    fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.fit", description=__doc__.splitlines()[0])
+    parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
+    parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")
+    parser.add_argument("--free-gib", type=float, help="memory free for the run in GiB (default: --gpu-gib)")
+    parser.add_argument("--arch", choices=list(QWEN25_ARCHS), help="Qwen2.5 architecture of a model without a "
+                        "local folder (embedded:, hub ids, GGUF options)")
+    parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")
+    parser.add_argument("--auto", action="store_true", help="show what memory=auto would pick")
+    args = parser.parse_intermixed_args(argv)
+    from rlt_mono.config import compose
+
+    try:
+        cfg = compose(args.run_config, args.overrides)
+        settings = settings_from_config(cfg, total_gib=args.gpu_gib, free_gib=args.free_gib, arch=args.arch,
+                                        prompt_length=args.prompt_length)
+        chosen = choose(settings) if args.auto else settings
+        result = plan(chosen)
+    except UserError as err:
+        sys.stderr.write(f"error: {err}\n")
+        return 2
+    sys.stdout.write(result.table() + "\n")
+    if args.auto and result.fits:
+        chosen_values = {key: after for key, (_, after) in changes(settings, chosen).items()}
+        sys.stdout.write(f"memory=auto: {wording(chosen_values) or 'no change'}\n")
+    if not result.fits:
+        sys.stderr.write(f"error: {auto_refusal(result) if args.auto else result.refusal()}\n")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
