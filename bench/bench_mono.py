@@ -464,12 +464,12 @@ def predicted_peaks(cfg, trainer, arch: str) -> dict:
     from the card's total memory and the longest prompt of the trainer's data."""
     import torch
 
-    from rlt_mono import memory
+    from rlt_mono import fit
 
     prompts = list(trainer.train_dataset["prompt"])
     longest = max(len(ids) for ids in trainer.processing_class(prompts, add_special_tokens=False).input_ids)
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    plan = memory.plan(memory.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest))
+    plan = fit.plan(fit.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest))
     return {**{f"predicted/{name.lower()}": phase.gib for name, phase in plan.phases.items()},
             "predicted_table": plan.table(), "prompt_length": longest}
 

@@ -5,7 +5,7 @@ turns that into decisions:
 
 - ``plan(settings)``: the prediction, and when it does not fit, the cheapest single change that would
   (``advise``: lower ``reward.micro_batch_size``, a smaller micro-batch with more accumulation, gradient
-  checkpointing, 8-bit Adam, activation offloading, shorter completions; failing each alone, all of them).
+  checkpointing, 8-bit Adam, shorter completions; failing each alone, all of them).
 - ``choose(settings)``: what ``memory=auto`` runs with. The completions per optimizer step and per generation
   stay as configured; it sizes vLLM's pool to the teacher's weights, the KV cache of one generation batch and
   vLLM's own working memory (``vllm_gpu_memory_utilization``), then takes the largest micro-batch (with the
@@ -67,7 +67,8 @@ def fits(s: Settings) -> bool:
 def _candidates(s: Settings) -> list[dict]:
     """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
     micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
-    gradient checkpointing on, 8-bit Adam, activation offloading, shorter completions (halved down to 128)."""
+    gradient checkpointing on, 8-bit Adam, shorter completions (halved down to 128). Activation offloading is not
+    suggested: measured, it saved no device memory (``rlt_mono.memory.ACTIVATION_OFFLOADING_NOTE``)."""
     changes: list[dict] = []
     size = s.reward_micro_batch_size // 2
     while size >= 1:
@@ -83,8 +84,6 @@ def _candidates(s: Settings) -> list[dict]:
         changes.append({"gradient_checkpointing": True})
     if s.optim != "adamw_bnb_8bit":
         changes.append({"optim": "adamw_bnb_8bit"})
-    if not s.activation_offloading:
-        changes.append({"activation_offloading": True})
     length = s.max_completion_length // 2
     while length >= 128:
         changes.append({"max_completion_length": length})

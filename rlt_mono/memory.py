@@ -22,9 +22,9 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
   sequences). The reference mixup at the end of a step holds the same weights plus the reference, and no more.
 - **TRAIN**: teacher weights, gradients and optimizer state, the activations of one micro-batch
   (``per_device_train_batch_size`` sequences) kept for the backward pass, with or without gradient
-  checkpointing, and the fused LM head's loss buffers. With ``activation_offloading`` (TRL's
-  ``get_act_offloading_ctx_manager`` around the training step) the saved activations go to pinned CPU memory
-  and at most ``_OFFLOAD_STASH`` of them stay on the GPU in flight.
+  checkpointing, and the fused LM head's loss buffers. ``activation_offloading`` (TRL's
+  ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: on the GPU machine it
+  did not lower the device-level peak.
 
 Three terms come from measurements rather than from the models' shapes. They were fitted to the device-level
 peaks of three runs on an H100 (0.5B + 0.5B at 1024 and 4096 tokens, 1.5B + 1.5B at 4096; 32 completions,
@@ -70,9 +70,9 @@ _BNB_BYTES_PER_PARAM = 2 + 8 / 256
 _FUSED_TOKENS, _FUSED_VOCAB = 4096, 32768
 # rlt_mono's reward applies the LM head to this many positions at a time (rlt_mono/rewards/log_probs.py).
 _REWARD_HEAD_CHUNK = 1024
-# TRL's activation offloading keeps this many saved tensors on the GPU while the next ones are copied out
-# (get_act_offloading_ctx_manager's max_fwd_stash_size).
-_OFFLOAD_STASH = 5
+# trainer.activation_offloading on the GPU machine (bench/results/h100_planner.json): 0.5B + 0.5B, 4096 tokens,
+# micro-batch 4: TRAIN's device-level peak 8.48 GiB with it and 8.36 GiB without, 1.07x the step time.
+ACTIVATION_OFFLOADING_NOTE = "measured: no lower device-level peak at 0.5B, 4096 tokens, micro-batch 4"
 # Measured (module docstring): non-torch memory per phase, and the allocator's slack on torch's terms.
 CONTEXT_GIB = 1.5
 ALLOCATOR_SLACK = 0.12
@@ -360,18 +360,16 @@ def train_activation_bytes(s: Settings) -> int:
     """Activations of one micro-batch, ``b = per_device_train_batch_size`` sequences of ``T`` tokens:
     with gradient checkpointing, each layer's input ``L x b x T x H`` plus one layer recomputed in the backward
     (``layer_saved_per_token x b x T``); without it, every layer's saved tensors ``L x layer_saved_per_token x b x
-    T``; plus the final norm's input and output ``2 x b x T x H``. With activation offloading what is saved goes
-    to the CPU but for ``_OFFLOAD_STASH`` tensors in flight: with checkpointing that many layer inputs, without
-    it one layer's saved tensors (a layer saves more than ``_OFFLOAD_STASH`` of them)."""
+    T``; plus the final norm's input and output ``2 x b x T x H``. Activation offloading is credited with no
+    saving: measured, it did not lower the device-level peak (``ACTIVATION_OFFLOADING_NOTE``)."""
     arch, act = s.teacher, activation_bytes(s)
     tokens = s.per_device_train_batch_size * s.sequence_length
     per_layer = layer_saved_per_token(arch, act) * tokens
     layer_input = tokens * arch.hidden_size * act
-    layers = min(arch.num_hidden_layers, _OFFLOAD_STASH) if s.activation_offloading else arch.num_hidden_layers
     if s.gradient_checkpointing:
-        kept = layers * layer_input + per_layer
+        kept = arch.num_hidden_layers * layer_input + per_layer
     else:
-        kept = (1 if s.activation_offloading else layers) * per_layer
+        kept = arch.num_hidden_layers * per_layer
     return kept + 2 * layer_input
 
 

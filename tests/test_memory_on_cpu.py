@@ -167,18 +167,13 @@ def test_cli_exit_codes_and_lines(tmp_path):
 # ---- memory=auto --------------------------------------------------------------------------------------------
 
 
-def test_activation_offloading_keeps_five_layer_inputs_on_the_gpu():
-    s = tiny_settings(gradient_checkpointing=True, activation_offloading=True)
-    arch = Arch.from_config(QWEN25_ARCHS["1.5b"])  # 28 layers: offloading keeps 5 of the 28 layer inputs
-    big = dataclasses.replace(s, teacher=arch, student=arch)
-    tokens, layer_input = 2 * 16, 2 * 16 * 1536 * 4
-    on = dict(plan(big).phases["TRAIN"].terms)["activations"]
-    off = dict(plan(dataclasses.replace(big, activation_offloading=False)).phases["TRAIN"].terms)["activations"]
-    assert off - on == (28 - 5) * layer_input
-    # a 2-layer model has fewer layer inputs than the stash: nothing changes
-    assert (dict(plan(s).phases["TRAIN"].terms)["activations"]
-            == dict(plan(dataclasses.replace(s, activation_offloading=False)).phases["TRAIN"].terms)["activations"]
-            == 2 * tokens * 8 * 4 + 688 * tokens + 2048)
+def test_activation_offloading_is_credited_with_no_saving_and_never_advised():
+    # measured on the GPU machine: it did not lower the device-level peak (rlt_mono.memory)
+    arch = Arch.from_config(QWEN25_ARCHS["1.5b"])
+    s = tiny_settings(teacher=arch, student=arch, gradient_checkpointing=True)
+    on = plan(dataclasses.replace(s, activation_offloading=True))
+    assert on.phases["TRAIN"].bytes == plan(s).phases["TRAIN"].bytes
+    assert all("activation_offloading" not in change for change in fit._candidates(s))
 
 
 def qwen_settings(arch: str, **changes) -> Settings:
