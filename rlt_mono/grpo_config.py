@@ -95,6 +95,9 @@ class RLTConfig(trl.GRPOConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        for name in ("plot_metrics", "vllm_detokenize", "activation_offloading", "offload_actor_in_generation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.activation_offloading and self.use_cpu:
             raise ValueError("activation_offloading moves activations from a GPU to the CPU: it needs a GPU run")
         if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:

@@ -96,8 +96,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         self._actor_aside = None
         aside = self.args.offload_actor_in_generation
         if aside and not self.trl_surface.one_call_sync:
-            logger.warning("offload_actor_in_generation needs vLLM colocated with the one-call weight sync (off "
-                           "here): the teacher stays on the GPU while vLLM generates")
+            logger.warning("trainer.offload_actor_in_generation needs vLLM colocated with the one-call weight sync, "
+                           "which this run does not use: it is off")
         if self.trl_surface.one_call_sync:
             trl_vllm.install_one_call_sync(
                 self.vllm_generation, swapper.empty_cache,

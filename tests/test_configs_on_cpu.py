@@ -164,6 +164,10 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
      "error: run_name is not set: the run config sets it (or add run_name=... to the command)"),
     (["demo_tiny", "seed=x"], "error: seed must be an integer, got 'x'"),
     (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, manual"),
+    (["demo_tiny", "trainer.offload_actor_in_generation=maybe"],
+     "error: trainer: offload_actor_in_generation must be true or false, got 'maybe'"),
+    (["demo_tiny", "trainer.activation_offloading=true"],
+     "error: trainer: activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
 ])
 def test_run_level_key_mistakes_are_one_line_before_any_stage_starts(argv, error, capsys):
     assert train_main(argv) == 2
