@@ -29,10 +29,11 @@ import json
 import logging
 import math
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlt_mono.errors import UserError
-from rlt_mono.memory import DTYPE_BYTES, GIB, QWEN25_ARCHS, Arch, Plan, Settings, predict, weight_bytes
+from rlt_mono.memory import DTYPE_BYTES, GIB, QWEN25_ARCHS, Arch, Phase, Settings, pool_bytes, predict, weight_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,55 @@ MODES = ("auto", "manual")
 
 
 # ---- the plan and its advice ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """The prediction for ``settings``: per-phase peaks, the largest, whether it fits, and if not the advice."""
+
+    settings: Settings
+    phases: dict[str, Phase]
+    # Full-length sequences whose KV cache fits beside vLLM's weights in its pool (< 1: vLLM cannot start).
+    kv_sequences: int
+    advice: str | None = field(default=None)
+
+    @property
+    def peak(self) -> Phase:
+        """The largest phase; of SCORE and TRAIN at the same level, the one whose own allocations set it."""
+        return max(self.phases.values(), key=lambda phase: (phase.bytes, -phase.term("allocator cache")))
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.gib <= self.settings.free and self.kv_sequences >= 1
+
+    def refusal(self) -> str:
+        """One line: what does not fit and the advice (empty when the plan fits)."""
+        if self.fits:
+            return ""
+        if self.kv_sequences < 1:
+            problem = (f"vLLM's pool ({gib_text(pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
+                       "cache beside its weights")
+        else:
+            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
+        return f"{problem}: {self.advice}" if self.advice else problem
+
+    def table(self) -> str:
+        """A text table: each phase's total and its terms, then the peak and the verdict."""
+        s = self.settings
+        lines = [f"memory plan (predicted device-level peaks): card {s.total_gib:.1f} GiB, {s.free:.1f} free; "
+                 f"vLLM pool {gib_text(pool_bytes(s))} GiB ({s.vllm_gpu_memory_utilization:g}), "
+                 f"{self.kv_sequences} full-length sequences of KV cache",
+                 f"  {'phase':<9} {'GiB':>7}  terms (GiB)"]
+        for phase in self.phases.values():
+            terms = ", ".join(f"{what} {gib_text(nbytes)}" for what, nbytes in phase.terms)
+            lines.append(f"  {phase.name:<9} {phase.gib:>7.2f}  {terms}")
+        verdict = "fits" if self.fits else f"does not fit: {self.refusal()}"
+        lines.append(f"  peak: {self.peak.name} {self.peak.gib:.2f} GiB; {verdict}")
+        return "\n".join(lines)
+
+
+def gib_text(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f}"
+
+
 def fits(s: Settings) -> bool:
     phases, kv_sequences = predict(s)
     return max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1

@@ -52,7 +52,7 @@ Run it on a config: ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--ar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rlt_mono.errors import UserError
 
@@ -240,57 +240,8 @@ class Phase:
         return self.bytes / GIB
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The prediction for ``settings``: per-phase peaks, the largest, whether it fits, and if not the advice."""
-
-    settings: Settings
-    phases: dict[str, Phase]
-    # Full-length sequences whose KV cache fits beside vLLM's weights in its pool (< 1: vLLM cannot start).
-    kv_sequences: int
-    advice: str | None = field(default=None)
-
-    @property
-    def peak(self) -> Phase:
-        """The largest phase; of SCORE and TRAIN at the same level, the one whose own allocations set it."""
-        return max(self.phases.values(), key=lambda phase: (phase.bytes, -phase.term("allocator cache")))
-
-    @property
-    def fits(self) -> bool:
-        return self.peak.gib <= self.settings.free and self.kv_sequences >= 1
-
-    def refusal(self) -> str:
-        """One line: what does not fit and the advice (empty when the plan fits)."""
-        if self.fits:
-            return ""
-        if self.kv_sequences < 1:
-            problem = (f"vLLM's pool ({_gib(_pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
-                       "cache beside its weights")
-        else:
-            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
-        return f"{problem}: {self.advice}" if self.advice else problem
-
-    def table(self) -> str:
-        """A text table: each phase's total and its terms, then the peak and the verdict."""
-        s = self.settings
-        lines = [f"memory plan (predicted device-level peaks): card {s.total_gib:.1f} GiB, {s.free:.1f} free; "
-                 f"vLLM pool {_gib(_pool_bytes(s))} GiB ({s.vllm_gpu_memory_utilization:g}), "
-                 f"{self.kv_sequences} full-length sequences of KV cache",
-                 f"  {'phase':<9} {'GiB':>7}  terms (GiB)"]
-        for phase in self.phases.values():
-            terms = ", ".join(f"{what} {_gib(nbytes)}" for what, nbytes in phase.terms)
-            lines.append(f"  {phase.name:<9} {phase.gib:>7.2f}  {terms}")
-        verdict = "fits" if self.fits else f"does not fit: {self.refusal()}"
-        lines.append(f"  peak: {self.peak.name} {self.peak.gib:.2f} GiB; {verdict}")
-        return "\n".join(lines)
-
-
 # ---- the arithmetic ---------------------------------------------------------------------------------------
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / GIB:.2f}"
-
-
-def _pool_bytes(s: Settings) -> int:
+def pool_bytes(s: Settings) -> int:
     """vLLM's pool: ``vllm_gpu_memory_utilization x total`` bytes."""
     return int(s.vllm_gpu_memory_utilization * s.total_gib * GIB)
 
@@ -384,7 +335,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     reference_w = teacher_w  # the reference is a copy of the teacher
     student_w = weight_bytes(s.student, s.student_dtype)
     optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim)
-    pool = _pool_bytes(s)
+    pool = pool_bytes(s)
     resident = [("teacher weights", teacher_w), ("optimizer state", optimizer)]
     if not s.offload_reference:
         resident.append(("reference weights (resident)", reference_w))
