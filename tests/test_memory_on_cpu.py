@@ -287,3 +287,10 @@ def test_cli_auto_prints_what_it_would_set():
     chosen = fit.choose(fit.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
     assert (f"memory=auto: trainer.vllm_gpu_memory_utilization={chosen.vllm_gpu_memory_utilization} "
             in shown.stdout)
+
+
+def test_placement_auto_is_planned_as_mono_and_split_is_refused():
+    auto = fit.settings_from_config(compose_rl("placement=auto"), total_gib=80.0, arch="0.5b")
+    assert auto == fit.settings_from_config(compose_rl(), total_gib=80.0, arch="0.5b")
+    with pytest.raises(UserError, match="placement=split: the memory planner covers every role on one GPU"):
+        fit.settings_from_config(compose_rl("placement=split"), total_gib=80.0, arch="0.5b")
