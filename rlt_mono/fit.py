@@ -118,7 +118,7 @@ def _candidates(s: Settings) -> list[dict]:
     """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
     micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
     gradient checkpointing on, 8-bit Adam, shorter completions (halved down to 128). Activation offloading is not
-    suggested: measured, it saved no device memory (``rlt_mono.memory.ACTIVATION_OFFLOADING_NOTE``)."""
+    suggested: measured, it saved no device memory (``rlt_mono.memory.train_activation_bytes``)."""
     changes: list[dict] = []
     size = s.reward_micro_batch_size // 2
     while size >= 1:

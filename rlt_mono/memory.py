@@ -70,9 +70,6 @@ _BNB_BYTES_PER_PARAM = 2 + 8 / 256
 _FUSED_TOKENS, _FUSED_VOCAB = 4096, 32768
 # rlt_mono's reward applies the LM head to this many positions at a time (rlt_mono/rewards/log_probs.py).
 _REWARD_HEAD_CHUNK = 1024
-# trainer.activation_offloading on the GPU machine (bench/results/h100_planner.json): 0.5B + 0.5B, 4096 tokens,
-# micro-batch 4: TRAIN's device-level peak 8.48 GiB with it and 8.36 GiB without, 1.07x the step time.
-ACTIVATION_OFFLOADING_NOTE = "measured: no lower device-level peak at 0.5B, 4096 tokens, micro-batch 4"
 # Measured (module docstring): non-torch memory per phase, and the allocator's slack on torch's terms.
 CONTEXT_GIB = 1.5
 ALLOCATOR_SLACK = 0.12
@@ -312,7 +309,8 @@ def train_activation_bytes(s: Settings) -> int:
     with gradient checkpointing, each layer's input ``L x b x T x H`` plus one layer recomputed in the backward
     (``layer_saved_per_token x b x T``); without it, every layer's saved tensors ``L x layer_saved_per_token x b x
     T``; plus the final norm's input and output ``2 x b x T x H``. Activation offloading is credited with no
-    saving: measured, it did not lower the device-level peak (``ACTIVATION_OFFLOADING_NOTE``)."""
+    saving: on the GPU machine (bench/results/h100_planner.json; 0.5B + 0.5B, 4096 tokens, micro-batch 4)
+    TRAIN's device-level peak was 8.48 GiB with it and 8.36 GiB without, at 1.07x the step time."""
     arch, act = s.teacher, activation_bytes(s)
     tokens = s.per_device_train_batch_size * s.sequence_length
     per_layer = layer_saved_per_token(arch, act) * tokens
