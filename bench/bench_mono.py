@@ -104,6 +104,8 @@ OPTIONS = {
                        "GPU for the run, as if the card had only that much free; the measured peaks leave it out"),
     "--activation-offloading": dict(choices=["true", "false"], help="trainer.activation_offloading"),
     "--offload-actor": dict(choices=["true", "false"], help="trainer.offload_actor_in_generation"),
+    "--lora-r": dict(type=int, help="model.lora_r: a LoRA teacher of this rank (default: every weight trained)"),
+    "--load-in-4bit": dict(choices=["true", "false"], help="model.load_in_4bit: QLoRA (with --lora-r)"),
     "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
     "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
     "--pcie-gib": dict(type=float, default=1.0, help="bytes copied host to device, in GiB"),
@@ -120,7 +122,7 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
     "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--memory", "--card-gib", "--activation-offloading",
-            "--offload-actor"],
+            "--offload-actor", "--lora-r", "--load-in-4bit"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -190,6 +192,8 @@ OVERRIDES = {
     "memory": ["memory={memory}"],
     "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
     "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
+    "lora_r": ["model.lora_r={lora_r}"],
+    "load_in_4bit": ["model.load_in_4bit={load_in_4bit}"],
 }
 # The output folder is each arm's own; every other trl.GRPOConfig field must agree between the arms.
 ARM_SPECIFIC = ("output_dir",)
@@ -402,7 +406,8 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     rows = after_first(all_rows)
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
-    return {"mode": "rlt", "placement": a.placement, "detokenize": trainer.args.generation_kwargs["detokenize"],
+    return {"mode": "rlt", "placement": a.placement, "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
+            "detokenize": trainer.args.generation_kwargs["detokenize"],
             **timer.summary(), **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             **measured_peaks(all_rows, others_gib), **prediction, "memory": a.memory,
             "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},

@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono import checkpoints, fit
+from rlt_mono import checkpoints, fit, lora
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
@@ -89,7 +89,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     # ---- models ---------------------------------------------------------------------------------------
-    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model))
+    teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
+                         **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
     swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
@@ -117,6 +118,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         train_dataset=dataset,
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
+        peft_config=lora.peft_config(cfg.model),
         placement=placement,
         timer=timer,
         swapper=swapper,
@@ -182,6 +184,11 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
                   report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+    if lora.lora_rank(cfg.model) and kwargs.get("sync_ref_model"):
+        # The reference of a LoRA teacher is the teacher with its adapters disabled, which TRL does not mix.
+        logger.info("model.lora_r=%s: the reference is the base model (adapters disabled); trainer.sync_ref_model "
+                    "is off", cfg.model.lora_r)
+        kwargs["sync_ref_model"] = False
     return kwargs
 
 

@@ -29,7 +29,7 @@ TRAINER_STATE = "trainer_state.json"
 # What a resume needs beyond the weights: without them transformers continues silently with a fresh
 # optimizer, a restarted schedule or unrestored RNG, and the run diverges from the uninterrupted one.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", TRAINER_STATE)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 # Files of a run folder that mean a run already wrote there.
 RUN_MARKERS = ("metrics.jsonl", "samples.jsonl", "config.yaml")
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -272,10 +272,17 @@ FINAL_DIR = "final"
 
 
 def save_final(trainer, output_dir: Path) -> Path:
-    """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete."""
+    """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete. A LoRA
+    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.lora``)."""
+    from rlt_mono import lora
+
     staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
     shutil.rmtree(staging, ignore_errors=True)
-    trainer.save_model(str(staging))
+    if lora.is_peft(trainer.model):
+        lora.save_merged(trainer.model, trainer.processing_class, staging)
+        trainer.save_model(str(staging / "adapter"))
+    else:
+        trainer.save_model(str(staging))
     publish(staging, Path(output_dir) / FINAL_DIR)
     return Path(output_dir) / FINAL_DIR
 

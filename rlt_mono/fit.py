@@ -5,7 +5,7 @@ turns that into decisions:
 
 - ``plan(settings)``: the prediction, and when it does not fit, the cheapest single change that would
   (``advise``: lower ``reward.micro_batch_size``, a smaller micro-batch with more accumulation, gradient
-  checkpointing, 8-bit Adam, shorter completions; failing each alone, all of them).
+  checkpointing, 8-bit Adam, a LoRA then a QLoRA teacher, shorter completions; failing each alone, all of them).
 - ``choose(settings)``: what ``memory=auto`` runs with. The completions per optimizer step and per generation
   stay as configured; it sizes vLLM's pool to the teacher's weights, the KV cache of one generation batch and
   vLLM's own working memory (``vllm_gpu_memory_utilization``), then takes the largest micro-batch (with the
@@ -55,7 +55,11 @@ CONFIG_KEYS = {
     "activation_offloading": "trainer.activation_offloading",
     "offload_actor_in_generation": "trainer.offload_actor_in_generation",
     "max_completion_length": "trainer.max_completion_length",
+    "lora_r": "model.lora_r",
+    "load_in_4bit": "model.load_in_4bit",
 }
+# The adapter rank the advice suggests when only a LoRA or QLoRA teacher fits.
+ADVICE_LORA_RANK = 16
 MODES = ("auto", "manual")
 
 
@@ -117,7 +121,8 @@ def fits(s: Settings) -> bool:
 def _candidates(s: Settings) -> list[dict]:
     """Single changes, cheapest first within each kind, in the fixed order: reward.micro_batch_size lower, the
     micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
-    gradient checkpointing on, 8-bit Adam, shorter completions (halved down to 128). Activation offloading is not
+    gradient checkpointing on, 8-bit Adam, a LoRA teacher (rank ``ADVICE_LORA_RANK``), a QLoRA teacher, shorter
+    completions (halved down to 128). Activation offloading is not
     suggested: measured, it saved no device memory (``rlt_mono.memory.train_activation_bytes``)."""
     changes: list[dict] = []
     size = s.reward_micro_batch_size // 2
@@ -132,8 +137,12 @@ def _candidates(s: Settings) -> list[dict]:
                         "steps_per_generation": s.steps_per_generation * factor})
     if not s.gradient_checkpointing:
         changes.append({"gradient_checkpointing": True})
-    if s.optim != "adamw_bnb_8bit":
+    if s.optim not in ("adamw_bnb_8bit", "paged_adamw_8bit"):
         changes.append({"optim": "adamw_bnb_8bit"})
+    if not s.lora_r:
+        changes.append({"lora_r": ADVICE_LORA_RANK})
+    if not s.load_in_4bit:
+        changes.append({"lora_r": s.lora_r or ADVICE_LORA_RANK, "load_in_4bit": True})
     length = s.max_completion_length // 2
     while length >= 128:
         changes.append({"max_completion_length": length})
@@ -272,6 +281,8 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
         teacher_dtype=cfg.model.dtype,
         student_dtype=cfg.student.dtype,
         optim=trainer.optim,
+        lora_r=int(cfg.model.get("lora_r", 0) or 0),
+        load_in_4bit=bool(cfg.model.get("load_in_4bit", False)),
         gradient_checkpointing=bool(trainer.gradient_checkpointing),
         bf16=bool(trainer.bf16),
         activation_offloading=bool(trainer.get("activation_offloading", False)),

@@ -26,6 +26,13 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
   ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: on the GPU machine it
   did not lower the device-level peak.
 
+**A LoRA or QLoRA teacher** (``lora_r > 0``, ``load_in_4bit``; ``rlt_mono/lora.py``): the trainer's teacher is
+its base weights (the linear layers at ``NF4_BYTES_PER_PARAM`` when 4-bit) plus the adapters; gradients and
+optimizer state are the adapters' only; there is no reference copy (the reference pass runs the teacher with its
+adapters disabled); vLLM still holds the merged teacher in its dtype, and each weight sync builds one merged
+layer at a time. A 4-bit teacher's passes also hold the dequantized weights of the layer they are in. The
+adapters' own activations (``r`` values per token per layer and target) are left out.
+
 Three terms come from measurements rather than from the models' shapes. They were fitted to the device-level
 peaks of three runs on an H100 (0.5B + 0.5B at 1024 and 4096 tokens, 1.5B + 1.5B at 4096; 32 completions,
 micro-batch 4; ``bench/results/h100_planner.json``), then checked on runs they were not fitted to (same file):
@@ -34,8 +41,10 @@ micro-batch 4; ``bench/results/h100_planner.json``), then checked on runs they w
   workspaces).
 - ``slack`` (12%) of the trainer's torch-allocated terms, in every phase: the caching allocator's fragmentation
   and the blocks it keeps reserved.
-- vLLM beyond its pool during GENERATE, ``VLLM_BEYOND_POOL`` (0.4) x the teacher's weights: what the engine
-  holds outside the ``gpu_memory_utilization`` budget (measured +0.3 GiB at 0.5B, +1.1 GiB at 1.5B).
+- vLLM beyond its pool during GENERATE, ``VLLM_BEYOND_POOL`` (0.4) x the teacher's weights, at most
+  ``VLLM_BEYOND_POOL_MAX_GIB`` (1.5 GiB): what the engine holds outside the ``gpu_memory_utilization`` budget
+  (measured +0.3 GiB at 0.5B, +1.1 GiB at 1.5B; at 7B the phase measured 57.7 GiB, 3 GiB under the prediction
+  without this term, so it does not grow with the weights beyond the cap).
 
 Outside GENERATE torch keeps what it reserved from one phase to the next, so the device holds the larger of
 SCORE's and TRAIN's allocations in both ("allocator cache from ...").
@@ -63,7 +72,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # float32 weights, 4 for bfloat16). adamw_bnb_8bit: two 8-bit states (2 bytes) plus one float32 absmax per
 # 256-element block for each (8 / 256 bytes), except the input embedding, whose two states transformers' Trainer
 # keeps in float32 (8 bytes; it registers nn.Embedding weights with bitsandbytes as optim_bits=32).
-OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
+# paged_adamw_8bit: the same states in CUDA managed memory, which the driver may page out to the CPU under
+# pressure; counted like adamw_bnb_8bit (as resident: the planner credits paging with nothing).
+OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit", "paged_adamw_8bit")
 _BNB_BYTES_PER_PARAM = 2 + 8 / 256
 # TRL 1.16's fused LM head (trl/kernels/chunked_logprob.py): tiles of TOKEN_CHUNK_SIZE positions x
 # _CHUNKED_LOGPROB_CHUNK_SIZE vocabulary entries.
@@ -74,6 +85,10 @@ _REWARD_HEAD_CHUNK = 1024
 CONTEXT_GIB = 1.5
 ALLOCATOR_SLACK = 0.12
 VLLM_BEYOND_POOL = 0.4
+VLLM_BEYOND_POOL_MAX_GIB = 1.5
+# QLoRA's NF4 base weights (bitsandbytes, double quantization): 4 bits per weight, one 8-bit absmax per block of
+# 64 weights, and one float32 scale per 256 absmax values.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 # Qwen2.5 architectures (config.json of the public checkpoints), as in bench/bench_mono.py's ARCHS.
 QWEN25_ARCHS = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -143,6 +158,21 @@ class Arch:
             attention += h
         return attention + 3 * h * self.intermediate_size + 2 * h
 
+    def linear_shapes(self) -> tuple[tuple[int, int], ...]:
+        """``(in, out)`` of one layer's linear layers, the ones LoRA's ``all-linear`` targets and QLoRA quantizes:
+        q, k, v, o, gate, up, down."""
+        h, i = self.hidden_size, self.intermediate_size
+        return ((h, self.q_dim), (h, self.kv_dim), (h, self.kv_dim), (self.q_dim, h), (h, i), (h, i), (i, h))
+
+    def linear_params(self) -> int:
+        """Weights of every layer's linear layers (no biases): ``L x sum(in x out)``."""
+        return self.num_hidden_layers * sum(n * m for n, m in self.linear_shapes())
+
+    def lora_params(self, rank: int) -> int:
+        """Rank-``r`` adapters on every linear layer: ``A`` is ``r x in``, ``B`` is ``out x r``, so
+        ``L x r x sum(in + out)``."""
+        return self.num_hidden_layers * rank * sum(n + m for n, m in self.linear_shapes())
+
     def params(self) -> int:
         """All parameters, a tied embedding once: embedding ``V x H`` + layers + final norm ``H`` + LM head
         ``V x H`` when not tied."""
@@ -170,6 +200,9 @@ class Settings:
     gradient_checkpointing: bool = True
     bf16: bool = True
     activation_offloading: bool = False
+    # model.lora_r (0: every weight trained) and model.load_in_4bit (QLoRA), rlt_mono/lora.py.
+    lora_r: int = 0
+    load_in_4bit: bool = False
     # trainer.offload_actor_in_generation: the teacher and its optimizer state wait on the CPU while vLLM generates.
     offload_actor_in_generation: bool = False
     # The longest prompt in tokens (the planner's own input: the config does not bound it) and
@@ -205,6 +238,8 @@ class Settings:
                      "gradient_accumulation_steps", "steps_per_generation", "reward_micro_batch_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.lora_r < 0 or (self.load_in_4bit and self.lora_r == 0):
+            raise UserError(f"lora_r={self.lora_r}, load_in_4bit={self.load_in_4bit}: a 4-bit teacher needs lora_r > 0")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise UserError(f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
 
@@ -248,14 +283,52 @@ def weight_bytes(arch: Arch, dtype: str) -> int:
     return arch.params() * DTYPE_BYTES[dtype]
 
 
-def optimizer_bytes(arch: Arch, dtype: str, optim: str) -> int:
+def lora_dtype_bytes(s: Settings) -> int:
+    """Bytes per adapter parameter: peft keeps adapters of a 16-bit model in float32 (4); TRL casts a 4-bit
+    model's adapters to bfloat16 (2)."""
+    return 2 if s.load_in_4bit else 4
+
+
+def teacher_weight_bytes(s: Settings) -> int:
+    """The trainer's teacher: ``params x dtype bytes``; with ``load_in_4bit`` the linear layers' weights at
+    ``NF4_BYTES_PER_PARAM`` and the rest (embeddings, LM head, norms, biases) in the dtype; plus LoRA's adapters
+    (``lora_params x lora_dtype_bytes``)."""
+    arch, dtype = s.teacher, DTYPE_BYTES[s.teacher_dtype]
+    if s.load_in_4bit:
+        base = math.ceil(arch.linear_params() * NF4_BYTES_PER_PARAM) + (arch.params() - arch.linear_params()) * dtype
+    else:
+        base = arch.params() * dtype
+    return base + arch.lora_params(s.lora_r) * lora_dtype_bytes(s)
+
+
+def gradient_bytes(s: Settings) -> int:
+    """One gradient per trained parameter, like it: the adapters with LoRA, else every weight."""
+    if s.lora_r:
+        return s.teacher.lora_params(s.lora_r) * lora_dtype_bytes(s)
+    return weight_bytes(s.teacher, s.teacher_dtype)
+
+
+def optimizer_bytes(arch: Arch, dtype: str, optim: str, lora: tuple[int, int] | None = None) -> int:
     """adamw_torch: two states like the parameters, ``2 x params x dtype bytes`` (8 bytes/param in float32);
-    adamw_bnb_8bit: the input embedding ``V x H x 8`` (two float32 states) and the other parameters
-    ``x (2 + 8/256)`` (two 8-bit states and their blockwise float32 scales)."""
+    adamw_bnb_8bit and paged_adamw_8bit: the input embedding ``V x H x 8`` (two float32 states) and the other
+    parameters ``x (2 + 8/256)`` (two 8-bit states and their blockwise float32 scales). With LoRA (``lora`` =
+    ``(rank, adapter dtype bytes)``) only the adapters have state: ``2 x lora_params x bytes`` or
+    ``lora_params x (2 + 8/256)``."""
+    if lora is not None:
+        trained = arch.lora_params(lora[0])
+        return 2 * trained * lora[1] if optim == "adamw_torch" else math.ceil(trained * _BNB_BYTES_PER_PARAM)
     if optim == "adamw_torch":
         return 2 * weight_bytes(arch, dtype)
     embedding = arch.vocab_size * arch.hidden_size
     return embedding * 8 + math.ceil((arch.params() - embedding) * _BNB_BYTES_PER_PARAM)
+
+
+def dequantize_bytes(s: Settings) -> int:
+    """A 4-bit teacher's forward and backward dequantize one linear layer's weight at a time into the compute
+    dtype: two of the largest (``2 x max(in x out) x 2``), one being freed as the next is made."""
+    if not s.load_in_4bit:
+        return 0
+    return 2 * max(n * m for n, m in s.teacher.linear_shapes()) * 2
 
 
 def activation_bytes(s: Settings) -> int:
@@ -322,6 +395,19 @@ def train_activation_bytes(s: Settings) -> int:
     return kept + 2 * layer_input
 
 
+def beyond_pool_bytes(vllm_weights: int) -> int:
+    """vLLM's memory outside its pool while it generates (module docstring): ``min(0.4 x weights, 1.5 GiB)``."""
+    return int(min(VLLM_BEYOND_POOL * vllm_weights, VLLM_BEYOND_POOL_MAX_GIB * GIB))
+
+
+def merge_buffer_bytes(s: Settings) -> int:
+    """A LoRA teacher's weight sync merges one layer at a time (``lora.merged_named_params``): the base weight in
+    float32, the adapter's float32 update and the result in the dtype, ``max(in x out) x (4 + 4 + dtype bytes)``."""
+    if not s.lora_r:
+        return 0
+    return max(n * m for n, m in s.teacher.linear_shapes()) * (8 + DTYPE_BYTES[s.teacher_dtype])
+
+
 def _total(terms: list[tuple[str, int]]) -> int:
     return sum(nbytes for _, nbytes in terms)
 
@@ -329,13 +415,17 @@ def _total(terms: list[tuple[str, int]]) -> int:
 def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     """The three phases' terms, and how many full-length sequences of KV cache vLLM's pool holds."""
     act = activation_bytes(s)
-    teacher_w = weight_bytes(s.teacher, s.teacher_dtype)
-    reference_w = teacher_w  # the reference is a copy of the teacher
+    vllm_weights = weight_bytes(s.teacher, s.teacher_dtype)  # vLLM's copy: the (merged) teacher in its dtype
+    teacher_w = teacher_weight_bytes(s)
+    # The reference is a copy of the teacher; a LoRA teacher's is itself with adapters disabled (no copy).
+    reference_w = 0 if s.lora_r else vllm_weights
     student_w = weight_bytes(s.student, s.student_dtype)
-    optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim)
+    optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim,
+                                (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None)
     pool = pool_bytes(s)
-    resident = [("teacher weights", teacher_w), ("optimizer state", optimizer)]
-    if not s.offload_reference:
+    label = "teacher weights" + (" (NF4 base, adapters)" if s.load_in_4bit else " (adapters too)" if s.lora_r else "")
+    resident = [(label, teacher_w), ("optimizer state", optimizer)]
+    if not s.offload_reference and reference_w:
         resident.append(("reference weights (resident)", reference_w))
     if not s.offload_student:
         resident.append(("student weights (resident)", student_w))
@@ -344,13 +434,13 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     length, completion = s.sequence_length, s.max_completion_length
     train_b, reward_b = s.per_device_train_batch_size, s.reward_micro_batch_size
     passes = {  # name -> (weights swapped in for it, its activations)
-        "reference pass": (reference_w if s.offload_reference else 0, no_grad_pass_bytes(
+        "reference pass": (reference_w if s.offload_reference else 0, dequantize_bytes(s) + no_grad_pass_bytes(
             s.teacher, s.teacher_dtype, train_b, length, act, fused_head_bytes(s.teacher, train_b * completion, act,
                                                                                backward=False))),
         "student pass": (student_w if s.offload_student else 0, no_grad_pass_bytes(
             s.student, s.student_dtype, reward_b, length, act, reward_head_bytes(s.student, completion,
                                                                                 s.student_dtype))),
-        "teacher pass": (0, no_grad_pass_bytes(s.teacher, s.teacher_dtype, reward_b, length, act,
+        "teacher pass": (0, dequantize_bytes(s) + no_grad_pass_bytes(s.teacher, s.teacher_dtype, reward_b, length, act,
                                                reward_head_bytes(s.teacher, completion, s.teacher_dtype))),
     }
     name, (swapped, activations) = max(passes.items(), key=lambda item: sum(item[1]))
@@ -358,17 +448,18 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     if swapped:
         score_terms.append((f"{name.split()[0]} weights (swapped in)", swapped))
     score_terms.append((f"{name} activations", activations))
-    train_terms = [*resident, ("gradients", teacher_w), ("activations", train_activation_bytes(s)),
+    train_terms = [*resident, ("gradients", gradient_bytes(s)), ("activations", train_activation_bytes(s)),
                    ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
+    if s.load_in_4bit:
+        train_terms.append(("4-bit dequantization", dequantize_bytes(s)))
     # Torch keeps what it reserved between SCORE and TRAIN: both phases hold the larger allocation.
     score_torch, train_torch = _total(score_terms), _total(train_terms)
     score_terms.append(("allocator cache from TRAIN", max(0, train_torch - score_torch)))
     train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
-    vllm_weights = weight_bytes(s.teacher, s.teacher_dtype)
     if s.offload_actor_in_generation:
         # The actor steps aside after the weight sync: before it does, vLLM holds only its weights (no KV cache
         # yet) beside the trainer; after, the pool alone. The phase's peak is the larger moment.
-        sync_moment = int((1 + s.slack) * _total(resident)) + vllm_weights
+        sync_moment = int((1 + s.slack) * _total(resident)) + vllm_weights + merge_buffer_bytes(s)
         generate_terms = [("actor during the weight sync, then on the CPU", max(0, sync_moment - pool))]
     else:
         generate_terms = list(resident)
@@ -379,7 +470,8 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     generate_measured = ([("CUDA context", int(s.context_gib * GIB))] if s.offload_actor_in_generation
                          else measured(generate_terms))
     phases = {
-        "GENERATE": Phase("GENERATE", (("vLLM pool", pool), ("vLLM beyond its pool", int(VLLM_BEYOND_POOL * teacher_w)),
+        "GENERATE": Phase("GENERATE", (("vLLM pool", pool),
+                                       ("vLLM beyond its pool", beyond_pool_bytes(vllm_weights)),
                                        *generate_terms, *generate_measured)),
         "SCORE": Phase("SCORE", (*score_terms, *asleep_pool, *measured(score_terms))),
         "TRAIN": Phase("TRAIN", (*train_terms, *asleep_pool, *measured(train_terms))),

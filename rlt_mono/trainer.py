@@ -14,6 +14,8 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 - TRL's reference-sync callback is wrapped so that the offloaded reference is swapped in for the mixup; once a
   mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
 - Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
+- A LoRA or QLoRA teacher (``peft_config``, ``rlt_mono.lora``): vLLM gets the merged weights at each sync, in
+  the teacher's dtype; the reference is the teacher with its adapters disabled (TRL's), not a copy.
 - Every role is where the ``Placement`` puts it. When the student has a GPU of its own (split placement), the
   student half of the reward starts there right after generation and runs while TRL's policy and reference
   passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
@@ -34,7 +36,7 @@ import trl
 from transformers import TrainerCallback
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, trl_vllm
+from rlt_mono import checkpoints, lora, trl_vllm
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
@@ -81,8 +83,13 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         self._capturing_policy_log_probs = False
         self._policy_log_probs: torch.Tensor | None = None
         self._warned_no_policy_log_probs = False
-        super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
+        quantized = getattr(kwargs.get("model"), "is_loaded_in_4bit", False)
+        with trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext():
+            super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
+        if quantized and self.use_vllm and not self.trl_surface.one_call_sync:
+            raise trl_vllm.TRLSurfaceError("a 4-bit (QLoRA) teacher gives vLLM its merged weights through the one-call "
+                                           "weight sync, unavailable here (see the warning above)")
         if self.ref_model is not None:
             swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE),
                           device=placement.device(Role.REFERENCE))
@@ -102,7 +109,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             trl_vllm.install_one_call_sync(
                 self.vllm_generation, swapper.empty_cache,
                 lambda seconds: timer.add_metric("generate/weight_sync_seconds", seconds),
-                after_sync=self._step_actor_aside if aside else None)
+                after_sync=self._step_actor_aside if aside else None,
+                named_params=(lambda: lora.merged_named_params(self.model)) if lora.is_peft(self.model) else None)
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):

@@ -31,11 +31,12 @@ Optional (missing: a warning with its cost, and the feature is off):
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -204,9 +205,11 @@ def computes_old_log_probs(trainer) -> bool:
 
 def is_policy_no_grad_pass(trainer, model) -> bool:
     """Whether a ``_get_per_token_logps_and_entropies`` call is a no-grad pass of the policy: within a
-    generation batch the first one is ``old_per_token_logps`` (rlt_mono trains no PEFT adapter, whose reference
-    pass would also run the policy)."""
-    return model is trainer.model and not torch.is_grad_enabled()
+    generation batch the first one is ``old_per_token_logps``. A LoRA teacher's reference pass also runs the
+    policy, with its adapters disabled: that one is not."""
+    from rlt_mono.lora import adapters_enabled
+
+    return model is trainer.model and not torch.is_grad_enabled() and adapters_enabled(trainer.model)
 
 
 def log_probs_of(result: tuple) -> torch.Tensor:
@@ -224,11 +227,14 @@ def weights_asleep(generation) -> bool | None:
 
 
 def install_one_call_sync(generation, empty_cache: Callable[[], None], record_seconds: Callable[[float], None],
-                          after_sync: Callable[[], None] | None = None):
+                          after_sync: Callable[[], None] | None = None,
+                          named_params: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None):
     """Replace TRL's colocated weight sync (wake the weights, load the teacher's, reset the prefix cache) by the
     same steps with every tensor handed to vLLM's ``load_weights`` in one call instead of one call per tensor
     (drop when TRL batches the call). ``record_seconds`` receives each sync's duration; ``after_sync`` runs
-    once vLLM has the weights, before it wakes its KV cache and generates."""
+    once vLLM has the weights, before it wakes its KV cache and generates; ``named_params`` yields the weights
+    to load (default: TRL's ``_iter_named_params``; a LoRA teacher's merged weights: ``lora.merged_named_params``)."""
+    named_params = named_params or generation._iter_named_params
 
     def sync_weights() -> None:
         start = time.perf_counter()
@@ -237,7 +243,7 @@ def install_one_call_sync(generation, empty_cache: Callable[[], None], record_se
             generation.llm.wake_up(tags=["weights"])
             generation._llm_weights_sleeping = False
         vllm_model = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        vllm_model.load_weights(generation._iter_named_params())
+        vllm_model.load_weights(named_params())
         generation.llm.reset_prefix_cache()
         torch.cuda.synchronize()
         record_seconds(time.perf_counter() - start)
@@ -245,6 +251,26 @@ def install_one_call_sync(generation, empty_cache: Callable[[], None], record_se
             after_sync()
 
     generation.sync_weights = sync_weights
+
+
+@contextlib.contextmanager
+def vllm_unquantized() -> Iterator[None]:
+    """While ``GRPOTrainer.__init__`` runs: TRL 1.16 starts the colocated vLLM engine in bitsandbytes 4-bit when
+    the policy has 4-bit layers (``trl.generation.vllm_generation``, which asks transformers'
+    ``is_bitsandbytes_available``); a QLoRA teacher's vLLM engine instead holds the merged weights in the teacher's
+    dtype (``rlt_mono.lora``), so the check is told bitsandbytes is absent. Where TRL no longer asks, nothing is
+    changed."""
+    import trl.generation.vllm_generation as generation_module
+
+    original = getattr(generation_module, "is_bitsandbytes_available", None)
+    if original is None:
+        yield
+        return
+    generation_module.is_bitsandbytes_available = lambda: False
+    try:
+        yield
+    finally:
+        generation_module.is_bitsandbytes_available = original
 
 
 def wrap_reference_sync(trainer, swapper) -> None:

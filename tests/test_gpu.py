@@ -186,3 +186,41 @@ def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_
     optimizer.step()  # the optimizer still steps the same parameters
     assert not torch.equal(next(model.parameters()).data, weights[0])
     assert timer.pop_metrics()["swap/gib"] > 0
+
+
+def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights(bf16_pair, tmp_path):
+    from safetensors.torch import load_file
+
+    from rlt_mono import build_trainer, checkpoints, compose, lora, release_trainer
+    from rlt_mono.outputs import read_metrics
+
+    cfg = compose("demo_tiny", [
+        f"output_dir={tmp_path}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
+        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
+        "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
+        "trainer.learning_rate=5e-3", "model.lora_r=8", "model.load_in_4bit=true",
+        "trainer.offload_actor_in_generation=true",
+    ])
+    trainer = build_trainer(cfg)
+    assert trainer.model.is_loaded_in_4bit and trainer.ref_model is None and not trainer.args.sync_ref_model
+    name = "model.layers.0.mlp.down_proj.weight"
+    base = trainer.model.get_submodule("base_model.model." + name.removesuffix(".weight")).base_layer.weight
+    packed_before = base.data.clone()
+    trainer.train()
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["score/teacher_log_probs_reused"] == 1 and r["generate/weight_sync_seconds"] > 0 for r in rows)
+    assert torch.equal(base.data, packed_before)  # the 4-bit base never changes: no merge into it
+    assert any(p.abs().sum() > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n)
+    merged = dict(lora.merged_named_params(trainer.model))
+    generation = trainer.vllm_generation
+    generation.sync_weights()
+    vllm_model = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    in_vllm = dict(vllm_model.named_parameters())[name]
+    assert in_vllm.dtype == torch.bfloat16 and torch.equal(in_vllm, merged[name])  # vLLM holds the merged layer
+    generation.llm.sleep(level=2)
+    generation._llm_weights_sleeping = True
+    final = checkpoints.save_final(trainer, tmp_path)
+    assert torch.equal(load_file(final / "model.safetensors")[name], merged[name].cpu())
+    release_trainer(trainer)

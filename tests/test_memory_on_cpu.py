@@ -118,8 +118,9 @@ def test_advice_lowers_the_micro_batch_keeping_completions_per_step():
 
 def test_advice_falls_through_to_completion_length_and_to_nothing():
     arch = Arch.from_config(QWEN25_ARCHS["1.5b"])
+    # a QLoRA teacher already: shorter completions are the last kind of change left
     one = Settings(teacher=arch, student=arch, total_gib=24.0, vllm_gpu_memory_utilization=0.15,
-                   per_device_train_batch_size=1, reward_micro_batch_size=1)
+                   per_device_train_batch_size=1, reward_micro_batch_size=1, lora_r=16, load_in_4bit=True)
     shorter = plan(dataclasses.replace(one, max_completion_length=2048))
     result = plan(dataclasses.replace(one, free_gib=round(shorter.peak.gib + 0.01, 2)))
     assert result.advice == "trainer.max_completion_length=2048"
