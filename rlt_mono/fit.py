@@ -33,7 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlt_mono.errors import UserError
-from rlt_mono.memory import DTYPE_BYTES, GIB, QWEN25_ARCHS, Arch, Phase, Settings, pool_bytes, predict, weight_bytes
+from rlt_mono.memory import (
+    DTYPE_BYTES,
+    GIB,
+    QWEN25_ARCHS,
+    Arch,
+    Phase,
+    Settings,
+    pool_bytes,
+    predict,
+    start_bytes,
+    weight_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,13 +92,22 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return self.peak.gib <= self.settings.free and self.kv_sequences >= 1
+        return self.peak.gib <= self.settings.free and self.kv_sequences >= 1 and self.starts
+
+    @property
+    def starts(self) -> bool:
+        """Whether vLLM's engine can start beside the teacher (``memory.start_bytes``)."""
+        return start_bytes(self.settings) / GIB <= self.settings.free
 
     def refusal(self) -> str:
         """One line: what does not fit and the advice (empty when the plan fits)."""
         if self.fits:
             return ""
-        if self.kv_sequences < 1:
+        if not self.starts:
+            problem = (f"vLLM's start needs {start_bytes(self.settings) / GIB:.1f} GiB free (its pool "
+                       f"{gib_text(pool_bytes(self.settings))} GiB beside the teacher's weights), the card has "
+                       f"{self.settings.free:.1f}")
+        elif self.kv_sequences < 1:
             problem = (f"vLLM's pool ({gib_text(pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
                        "cache beside its weights")
         else:
@@ -104,6 +124,8 @@ class Plan:
         for phase in self.phases.values():
             terms = ", ".join(f"{what} {gib_text(nbytes)}" for what, nbytes in phase.terms)
             lines.append(f"  {phase.name:<9} {phase.gib:>7.2f}  {terms}")
+        lines.append(f"  {'start':<9} {start_bytes(s) / GIB:>7.2f}  vLLM's engine start: its pool beside the "
+                     "teacher's weights")
         verdict = "fits" if self.fits else f"does not fit: {self.refusal()}"
         lines.append(f"  peak: {self.peak.name} {self.peak.gib:.2f} GiB; {verdict}")
         return "\n".join(lines)
@@ -115,7 +137,8 @@ def gib_text(nbytes: float) -> str:
 
 def fits(s: Settings) -> bool:
     phases, kv_sequences = predict(s)
-    return max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
+    return (max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
+            and start_bytes(s) / GIB <= s.free)
 
 
 def _candidates(s: Settings) -> list[dict]:
@@ -214,10 +237,11 @@ def choose(s: Settings) -> Settings:
                                    steps_per_generation=generation_batch, reward_micro_batch_size=1)
     # The whole generation batch's KV cache; failing that, with the actor aside while vLLM generates; failing
     # that, a smaller share of the batch at once.
-    tries = [(smallest.offload_actor_in_generation, generation_batch), (True, generation_batch)]
+    aside = not s.load_in_4bit  # a 4-bit teacher moved aside frees nothing (rlt_mono.memory.predict)
+    tries = [(smallest.offload_actor_in_generation and aside, generation_batch), (aside, generation_batch)]
     sequences = generation_batch // 2
     while sequences >= 1:
-        tries.append((True, sequences))
+        tries.append((aside, sequences))
         sequences //= 2
     for aside, sequences in tries:
         sized = dataclasses.replace(smallest, offload_actor_in_generation=aside,

@@ -105,6 +105,10 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         if aside and not self.trl_surface.one_call_sync:
             logger.warning("trainer.offload_actor_in_generation needs vLLM colocated with the one-call weight sync, "
                            "which this run does not use: it is off")
+        if aside and quantized:
+            logger.warning("trainer.offload_actor_in_generation is off for a 4-bit teacher: moving it aside freed no "
+                           "GPU memory on the GPU machine (README_MONO_GPU.md, LoRA and QLoRA)")
+            aside = False
         if self.trl_surface.one_call_sync:
             trl_vllm.install_one_call_sync(
                 self.vllm_generation, swapper.empty_cache,

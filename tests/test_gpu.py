@@ -6,12 +6,17 @@ Marked ``gpu``: skipped without CUDA (run on the device machine before calling G
 """
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.gpu
 
+# Set for this process's vLLM engine (rlt_mono.build): a child process must pick its own.
+DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 PROMPTS = ["Tom has 3 bags of 4 apples. How many apples?", "A train goes 60 km per hour for 2 hours. How far?"]
 
 
@@ -189,6 +194,15 @@ def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_
 
 
 def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights(bf16_pair, tmp_path):
+    if os.environ.get("RLT_MONO_GPU_CHILD") != "1":
+        # vLLM's sleep-mode allocator takes one engine per process, and this module's gpu_run holds one: the
+        # test runs again in a process of its own.
+        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                f"{__file__}::test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights"],
+                               env={**{k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES},
+                                    "RLT_MONO_GPU_CHILD": "1"}, capture_output=True, text=True)
+        assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+        return
     from safetensors.torch import load_file
 
     from rlt_mono import build_trainer, checkpoints, compose, lora, release_trainer
@@ -200,7 +214,6 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
         "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
         "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
         "trainer.learning_rate=5e-3", "model.lora_r=8", "model.load_in_4bit=true",
-        "trainer.offload_actor_in_generation=true",
     ])
     trainer = build_trainer(cfg)
     assert trainer.model.is_loaded_in_4bit and trainer.ref_model is None and not trainer.args.sync_ref_model

@@ -295,3 +295,15 @@ def test_placement_auto_is_planned_as_mono_and_split_is_refused():
     assert auto == fit.settings_from_config(compose_rl(), total_gib=80.0, arch="0.5b")
     with pytest.raises(UserError, match="placement=split: the memory planner covers every role on one GPU"):
         fit.settings_from_config(compose_rl("placement=split"), total_gib=80.0, arch="0.5b")
+
+
+def test_vllm_start_needs_its_pool_free_beside_the_teacher():
+    # With the actor aside, GENERATE holds the pool and vLLM's extra (0.4 x 5920 = 2368 bytes): 1000 bytes more
+    # than that are free, but vLLM starts while the teacher's 5920 bytes are on the GPU, and needs its pool free.
+    pool = GIB // 2
+    free = (pool + 2368 + 1000) / GIB
+    result = plan(tiny_settings(total_gib=1.0, free_gib=free, offload_actor_in_generation=True))
+    assert result.phases["GENERATE"].bytes == pool + 2368 and result.peak.gib <= free
+    assert not result.starts and not result.fits and not fit.fits(result.settings)
+    assert result.refusal().startswith("vLLM's start needs 0.5 GiB free (its pool 0.50 GiB beside the teacher's")
+    assert plan(tiny_settings(total_gib=1.0, free_gib=free + 5920 / GIB, offload_actor_in_generation=True)).fits
