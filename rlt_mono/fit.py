@@ -103,15 +103,15 @@ class Plan:
         """One line: what does not fit and the advice (empty when the plan fits)."""
         if self.fits:
             return ""
-        if not self.starts:
+        if self.peak.gib > self.settings.free:
+            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
+        elif not self.starts:
             problem = (f"vLLM's start needs {start_bytes(self.settings) / GIB:.1f} GiB free (its pool "
                        f"{gib_text(pool_bytes(self.settings))} GiB beside the teacher's weights), the card has "
                        f"{self.settings.free:.1f}")
-        elif self.kv_sequences < 1:
+        else:
             problem = (f"vLLM's pool ({gib_text(pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
                        "cache beside its weights")
-        else:
-            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
         return f"{problem}: {self.advice}" if self.advice else problem
 
     def table(self) -> str:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlt_mono import fit
+from rlt_mono import fit, memory
 from rlt_mono.errors import UserError
 from rlt_mono.fit import plan
 from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings
@@ -49,7 +49,7 @@ def tiny_settings(**changes) -> Settings:
                   gradient_checkpointing=False, bf16=False, prompt_length=4, max_completion_length=12,
                   per_device_train_batch_size=2, gradient_accumulation_steps=4, steps_per_generation=4,
                   reward_micro_batch_size=1, vllm_gpu_memory_utilization=0.5, total_gib=1.0, context_gib=0.0,
-                  slack=0.0)
+                  slack=0.0, startup_context_gib=0.0)
     return Settings(**{**values, **changes})
 
 
@@ -298,12 +298,17 @@ def test_placement_auto_is_planned_as_mono_and_split_is_refused():
 
 
 def test_vllm_start_needs_its_pool_free_beside_the_teacher():
-    # With the actor aside, GENERATE holds the pool and vLLM's extra (0.4 x 5920 = 2368 bytes): 1000 bytes more
-    # than that are free, but vLLM starts while the teacher's 5920 bytes are on the GPU, and needs its pool free.
+    # With the actor aside, GENERATE holds the pool and vLLM's extra (0.4 x 5920 = 2368 bytes). vLLM starts while
+    # the teacher and its reference copy (2 x 5920 bytes) are on the GPU, and needs its pool free beside them.
     pool = GIB // 2
-    free = (pool + 2368 + 1000) / GIB
+    free = (pool + 2 * 5920 - 1) / GIB
     result = plan(tiny_settings(total_gib=1.0, free_gib=free, offload_actor_in_generation=True))
+    assert memory.start_bytes(result.settings) == pool + 2 * 5920
     assert result.phases["GENERATE"].bytes == pool + 2368 and result.peak.gib <= free
     assert not result.starts and not result.fits and not fit.fits(result.settings)
     assert result.refusal().startswith("vLLM's start needs 0.5 GiB free (its pool 0.50 GiB beside the teacher's")
-    assert plan(tiny_settings(total_gib=1.0, free_gib=free + 5920 / GIB, offload_actor_in_generation=True)).fits
+    assert plan(tiny_settings(total_gib=1.0, free_gib=free + 1 / GIB, offload_actor_in_generation=True)).fits
+    # a LoRA teacher has no reference copy: its own weights (5920 + float32 adapters 512 x 4) are what vLLM meets;
+    # the process's own 0.75 GiB (measured) is added by default
+    lora = tiny_settings(total_gib=1.0, offload_actor_in_generation=True, lora_r=2, startup_context_gib=0.75)
+    assert memory.start_bytes(lora) == pool + 5920 + 2048 + int(0.75 * GIB)
