@@ -136,9 +136,8 @@ def gib_text(nbytes: float) -> str:
 
 
 def fits(s: Settings) -> bool:
-    phases, kv_sequences = predict(s)
-    return (max(p.bytes for p in phases.values()) / GIB <= s.free and kv_sequences >= 1
-            and start_bytes(s) / GIB <= s.free)
+    """``Plan.fits`` of ``s``'s prediction (without the advice)."""
+    return Plan(s, *predict(s)).fits
 
 
 def _candidates(s: Settings) -> list[dict]:

@@ -118,9 +118,6 @@ def merged_named_params(model: nn.Module, dtype: torch.dtype | None = None) -> I
     ``get_delta_weight``), computed in float32 from the (dequantized) base weight; 4-bit weights of layers with no
     adapter are dequantized; adapter tensors are left out. The model is not changed. A model without adapters
     yields its parameters as they are."""
-    if not is_peft(model):
-        yield from ((name, param.data) for name, param in model.named_parameters())
-        return
     dtype = dtype or model.get_input_embeddings().weight.dtype
     layers = _lora_layers(model)
     for name, param in model.named_parameters():
