@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono import checkpoints, fit, lora
@@ -111,22 +112,25 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     except ValueError as err:
         raise ConfigError(str(err)) from err
     # ---- trainer --------------------------------------------------------------------------------------
-    trainer = RLTTrainer(
-        model=teacher,
-        teacher_reward=reward,
-        args=args,
-        train_dataset=dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        peft_config=lora.peft_config(cfg.model),
-        placement=placement,
-        timer=timer,
-        swapper=swapper,
-        reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
-        callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
-                                    run_config=OmegaConf.to_container(cfg, resolve=True)),
-                   NoLearningSignalWarning()],
-    )
+    try:
+        trainer = RLTTrainer(
+            model=teacher,
+            teacher_reward=reward,
+            args=args,
+            train_dataset=dataset,
+            eval_dataset=eval_dataset,
+            processing_class=tokenizer,
+            peft_config=lora.peft_config(cfg.model),
+            placement=placement,
+            timer=timer,
+            swapper=swapper,
+            reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
+            callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
+                                        run_config=OmegaConf.to_container(cfg, resolve=True)),
+                       NoLearningSignalWarning()],
+        )
+    except NoMatchingPeftModuleError as err:  # none of model.lora_target_modules is in the teacher
+        raise lora.no_target_error(cfg.model, err) from err
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.resume_checkpoint = resume_checkpoint
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -40,14 +40,42 @@ BASE_LAYER = ".base_layer"
 
 
 def lora_rank(model_cfg) -> int:
-    """``model.lora_r`` (0: every weight is trained), checked."""
+    """``model.lora_r`` (0: every weight is trained), after checking every ``model.lora_*`` key and
+    ``model.load_in_4bit``: a wrong value is a one-line ``ConfigError`` saying what to set."""
     rank = model_cfg.get("lora_r", 0) or 0
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise ConfigError(f"model.lora_r={rank!r}: 0 (train every weight) or the adapters' rank, e.g. 16")
-    if model_cfg.get("load_in_4bit", False) and rank == 0:
+    four_bit = model_cfg.get("load_in_4bit", False)
+    if not isinstance(four_bit, bool):
+        raise ConfigError(f"model.load_in_4bit={four_bit!r}: true or false")
+    if four_bit and rank == 0:
         raise ConfigError("model.load_in_4bit=true freezes the 4-bit base weights, so only adapters can train: "
                           "set model.lora_r (e.g. model.lora_r=16)")
+    alpha = model_cfg.get("lora_alpha", 2 * max(rank, 1))
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise ConfigError(f"model.lora_alpha={alpha!r}: a positive number (the update is scaled by alpha / r)")
+    dropout = model_cfg.get("lora_dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ConfigError(f"model.lora_dropout={dropout!r}: a probability in [0, 1)")
+    targets = model_cfg.get("lora_target_modules", "all-linear")
+    if not isinstance(targets, str) and not (_is_sequence(targets) and targets
+                                             and all(isinstance(t, str) for t in targets)):
+        raise ConfigError(f"model.lora_target_modules={targets!r}: all-linear or a list of module names, "
+                          "e.g. [q_proj,v_proj]")
     return rank
+
+
+def _is_sequence(value) -> bool:
+    from omegaconf import ListConfig
+
+    return isinstance(value, (list, tuple, ListConfig))
+
+
+def no_target_error(model_cfg, err: Exception) -> ConfigError:
+    """The ``ConfigError`` for peft finding none of ``model.lora_target_modules`` in the teacher."""
+    targets = model_cfg.get("lora_target_modules", "all-linear")
+    return ConfigError(f"model.lora_target_modules={targets}: {err} Use all-linear, or names of the teacher's "
+                       "linear layers, e.g. [q_proj,k_proj,v_proj,o_proj]")
 
 
 def peft_config(model_cfg):

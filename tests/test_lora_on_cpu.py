@@ -100,6 +100,13 @@ def test_lora_config_errors_say_what_to_set():
         lora.lora_rank({"lora_r": -1})
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
         lora.quantization_kwargs({"lora_r": 8, "load_in_4bit": True}, "cpu")
+    for key, value, expected in (("load_in_4bit", "maybe", "true or false"),
+                                 ("lora_alpha", "x", "a positive number"), ("lora_alpha", 0, "a positive number"),
+                                 ("lora_dropout", 1.0, r"a probability in \[0, 1\)"),
+                                 ("lora_target_modules", [], "all-linear or a list of module names"),
+                                 ("lora_target_modules", [3], "all-linear or a list of module names")):
+        with pytest.raises(ConfigError, match=f"model.{key}=.*: {expected}"):
+            lora.lora_rank({"lora_r": 8, key: value})
     assert lora.quantization_kwargs({"lora_r": 8}, "cpu") == {}
     assert lora.peft_config({"lora_r": 0}) is None
     config = lora.peft_config({"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.0,
@@ -177,3 +184,11 @@ def test_advice_offers_a_lora_teacher_when_only_it_fits():
     assert result.refusal().endswith(": model.lora_r=16")
     with pytest.raises(Exception, match="needs lora_r > 0"):
         Settings(teacher=qwen7, student=qwen7, load_in_4bit=True)
+
+
+def test_target_modules_the_teacher_lacks_are_one_config_error(tmp_path):
+    from rlt_mono import build_trainer
+
+    cfg = compose("demo_tiny", [f"output_dir={tmp_path / 'run'}", "model.lora_r=4", "model.lora_target_modules=[nope]"])
+    with pytest.raises(ConfigError, match=r"model.lora_target_modules=\['nope'\]: .*Use all-linear, or names"):
+        build_trainer(cfg)
