@@ -9,6 +9,7 @@ run generates the same number of tokens. Each mode runs in its own process (its 
     python bench/bench_mono.py rlt|trl|vllm|vllm_inproc|pcie [options]           # one mode, one JSON line
     python bench/bench_mono.py envelope --arch 0.5b --cap-gib 12 --vllm-gib 4 --micro-batches 2,4,8,16
     python bench/bench_mono.py planner --pairs 0.5b:1024,1.5b:4096:2 --steps 2 --out planner.json
+    python bench/bench_mono.py scale --arch 1.5b --arms mono:1,dp:2,split:2,dp:4 --steps 4 --out scale.json
     python bench/bench_mono.py <sub-command> --help                               # the options it takes
 
 Modes: ``rlt`` rlt_mono step (teacher + student of the same architecture, reference and student offloaded);
@@ -43,6 +44,12 @@ process and allocator on the GPU included) and the planner's prediction for the 
 ``planner`` runs one such child per ``--pairs`` entry ``arch:completion_length[:micro_batch]`` and adds the
 ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
+``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``placement:gpus`` (``mono:1``, ``split:2``,
+``dp:<N>``), each with ``--completions`` per GPU rank (``dp`` generates, scores and trains ``--completions`` on every
+rank; ``split`` trains one actor, its student on the second GPU); each result reports ``completions_per_s``
+(completions per step over the median step, rank 0's wall time) and ``speedup`` over the first arm. A ``dp`` child
+is this script under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU; rank 0 writes its result.
+
 Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
 error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
 ``<workdir>/logs``. The parent prints each result as one JSON line, writes them all to ``--out``, and exits
@@ -54,6 +61,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
@@ -97,7 +105,11 @@ OPTIONS = {
     "--detokenize": dict(choices=["true", "false"], help="trainer.vllm_detokenize, in both training arms "
                          "(default: rlt_mono's config)"),
     "--score-micro-batch": dict(type=int, default=4, help="reward.micro_batch_size"),
-    "--placement": dict(choices=["mono", "split"], default="mono", help="placement"),
+    "--placement": dict(choices=["mono", "split", "dp"], default="mono", help="placement (dp: one rank per GPU of "
+                        "--gpus, through accelerate launch)"),
+    "--gpus": dict(type=int, default=1, help="GPUs of the run: placement dp runs one rank per GPU, each with "
+                   "--completions per step (so the step has completions x gpus)"),
+    "--arms": dict(default="mono:1,dp:2,split:2,dp:4", help="scale: runs, comma-separated placement:gpus"),
     "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
                      "share and the batch sizes (rlt_mono/fit.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
@@ -121,8 +133,8 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
             "--optim", "--util", "--detokenize", "--cap-gib", "--vllm-gib"]
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
-    "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--memory", "--card-gib", "--activation-offloading",
-            "--offload-actor", "--lora-r", "--load-in-4bit"],
+    "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--memory", "--card-gib",
+            "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -130,12 +142,14 @@ MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
 }
 ENVELOPE_SETS = ("--completions", "--micro-batch", "--score-micro-batch")  # envelope sets these per try
 PLANNER_SETS = ("--arch", "--completion-length", "--micro-batch")  # planner sets these per pair
+SCALE_SETS = ("--placement", "--gpus")  # scale sets these per arm
 SUBCOMMANDS = {
     **{mode: [*options, "--result-file"] for mode, options in MODE_OPTIONS.items()},
     "all": [*dict.fromkeys(o for options in MODE_OPTIONS.values() for o in options), "--modes", "--out"],
     "envelope": [*(o for o in MODE_OPTIONS["rlt"] if o not in ENVELOPE_SETS), "--micro-batches", "--accumulation",
                  "--out"],
     "planner": [*(o for o in MODE_OPTIONS["rlt"] if o not in PLANNER_SETS), "--pairs", "--out"],
+    "scale": [*(o for o in MODE_OPTIONS["rlt"] if o not in SCALE_SETS), "--arms", "--out"],
 }
 HELP = {
     "rlt": "one rlt_mono step benchmark", "trl": "one plain TRL GRPOTrainer step benchmark",
@@ -143,6 +157,7 @@ HELP = {
     "pcie": "pinned host-to-device copy", "all": "several modes, each in its own process",
     "envelope": "largest micro-batch that fits a memory cap",
     "planner": "memory planner: predicted vs measured device-level peak per phase",
+    "scale": "throughput (completions per second) of rlt runs over 1, 2, 4 GPUs: mono, dp and split side by side",
 }
 
 
@@ -189,6 +204,7 @@ OVERRIDES = {
     "detokenize": ["trainer.vllm_detokenize={detokenize}"],
     "score_micro_batch": ["reward.micro_batch_size={score_micro_batch}"],
     "placement": ["placement={placement}"],
+    "gpus": ["placement.num_processes={gpus}"],
     "memory": ["memory={memory}"],
     "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
     "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
@@ -281,25 +297,31 @@ def model_dir(arch: str, role: str, root: Path) -> Path:
 
 def make_model(arch: str, role: str, root: Path, seed: int) -> Path:
     """A random-weight model of ``arch`` saved (bf16) with a padded local tokenizer; reused if present."""
+    path = model_dir(arch, role, root)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{arch}-{role}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a dp run: one builds, the others wait and reuse
+        if not (path / "config.json").exists():
+            _build_model(arch, path, seed)
+    return path
+
+
+def _build_model(arch: str, path: Path, seed: int) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     from rlt_mono.embedded import build_tiny_pair
 
-    path = model_dir(arch, role, root)
-    if (path / "config.json").exists():
-        return path
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_pair().teacher_path)
     tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(QWEN_VOCAB - len(tokenizer))])
     config = Qwen2Config(**ARCHS[arch], max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=None, dtype="bfloat16")
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}"):  # a dp rank builds on its own GPU
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    return path
 
 
 def after_first(items: list) -> list:
@@ -379,7 +401,10 @@ def apply_cap(a) -> None:
 
 
 def run_folder(a, mode: str) -> Path:
-    return a.workdir / f"{mode}-{a.arch}-{os.getpid()}"
+    """The run's folder; the ranks of a dp run share their launcher's (their parent process's) one."""
+    from rlt_mono import launch
+
+    return a.workdir / f"{mode}-{a.arch}-{os.getppid() if launch.in_rank() else os.getpid()}"
 
 
 def run_rlt(a) -> dict:
@@ -393,7 +418,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     from rlt_mono import build_trainer
     from rlt_mono.outputs import read_metrics
 
-    out = run_folder(a, f"rlt-{a.placement}")
+    out = run_folder(a, f"rlt-{a.placement}{a.gpus if a.placement == 'dp' else ''}")
     cfg = compose_bench(a, teacher, student, out)
     trainer = build_trainer(cfg)
     config = grpo_fields(trainer.args)
@@ -406,9 +431,15 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     rows = after_first(all_rows)
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
-    return {"mode": "rlt", "placement": a.placement, "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
+    ranks = trainer.accelerator.num_processes
+    completions = a.completions * ranks
+    summary = timer.summary()
+    return {"mode": "rlt", "placement": a.placement, "gpus": a.gpus, "ranks": ranks,
+            "completions_per_step": completions,
+            "completions_per_s": completions / summary["median_step_seconds"],
+            "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
             "detokenize": trainer.args.generation_kwargs["detokenize"],
-            **timer.summary(), **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
+            **summary, **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             **measured_peaks(all_rows, others_gib), **prediction, "memory": a.memory,
             "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},
                        "reward_micro_batch_size": cfg.reward.micro_batch_size},
@@ -612,6 +643,23 @@ def write_json(path: Path, value) -> None:
     partial.replace(path)
 
 
+def child_command(mode: str, argv: list[str], result_file: Path, errors_dir: str) -> tuple[list[str], dict]:
+    """The command and environment of ``mode``'s child: this script, or for ``rlt --placement dp`` this script
+    under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU of ``--gpus``, rank 0 writing the result."""
+    command, env = [__file__, mode, *argv, "--result-file", str(result_file)], dict(os.environ)
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    if mode == "rlt" and options.get("--placement") == "dp":
+        from rlt_mono.launch import LaunchPlan, free_port
+
+        gpus = int(options.get("--gpus", 1))
+        plan = LaunchPlan(processes=gpus, num_machines=1, machine_rank=0, main_process_ip="127.0.0.1",
+                          main_process_port=free_port(), strategy="ddp", gpus=gpus)
+        return [sys.executable, "-m", "rlt_mono.launch", *plan.accelerate_args(), *command], \
+            {**env, **plan.environment(errors_dir),
+             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
+    return [sys.executable, *command], env
+
+
 def run_child(mode: str, argv: list[str], log_dir: Path) -> dict:
     """``mode`` in its own process (its own vLLM engine), its output in a log file; the result it wrote."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -620,8 +668,8 @@ def run_child(mode: str, argv: list[str], log_dir: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp, os.fdopen(log_fd, "w") as log:
         result_file = Path(tmp) / "result.json"
         logger.info("%s: running, log %s", mode, log_path)
-        proc = subprocess.run([sys.executable, __file__, mode, *argv, "--result-file", str(result_file)],
-                              stdout=log, stderr=subprocess.STDOUT)
+        command, env = child_command(mode, argv, result_file, tmp)
+        proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         if result_file.exists():
             result = json.loads(result_file.read_text())
         else:
@@ -688,6 +736,50 @@ def planner(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
         yield result
 
 
+GPUS_OF = {"mono": 1, "split": 2}  # GPUs each placement uses; dp uses --gpus
+
+
+def scale_arms(text: str) -> list[tuple[str, int]]:
+    """``placement:gpus`` entries, comma-separated (mono and split take 1 and 2 GPUs)."""
+    arms = []
+    for entry in text.split(","):
+        placement, _, gpus = entry.partition(":")
+        if placement not in ("mono", "split", "dp") or not gpus.isdigit() or int(gpus) < 1 or \
+                int(gpus) != GPUS_OF.get(placement, int(gpus)):
+            raise ValueError(f"--arms entry {entry!r}: expected placement:gpus, mono:1, split:2 or dp:<N>")
+        arms.append((placement, int(gpus)))
+    return arms
+
+
+def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
+    """One rlt run per arm, in order; each result gains ``speedup``: its completions per second over the first
+    arm's (the one-GPU baseline when the arms start with mono:1)."""
+    first = None
+    for placement, gpus in scale_arms(a.arms):
+        attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus)
+        result = runner("rlt", child_argv("rlt", attempt))
+        result.update(placement=placement, gpus=gpus)
+        if result["status"] == OK:
+            first = first or result
+            result["speedup"] = result["completions_per_s"] / first["completions_per_s"]
+        yield result
+
+
+def scale_table(results: list[dict]) -> str:
+    """The README's table of a ``scale`` run."""
+    lines = ["| placement | GPUs | completions / step | median step | completions / s | speedup | generate / score "
+             "/ train (rank 0) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        if r["status"] != OK:
+            lines.append(f"| {r['placement']} | {r['gpus']} | | {r['status']}: {r.get('error', '')} | | | |")
+            continue
+        phases = " / ".join(f"{r.get(f'phase/{p}/seconds', float('nan')):.2f}" for p in ("generate", "score", "train"))
+        lines.append(f"| {r['placement']} | {r['gpus']} | {r['completions_per_step']} | "
+                     f"{r['median_step_seconds']:.2f} s | {r['completions_per_s']:.2f} | {r['speedup']:.2f}x | "
+                     f"{phases} s |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -695,7 +787,13 @@ def main(argv: list[str] | None = None) -> int:
     if {"completions", "micro_batch"} <= vars(a).keys() and a.completions % a.micro_batch:
         parser.error(f"--completions {a.completions} must be a multiple of --micro-batch {a.micro_batch}")
     if a.command in MODES:
+        from rlt_mono import launch
+
+        if a.command == "rlt" and a.gpus != GPUS_OF.get(a.placement, max(a.gpus, 1)):
+            parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, split 2, dp 1 or more")
         result = run_mode(a.command, a)
+        if launch.rank() != 0:  # a dp rank other than the first: rank 0 reports
+            return 0 if result["status"] == OK else 1
         if a.result_file:
             write_json(a.result_file, result)
         else:
@@ -709,12 +807,14 @@ def main(argv: list[str] | None = None) -> int:
     def runner(mode: str, child: list[str]) -> dict:
         return run_child(mode, child, a.workdir / "logs")
 
-    if a.command == "planner":
-        try:
+    try:
+        if a.command == "planner":
             planner_pairs(a.pairs)
-        except ValueError as err:
-            parser.error(str(err))
-    runs = {"envelope": envelope, "planner": planner}.get(a.command, run_all)(a, runner)
+        if a.command == "scale":
+            scale_arms(a.arms)
+    except ValueError as err:
+        parser.error(str(err))
+    runs = {"envelope": envelope, "planner": planner, "scale": scale}.get(a.command, run_all)(a, runner)
     results = []
     for result in runs:
         results.append(result)
@@ -726,6 +826,8 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("largest micro-batch that fits: %s; stopped by: %s", max(fitting, default=None),
                     results[-1]["status"] if results[-1]["status"] != OK else "none (all fit)")
         return 1 if results[-1]["status"] == ERROR else 0
+    if a.command == "scale":
+        logger.info("throughput:\n%s", scale_table(results))
     return 0 if all(r["status"] == OK for r in results) else 1
 
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono import checkpoints, fit, lora
+from rlt_mono import checkpoints, fit, launch, lora
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
@@ -44,16 +44,22 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     pass it to ``trainer.train(resume_from_checkpoint=...)``.
     """
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
+    if launch.in_rank():  # a data-parallel rank: the launcher made or checked the run's folder (rlt_mono.launch)
+        output_dir = Path(cfg.output_dir)
+    else:
+        output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                        resume_from_checkpoint=cfg.resume_from_checkpoint)
+    main_process = launch.rank() == 0
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     # ---- typed configs: every value checked before a model loads ---------------------------------------
     args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     data_config = instantiate(DataConfig, cfg.data, "data")
-    resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps)
-    checkpoints.remove_stale_staging(output_dir)
+    resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps,
+                                                   world_size=launch.world_size())
+    if main_process:
+        checkpoints.remove_stale_staging(output_dir)
     if placement.use_vllm:
         ensure_single_process_distributed_env()
     set_wandb_env(cfg.logging, args.report_to)
@@ -133,8 +139,11 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         raise lora.no_target_error(cfg.model, err) from err
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.resume_checkpoint = resume_checkpoint
-    output_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    if trainer.accelerator.num_processes > 1:
+        check_ranks_agree(trainer)
+    if main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
     logger.info("output dir: %s", output_dir)
     return trainer
 
@@ -151,11 +160,34 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
     gpu_count = 0 if use_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
     try:
         placement = resolve_placement(placement_cfg.mode, gpu_count, offload_reference=placement_cfg.offload_reference,
-                                      offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout)
+                                      offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout,
+                                      local_rank=launch.local_rank())
     except PlacementError as err:
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
     return placement
+
+
+# What every rank of a data-parallel run must share: each rank plans its own GPU (memory=auto), and ranks that
+# disagree on batch sizes would wait for each other's gradients forever.
+RANK_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+                 "num_generations", "max_completion_length", "vllm_gpu_memory_utilization")
+
+
+def check_ranks_agree(trainer: RLTTrainer) -> None:
+    """Every rank of a data-parallel run has the same ``RANK_SETTINGS`` (``ConfigError`` naming the first
+    difference otherwise: set the key on the command line, or free the GPU that planned differently)."""
+    from accelerate.utils import gather_object
+
+    mine = {key: getattr(trainer.args, key) for key in RANK_SETTINGS}
+    everyone = gather_object([mine])
+    for rank, theirs in enumerate(everyone):
+        differ = [key for key in RANK_SETTINGS if theirs[key] != everyone[0][key]]
+        if differ:
+            key = differ[0]
+            raise ConfigError(f"the ranks of placement=dp planned different settings: trainer.{key} is "
+                              f"{everyone[0][key]} on rank 0 and {theirs[key]} on rank {rank} (memory=auto plans each "
+                              f"GPU from its free memory): set trainer.{key} on the command line")
 
 
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
@@ -188,6 +220,10 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
     kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
                   report_to=list(cfg.logging.report_to), use_vllm=use_vllm)
+    if "placement" in cfg and cfg.placement.mode == "dp" and kwargs.get("ddp_find_unused_parameters") is None:
+        # transformers' default (every parameter searched each step unless gradient checkpointing is on) finds
+        # nothing to skip in a causal LM and costs a graph traversal per step.
+        kwargs["ddp_find_unused_parameters"] = False
     if lora.lora_rank(cfg.model) and kwargs.get("sync_ref_model"):
         # The reference of a LoRA teacher is the teacher with its adapters disabled, which TRL does not mix.
         logger.info("model.lora_r=%s: the reference is the base model (adapters disabled); trainer.sync_ref_model "

@@ -28,7 +28,9 @@ STAGING_PREFIX = ".partial-"
 TRAINER_STATE = "trainer_state.json"
 # What a resume needs beyond the weights: without them transformers continues silently with a fresh
 # optimizer, a restarted schedule or unrestored RNG, and the run diverges from the uninterrupted one.
-TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", "rng_state.pth", TRAINER_STATE)
+# transformers writes rng_state.pth in a one-process run, rng_state_<rank>.pth per rank in a data-parallel one.
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", TRAINER_STATE)
+RNG_FILE = "rng_state.pth"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 # Files of a run folder that mean a run already wrote there.
 RUN_MARKERS = ("metrics.jsonl", "samples.jsonl", "config.yaml")
@@ -100,6 +102,20 @@ def checkpoint_step(folder: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def rng_files(world_size: int) -> list[str]:
+    """The RNG files a checkpoint of a run with ``world_size`` ranks holds."""
+    return [RNG_FILE] if world_size == 1 else [f"rng_state_{rank}.pth" for rank in range(world_size)]
+
+
+def saved_world_size(folder: str | Path) -> int | None:
+    """How many ranks saved a checkpoint, read from its RNG files (None: no RNG file)."""
+    folder = Path(folder)
+    if (folder / RNG_FILE).is_file():
+        return 1
+    ranks = [p for p in folder.glob("rng_state_*.pth") if p.stem.split("_")[-1].isdigit()]
+    return len(ranks) or None
+
+
 def write_manifest(folder: str | Path, step: int) -> None:
     """Record every file of a finished checkpoint with its size, fsync them, then write the manifest."""
     folder = Path(folder)
@@ -154,7 +170,8 @@ def checkpoint_problem(folder: str | Path) -> str | None:
                 return f"{name} is missing"
             if path.stat().st_size != size:
                 return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated or changed)"
-    missing = [name for name in TRAINING_STATE_FILES if not (folder / name).is_file()]
+    world_size = saved_world_size(folder)
+    missing = [name for name in (*TRAINING_STATE_FILES, *rng_files(world_size or 1)) if not (folder / name).is_file()]
     if missing:
         return f"{', '.join(missing)} missing (a resume needs the optimizer, scheduler, RNG and trainer state)"
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
@@ -193,12 +210,14 @@ def newest_complete_checkpoint(output_dir: str | Path) -> Path:
     )
 
 
-def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int) -> str | None:
+def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int, world_size: int = 1) -> str | None:
     """The verified checkpoint folder a run resumes from, or None for a fresh run.
 
     ``resume_from_checkpoint`` is null/false, true (the newest complete checkpoint in ``output_dir``) or a
     checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint or one past ``max_steps``; one at
     ``max_steps`` is returned (the run stopped before saving ``final/``: nothing trains, ``final/`` is saved).
+    A checkpoint saved by another number of ranks (``world_size``, placement=dp) is refused: each rank's data
+    order and RNG state continue only with the same ranks.
     """
     if resume_from_checkpoint in (None, False, "", "false"):
         return None
@@ -212,6 +231,13 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
                 f"resume_from_checkpoint={resume_from_checkpoint} cannot be resumed: {problem}; resume from "
                 "an earlier checkpoint, or set resume_from_checkpoint=true for the newest complete one"
             )
+    saved_ranks = saved_world_size(checkpoint)
+    if saved_ranks != world_size:
+        raise CheckpointError(
+            f"{checkpoint} was saved by {saved_ranks} rank{'s' * (saved_ranks > 1)} and this run has {world_size}: "
+            + ("resume it with placement=dp and as many ranks (placement.num_processes x placement.num_machines = "
+               f"{saved_ranks})" if saved_ranks > 1 else "resume it with placement=mono (one process)")
+        )
     step = saved_step(checkpoint)
     if step > max_steps:
         raise CheckpointError(
@@ -232,6 +258,11 @@ class VerifiedCheckpoints:
 
     _staging_root: str | None = None
 
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if self.args.world_size > 1 and self.args.device.type == "cpu":
+            allow_indexed_cpu_restore()
+        super()._load_optimizer_and_scheduler(checkpoint)
+
     def save_extra_checkpoint_files(self, folder: Path) -> None:
         """Files a subclass adds to each checkpoint (written first, into the staging folder)."""
 
@@ -241,16 +272,20 @@ class VerifiedCheckpoints:
         run_dir = Path(super()._get_output_dir(trial=trial))
         name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         staging_root = run_dir / f"{STAGING_PREFIX}{name}"
-        shutil.rmtree(staging_root, ignore_errors=True)
         staging = staging_root / name
+        # Data parallel: rank 0 writes the model, optimizer and extra files, every rank its RNG file; the folder
+        # is made before any rank writes and published after every rank wrote.
         if self.args.should_save:
+            shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
             self.save_extra_checkpoint_files(staging)
+        self.accelerator.wait_for_everyone()
         self._staging_root = str(staging_root)
         try:
             super()._save_checkpoint(model, trial)  # writes into staging (see _get_output_dir)
         finally:
             self._staging_root = None
+        self.accelerator.wait_for_everyone()
         if self.args.should_save:
             write_manifest(staging, self.state.global_step)
             publish(staging, run_dir / name)
@@ -258,6 +293,7 @@ class VerifiedCheckpoints:
             # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     def _get_output_dir(self, trial):
         if self._staging_root is not None:
@@ -266,6 +302,24 @@ class VerifiedCheckpoints:
 
     def create_model_card(self, *args, **kwargs) -> None:
         """Not written: TRL's card is generic (it links to "None"); the run folder has its own README."""
+
+
+_INDEXED_CPU_RESTORE = []
+
+
+def allow_indexed_cpu_restore() -> None:
+    """Let ``torch.load(map_location="cpu:N")`` load onto the CPU. transformers maps a data-parallel run's
+    optimizer state to ``args.device``, which is ``cpu:0`` on CPU ranks, a location torch's own CPU restore does not
+    accept (it knows ``"cpu"`` only). Registered once, with torch's public ``register_package``; it saves nothing
+    differently."""
+    import torch
+
+    def restore(storage, location: str):
+        return storage if location.startswith("cpu:") else None
+
+    if not _INDEXED_CPU_RESTORE:
+        torch.serialization.register_package(30, lambda _storage: None, restore)
+        _INDEXED_CPU_RESTORE.append(restore)
 
 
 FINAL_DIR = "final"
@@ -277,13 +331,20 @@ def save_final(trainer, output_dir: Path) -> Path:
     from rlt_mono import lora
 
     staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
-    shutil.rmtree(staging, ignore_errors=True)
+    main_process = trainer.args.should_save  # data parallel: rank 0 writes, the other ranks wait
+    if main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
     if lora.is_peft(trainer.model):
-        lora.save_merged(trainer.model, trainer.processing_class, staging)
+        if main_process:
+            lora.save_merged(trainer.model, trainer.processing_class, staging)
         trainer.save_model(str(staging / "adapter"))
     else:
         trainer.save_model(str(staging))
-    publish(staging, Path(output_dir) / FINAL_DIR)
+    trainer.accelerator.wait_for_everyone()
+    if main_process:
+        publish(staging, Path(output_dir) / FINAL_DIR)
+    trainer.accelerator.wait_for_everyone()
     return Path(output_dir) / FINAL_DIR
 
 

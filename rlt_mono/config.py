@@ -25,6 +25,10 @@ if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.m
     OmegaConf.register_new_resolver("now", lambda pattern: datetime.datetime.now().strftime(pattern), use_cache=True)
 
 
+# Folders of cfgs/ that are no config group: the run configs, and accelerate's configs for placement=dp.
+NOT_GROUPS = ("run_cfg", "accelerate")
+
+
 def default_cache_dir() -> Path:
     """Where built and downloaded artefacts live: ``$RLT_MONO_CACHE`` if set, else ``~/.cache/rlt_mono``."""
     return Path(os.environ.get("RLT_MONO_CACHE") or Path.home() / ".cache" / "rlt_mono")
@@ -62,7 +66,7 @@ def config_groups() -> dict[str, list[str]]:
     return {
         group.name: sorted(p.stem for p in group.glob("*.yaml") if not p.stem.startswith("_"))
         for group in sorted(CONFIG_DIR.iterdir())
-        if group.is_dir() and group.name != "run_cfg"
+        if group.is_dir() and group.name not in NOT_GROUPS
     }
 
 

@@ -11,8 +11,14 @@ critic, in verl's terms; an extra reward model would join it). Modes:
 - ``split``: actor, rollout and reference on GPU 0; the student resident on GPU 1, scoring while GPU 0
   computes the reference and teacher log-probs.
 - ``auto``: ``split`` when two GPUs are visible, else ``mono``.
+- ``dp``: data parallel, one process (rank) per GPU launched through ``accelerate launch``
+  (``rlt_mono.launch``); each rank is a ``mono`` step on its own GPU ``cuda:<local rank>``: the actor (teacher,
+  replicated or sharded across the ranks by the accelerate config), its own colocated vLLM engine, and its own
+  reference and student in CPU memory between uses. Each rank generates and scores its share of the step's
+  completions; gradients are reduced across ranks.
 
-With no GPU every role is on the CPU (the embedded demo) and rollouts use ``transformers``.
+With no GPU every role is on the CPU (the embedded demo; ``dp`` then runs CPU ranks) and rollouts use
+``transformers``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ class Role(enum.Enum):
     STUDENT = "student"
 
 
-MODES = ("mono", "split", "auto")
+MODES = ("mono", "split", "auto", "dp")
 ROLLOUTS = ("auto", "vllm", "transformers")
 
 
@@ -75,10 +81,11 @@ class Placement:
 
 def resolve_placement(
     mode: str, gpu_count: int, *, offload_reference: bool = True, offload_student: bool = True,
-    rollout: str = "auto",
+    rollout: str = "auto", local_rank: int = 0,
 ) -> Placement:
     """Resolve ``mode`` and the ``rollout`` choice for ``gpu_count`` visible GPUs (``rollout``: ``auto``
-    picks vLLM when it is installed and a GPU is in use).
+    picks vLLM when it is installed and a GPU is in use). ``local_rank``: this process's rank on its machine
+    (``dp``: its roles live on ``cuda:<local_rank>``).
 
     Raises:
         PlacementError: unknown mode or rollout, ``split`` with fewer than two GPUs, or ``vllm`` without a GPU
@@ -91,11 +98,15 @@ def resolve_placement(
             f"placement=split needs 2 visible GPUs (student on the second), found {gpu_count}; "
             "use placement=mono or placement=auto, or make a second GPU visible (CUDA_VISIBLE_DEVICES=0,1)"
         )
+    if mode == "dp" and gpu_count and not 0 <= local_rank < gpu_count:
+        raise PlacementError(f"placement=dp: local rank {local_rank} has no GPU of its own ({gpu_count} visible); "
+                             "lower placement.num_processes to the GPUs of a machine")
     engine = _rollout_engine(rollout, gpu_count)
     if gpu_count == 0:
-        return Placement("mono", {role: "cpu" for role in Role}, frozenset(), engine)
-    resolved = "split" if mode == "split" or (mode == "auto" and gpu_count >= 2) else "mono"
-    devices = {role: "cuda:0" for role in Role}
+        return Placement("dp" if mode == "dp" else "mono", {role: "cpu" for role in Role}, frozenset(), engine)
+    resolved = mode if mode in ("split", "dp") else "split" if mode == "auto" and gpu_count >= 2 else "mono"
+    gpu = f"cuda:{local_rank}" if resolved == "dp" else "cuda:0"
+    devices = {role: gpu for role in Role}
     offloaded = {Role.REFERENCE} if offload_reference else set()
     if resolved == "split":
         devices[Role.STUDENT] = "cuda:1"
@@ -127,8 +138,11 @@ def _vllm_installed() -> bool:
     return True
 
 
-def gpus_to_expose(mode: str, gpus_present: int) -> int:
-    """How many GPUs a placement mode uses (0 on a machine without GPUs): mono 1, split and auto up to 2."""
+def gpus_to_expose(mode: str, gpus_present: int, processes: int | None = None) -> int:
+    """How many GPUs a placement mode uses (0 on a machine without GPUs): mono 1, split and auto up to 2, dp one
+    per process on this machine (``processes``; None: every GPU present)."""
     if mode not in MODES:
         raise PlacementError(f"placement.mode must be one of {MODES}, got {mode!r}")
+    if mode == "dp":
+        return min(gpus_present, processes or gpus_present)
     return min(gpus_present, 1 if mode == "mono" else 2)

@@ -43,7 +43,8 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
                     "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
                 )
         final = checkpoints.save_final(trainer, output_dir)
-    write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True), read_metrics(output_dir / METRICS_FILE),
-                     command=launch_command())
+    if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
+        write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
+                         read_metrics(output_dir / METRICS_FILE), command=launch_command())
     logger.info("final teacher saved to %s", final)
     return output_dir

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import traceback
 
+from rlt_mono import launch
 from rlt_mono.config import available_run_configs, compose, config_groups
 from rlt_mono.errors import UserError
 from rlt_mono.fit import MODES as MEMORY_MODES
@@ -39,7 +40,9 @@ WITHOUT_CHECKPOINTS = ("distill", "eval", "pipeline")
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_intermixed_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # A data-parallel run's ranks after the first log warnings only: rank 0 speaks for the run.
+    logging.basicConfig(level=logging.INFO if launch.rank() == 0 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = compose(args.config, args.overrides)
         if args.show_config:
@@ -49,10 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         check_run_keys(cfg)
         run = _stage_function(cfg.stage)
-        expose_gpus(cfg.placement.mode if "placement" in cfg else "mono")
+        mode = cfg.placement.mode if "placement" in cfg else "mono"
+        if mode == "dp" and not launch.in_rank():
+            return launch.launch(cfg, args.config, args.overrides, gpus_present())
+        if not launch.in_rank():  # a rank sees the GPUs its launcher exposed
+            expose_gpus(mode)
         run(cfg)
     except UserError as err:
-        sys.stderr.write(f"error: {err}\n")
+        if not launch.record_rank_error(str(err)):  # a rank's error is printed once, by its launcher
+            sys.stderr.write(f"error: {err}\n")
         return err.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -91,6 +99,17 @@ def _stage_function(stage: str):
     return getattr(importlib.import_module(module), function)
 
 
+def gpus_present() -> int:
+    """GPUs this process may use, without creating a CUDA context: those ``CUDA_VISIBLE_DEVICES`` names when it
+    is set, else those ``nvidia-smi -L`` lists (0 without it)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return len([gpu for gpu in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
 def expose_gpus(placement_mode: str) -> None:
     """Set ``CUDA_VISIBLE_DEVICES`` to the GPUs the placement uses, before anything initialises CUDA.
 
@@ -100,8 +119,7 @@ def expose_gpus(placement_mode: str) -> None:
 
     if "CUDA_VISIBLE_DEVICES" in os.environ or shutil.which("nvidia-smi") is None:
         return
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
-    present = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+    present = gpus_present()
     try:
         wanted = gpus_to_expose(placement_mode, present)
     except PlacementError as err:

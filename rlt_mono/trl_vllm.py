@@ -22,8 +22,8 @@ Optional (missing: a warning with its cost, and the feature is off):
   reward; without it the reward runs one more teacher forward per generation batch. At run time the trainer
   also counts what happened (``score/teacher_log_probs_reused``, ``score/reward_teacher_passes``) and warns
   once if TRL computed no such pass where this version does.
-- one-call weight sync (vLLM colocated, one process): ``VLLMGeneration._iter_named_params``,
-  ``enable_sleep_mode``, ``_llm_weights_sleeping`` and vLLM's
+- one-call weight sync (vLLM colocated, the whole teacher in this process: one process or DDP ranks):
+  ``VLLMGeneration._iter_named_params``, ``enable_sleep_mode``, ``_llm_weights_sleeping`` and vLLM's
   ``llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights``; without them TRL's
   per-tensor sync runs, one ``load_weights`` call per tensor instead of one call. ``_llm_weights_sleeping`` also
   gives the ``vllm/asleep`` metric.
@@ -159,7 +159,7 @@ def inspect_surface(trainer, reuse_policy_log_probs: bool) -> Surface:
         logger.info("the reward runs its own teacher pass each batch: TRL computes no policy log-probs when "
                     "generation and optimizer steps are aligned and vLLM importance sampling is off")
     one_call = False
-    if trainer.use_vllm and trainer.args.vllm_mode == "colocate" and trainer.accelerator.num_processes == 1:
+    if trainer.use_vllm and trainer.args.vllm_mode == "colocate" and holds_whole_model(trainer.accelerator):
         problem = one_call_sync_problem(trainer.vllm_generation)
         if problem is None:
             one_call = True
@@ -169,6 +169,15 @@ def inspect_surface(trainer, reuse_policy_log_probs: bool) -> Surface:
                            "load_weights calls per sync instead of 1. Installed vllm %s; rlt_mono is pinned to "
                            "vllm==%s (requirements-gpu.txt)", problem, tensors, _version("vllm"), PINNED["vllm"])
     return Surface(reuse, expects, one_call)
+
+
+def holds_whole_model(accelerator) -> bool:
+    """Whether this process holds every weight of the teacher: one process, or data parallel with the teacher
+    replicated (DDP); not when it is sharded (FSDP, DeepSpeed), where TRL gathers each weight collectively."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.num_processes == 1 or accelerator.distributed_type in (DistributedType.MULTI_GPU,
+                                                                              DistributedType.MULTI_CPU)
 
 
 def _source(function) -> str:

@@ -41,7 +41,7 @@ def bf16_gpu(monkeypatch):
 def test_help_needs_no_torch_or_vllm():
     top = subprocess.run([sys.executable, str(BENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert top.returncode == 0, top.stderr
-    assert "{rlt,trl,vllm,vllm_inproc,pcie,all,envelope,planner}" in top.stdout
+    assert "{rlt,trl,vllm,vllm_inproc,pcie,all,envelope,planner,scale}" in top.stdout
     probe = (
         "import runpy, sys\n"
         f"sys.argv = [{str(BENCH)!r}, 'envelope', '--help']\n"
@@ -347,3 +347,49 @@ def test_measured_peaks_take_the_largest_over_every_step():
     rows = [{"phase/train/device_peak_gib": 9.5, "phase/score/device_peak_gib": 7.0},
             {"phase/train/device_peak_gib": 9.0, "phase/score/device_peak_gib": 7.5, "phase/train/seconds": 1.0}]
     assert bench.measured_peaks(rows) == {"device_peak/train": 9.5, "device_peak/score": 7.5}
+
+
+# ---- scale: throughput over GPUs --------------------------------------------------------------------------------
+def test_scale_runs_each_arm_and_divides_throughput_by_the_first(tmp_path, monkeypatch):
+    def measured(seconds, completions):
+        return {"mode": "rlt", "status": "ok", "median_step_seconds": seconds, "completions_per_step": completions,
+                "completions_per_s": completions / seconds, "phase/generate/seconds": 1.0}
+
+    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), "out_of_memory")
+    monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
+    out = tmp_path / "scale.json"
+    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,split:2,dp:4", "--out", str(out)]) == 1
+    results = json.loads(out.read_text())
+    assert [r["speedup"] for r in results[:3]] == [1.0, (64 / 4.4) / 8.0, (32 / 5.0) / 8.0]
+    assert "speedup" not in results[3] and results[3]["gpus"] == 4
+    assert [(option(argv, "--placement"), option(argv, "--gpus")) for _, argv in runner.calls] == [
+        ("mono", "1"), ("dp", "2"), ("split", "2"), ("dp", "4")]
+    table = bench.scale_table(results)
+    assert "| dp | 2 | 64 | 4.40 s | 14.55 | 1.82x | 1.00 / nan / nan s |" in table
+    assert "| dp | 4 | | out_of_memory:  | | | |" in table
+
+
+@pytest.mark.parametrize("arms", ["mono:2", "split:1", "dp:0", "ring:2", "dp"])
+def test_scale_rejects_a_malformed_arm(arms, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["scale", "--arms", arms])
+    assert exit_info.value.code == 2
+    assert "expected placement:gpus" in capsys.readouterr().err
+
+
+def test_a_dp_child_runs_under_accelerate_with_one_rank_per_gpu(tmp_path):
+    argv = ["--arch", "1.5b", "--placement", "dp", "--gpus", "4"]
+    command, env = bench.child_command("rlt", argv, tmp_path / "r.json", str(tmp_path))
+    assert command[:3] == [sys.executable, "-m", "rlt_mono.launch"]
+    assert option(command, "--num_processes") == "4" and option(command, "--num_machines") == "1"
+    assert command[-10:] == [str(BENCH), "rlt", *argv, "--result-file", str(tmp_path / "r.json")]
+    assert env["RLT_MONO_LAUNCHED"] == "1" and env["RLT_MONO_RANK_ERRORS"] == str(tmp_path)
+    mono, _ = bench.child_command("rlt", ["--placement", "mono"], tmp_path / "r.json", str(tmp_path))
+    assert mono == [sys.executable, str(BENCH), "rlt", "--placement", "mono", "--result-file", str(tmp_path / "r.json")]
+
+
+@pytest.mark.parametrize(("placement", "gpus"), [("dp", "0"), ("mono", "2"), ("split", "4")])
+def test_rlt_gpus_must_match_the_placement(placement, gpus, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["rlt", "--placement", placement, "--gpus", gpus])
+    assert "mono takes 1, split 2, dp 1 or more" in capsys.readouterr().err

@@ -237,3 +237,32 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     final = checkpoints.save_final(trainer, tmp_path)
     assert torch.equal(load_file(final / "model.safetensors")[name], merged[name].cpu())
     release_trainer(trainer)
+
+
+def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp_path):
+    """placement=dp through launch_mono.sh and accelerate: one rank per GPU (two where there are two, else one),
+    each with its own sleeping vLLM engine and the one-call weight sync; one metrics row per step, one RNG file
+    per rank, one final teacher."""
+    import json
+    from pathlib import Path
+
+    ranks = min(2, torch.cuda.device_count())
+    out = tmp_path / "dp"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [str(root / "launch_mono.sh"), "demo_tiny", "placement=dp", f"placement.num_processes={ranks}",
+         f"output_dir={out}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
+         f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+         "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
+         "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
+         "trainer.save_steps=2"],
+        env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert f"all {ranks} ranks finished" in done.stderr
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["generate/weight_sync_seconds"] > 0 and r["vllm/asleep"] == 1 for r in steps)
+    rng = sorted(p.name for p in (out / "checkpoint-2").glob("rng_state*.pth"))
+    assert rng == (["rng_state.pth"] if ranks == 1 else ["rng_state_0.pth", "rng_state_1.pth"])
+    assert (out / "final" / "model.safetensors").is_file()

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _fake_checkpoint(run: Path, step: int, *, manifest: bool = True, skip: tuple[str, ...] = ()) -> Path:
     folder = run / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    for name in (*checkpoints.TRAINING_STATE_FILES, "model.safetensors"):
+    for name in (*checkpoints.TRAINING_STATE_FILES, checkpoints.RNG_FILE, "model.safetensors"):
         if name not in skip:
             content = json.dumps({"global_step": step}) if name == checkpoints.TRAINER_STATE else "x" * 100
             (folder / name).write_text(content)
@@ -133,7 +133,7 @@ def _cli(*args, timeout=300):
 def test_help_lists_config_groups_and_how_to_list_keys():
     result = _cli("--help", timeout=60)
     assert result.returncode == 0
-    assert "placement  auto mono split" in result.stdout
+    assert "placement  auto dp mono split" in result.stdout
     assert "--show-config" in result.stdout and "demo_tiny" in result.stdout
     shown = _cli("demo_tiny", "--show-config", "trainer.max_steps=7", timeout=60)
     assert shown.returncode == 0 and "max_steps: 7" in shown.stdout

@@ -1,0 +1,267 @@
+"""Data-parallel launch (``placement=dp``): one process (rank) per GPU, started by ``accelerate launch``.
+
+``launch_mono.sh <run config> placement=dp ...`` composes the config as for any run; ``rlt_mono.train`` then
+sees ``placement.mode: dp`` and, instead of running the stage itself, hands the same command to accelerate:
+
+    accelerate launch --config_file cfgs/accelerate/<strategy>.yaml --num_processes <N x machines>
+        --num_machines M --machine_rank R --main_process_ip IP --main_process_port P
+        -m rlt_mono.train <run config> <overrides> output_dir=<the run's folder>
+
+Every rank runs the RL stage (``teacher_rlt``) as a ``mono`` step on its own GPU (``rlt_mono.placement``):
+TRL's ``GRPOTrainer`` splits each step's prompts over the ranks, each rank generates with its own colocated
+vLLM engine and scores with its own offloaded reference and student, and the teacher's gradients are reduced
+across ranks (``ddp``: the teacher replicated, ``cfgs/accelerate/ddp.yaml``). Metrics rows,
+samples, checkpoints (one copy of the model, optimizer and reference; one RNG file per rank) and ``final/`` are
+written once, by rank 0 (``rlt_mono.checkpoints``).
+
+What this module does before any rank starts, from the composed config and the GPUs present: the
+``LaunchPlan`` (how many ranks, where they meet, the accelerate command), the per-rank placement table logged
+at start, the run's folder (made here once, so every rank writes into the same one), and the models' local
+folders (the embedded pair built, a GGUF checkpoint dequantized, once rather than by every rank). Everything a user can
+get wrong (too many processes for the GPUs, a machine rank out of range, a multi-node run without an address or
+a shared ``output_dir``, a stage other than the RL stage) is a one-line ``ConfigError`` before accelerate
+starts. A rank that stops on such an error writes its line to ``$RLT_MONO_RANK_ERRORS/rank-<R>.txt``; the
+launcher prints the first one and exits 2, as a one-process run would, instead of torchrun's report.
+
+Multi-node: run the same command on every machine with ``placement.num_machines``, ``placement.machine_rank``
+(0 on the machine whose address is ``placement.main_process_ip``), the same ``placement.main_process_port`` and
+an ``output_dir`` on a filesystem every machine shares.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from rlt_mono.config import CONFIG_DIR, ConfigError
+from rlt_mono.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+# Set in every rank's environment: the process runs its stage instead of launching ranks.
+LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
+# Folder where a rank that stops on a user error writes that error, one line (rank-<global rank>.txt).
+ERRORS_ENV = "RLT_MONO_RANK_ERRORS"
+ACCELERATE_CONFIGS = CONFIG_DIR / "accelerate"
+STRATEGIES = {"ddp": "the teacher replicated on every rank (DistributedDataParallel)"}
+DP_STAGES = ("teacher_rlt",)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How a ``placement=dp`` run starts on this machine.
+
+    Attributes:
+        processes: ranks on this machine (one per GPU).
+        num_machines / machine_rank: machines in the run, and which one this is (0 hosts the main process).
+        main_process_ip / main_process_port: where every rank meets (torch.distributed's rendezvous).
+        strategy: the accelerate config ``cfgs/accelerate/<strategy>.yaml`` (``STRATEGIES``).
+        gpus: GPUs visible on this machine; 0 runs CPU ranks (gloo), as the tests do.
+    """
+
+    processes: int
+    num_machines: int
+    machine_rank: int
+    main_process_ip: str
+    main_process_port: int
+    strategy: str
+    gpus: int
+
+    @property
+    def world_size(self) -> int:
+        return self.processes * self.num_machines
+
+    def global_ranks(self) -> list[int]:
+        """The global ranks of this machine's processes, in local-rank order."""
+        first = self.machine_rank * self.processes
+        return list(range(first, first + self.processes))
+
+    def accelerate_args(self) -> list[str]:
+        """``accelerate launch``'s options (everything before the script)."""
+        return [
+            "--config_file", str(ACCELERATE_CONFIGS / f"{self.strategy}.yaml"),
+            "--num_processes", str(self.world_size),
+            "--num_machines", str(self.num_machines),
+            "--machine_rank", str(self.machine_rank),
+            "--main_process_ip", self.main_process_ip,
+            "--main_process_port", str(self.main_process_port),
+        ]
+
+    def command(self, config: str, overrides: list[str]) -> list[str]:
+        """The whole command: accelerate's launcher (through ``main`` below) running ``rlt_mono.train`` with the
+        run's config and overrides."""
+        return [sys.executable, "-m", "rlt_mono.launch", *self.accelerate_args(),
+                "-m", "rlt_mono.train", config, *overrides]
+
+    def environment(self, errors_dir: str | Path) -> dict[str, str]:
+        """What the ranks' environment adds to this process's."""
+        env = {LAUNCHED_ENV: "1", ERRORS_ENV: str(errors_dir)}
+        if self.gpus == 0:
+            env["ACCELERATE_USE_CPU"] = "true"  # CPU ranks: accelerate picks gloo
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES",
+                                                         ",".join(str(i) for i in range(self.processes)))
+        return env
+
+    def table(self, cfg: DictConfig) -> str:
+        """The per-rank placement logged before the ranks start."""
+        trainer = cfg.trainer
+        per_rank = trainer.per_device_train_batch_size * trainer.gradient_accumulation_steps
+        vllm = cfg.placement.rollout == "vllm" or (cfg.placement.rollout == "auto" and self.gpus > 0
+                                                     and importlib.util.find_spec("vllm") is not None)
+        rollout = (f"vLLM colocated at {trainer.get('vllm_gpu_memory_utilization', 0.3):g}" if vllm
+                   else "transformers generate")
+        aside = {True: "CPU (pinned)", False: "resident"}
+        lines = [
+            f"placement: dp, {self.world_size} rank{'s' * (self.world_size > 1)} on {self.num_machines} "
+            f"machine{'s' * (self.num_machines > 1)} (this is machine {self.machine_rank}, main process "
+            f"{self.main_process_ip}:{self.main_process_port}); strategy {self.strategy}: {STRATEGIES[self.strategy]}",
+            f"  {'rank':<5} {'local':<6} {'device':<7} {'actor + rollout':<34} {'reference':<13} student",
+        ]
+        for local, rank in enumerate(self.global_ranks()):
+            device = f"cuda:{local}" if self.gpus else "cpu"
+            actor = f"resident, {rollout}"
+            lines.append(f"  {rank:<5} {local:<6} {device:<7} {actor:<34} "
+                         f"{aside[bool(cfg.placement.offload_reference) and self.gpus > 0]:<13} "
+                         f"{aside[bool(cfg.placement.offload_student) and self.gpus > 0]}")
+        lines.append(f"  completions per optimizer step: {per_rank} per rank x {self.world_size} ranks = "
+                     f"{per_rank * self.world_size}")
+        return "\n".join(lines)
+
+
+def in_rank() -> bool:
+    """Whether this process is a rank that ``launch`` started (it runs its stage instead of launching)."""
+    return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def rank() -> int:
+    """This process's global rank (0 outside a launch)."""
+    return int(os.environ.get("RANK", "0")) if in_rank() else 0
+
+
+def local_rank() -> int:
+    """This process's rank on its machine: its GPU is ``cuda:<local rank>`` (0 outside a launch)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if in_rank() else 0
+
+
+def world_size() -> int:
+    """Ranks in the run (1 outside a launch)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if in_rank() else 1
+
+
+def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
+    """The ``LaunchPlan`` of a composed ``placement=dp`` config on a machine with ``gpus_present`` GPUs (0 or
+    ``trainer.use_cpu``: CPU ranks). Raises ``ConfigError`` for anything the ranks could not start with."""
+    p = cfg.placement
+    if cfg.stage not in DP_STAGES:
+        raise ConfigError(f"placement=dp runs the RL stage (teacher_rlt) on several GPUs; stage {cfg.stage} runs in "
+                          "one process: use placement=mono")
+    if p.strategy not in STRATEGIES:
+        raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
+                          f"(the accelerate configs in {ACCELERATE_CONFIGS})")
+    gpus = 0 if cfg.trainer.get("use_cpu", False) else gpus_present
+    processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
+                              "placement.num_processes")
+    if gpus and processes > gpus:
+        raise ConfigError(f"placement.num_processes={processes} but this machine has {gpus} GPU"
+                          f"{'s' * (gpus > 1)} (one rank per GPU): lower it, or leave it unset for one rank per GPU")
+    machines = _positive_int(p.num_machines, "placement.num_machines")
+    machine_rank = p.machine_rank
+    if not isinstance(machine_rank, int) or isinstance(machine_rank, bool) or not 0 <= machine_rank < machines:
+        raise ConfigError(f"placement.machine_rank={machine_rank!r}: this machine's rank, from 0 to "
+                          f"placement.num_machines - 1 = {machines - 1}")
+    ip, port = p.main_process_ip, p.main_process_port
+    if machines > 1:
+        missing = [key for key, value in (("placement.main_process_ip", ip), ("placement.main_process_port", port),
+                                          ("output_dir", cfg.output_dir)) if value is None]
+        if missing:
+            raise ConfigError(f"placement.num_machines={machines}: set {', '.join(missing)}, the same on every machine "
+                              "(the main process's address and a free port on it; a folder every machine shares)")
+    if port is not None:
+        port = _positive_int(port, "placement.main_process_port")
+    return LaunchPlan(processes=processes, num_machines=machines, machine_rank=machine_rank,
+                      main_process_ip=ip or "127.0.0.1", main_process_port=port or free_port(),
+                      strategy=p.strategy, gpus=gpus)
+
+
+def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int) -> int:
+    """Start the ranks of a ``placement=dp`` run and wait for them; returns the exit code (2: a rank stopped on
+    an error the user can fix, printed here in one line; 1: a bug, its traceback is in the rank's log above)."""
+    from rlt_mono.build import model_path, resolve_output_dir
+
+    plan = plan_launch(cfg, gpus_present)
+    for group in ("model", "student"):  # built or dequantized once, here, instead of by every rank at once
+        model_path(cfg[group], cfg.seed, group)
+    resuming = cfg.resume_from_checkpoint not in (None, False)
+    if plan.machine_rank == 0:
+        output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                        resume_from_checkpoint=cfg.resume_from_checkpoint)
+    else:  # machine 0 checks the shared folder; the others only need its name
+        output_dir = Path(cfg.output_dir)
+    overrides = [o for o in overrides if not o.startswith("output_dir=")] + [f"output_dir={output_dir}"]
+    logger.info("\n%s", plan.table(cfg))
+    command = plan.command(config, overrides)
+    logger.info("starting the ranks: accelerate launch %s", " ".join(command[3:]))
+    with tempfile.TemporaryDirectory(prefix="rlt_mono_ranks_") as errors_dir:
+        code = subprocess.run(command, env={**os.environ, **plan.environment(errors_dir)}, check=False).returncode
+        if code == 0:
+            logger.info("all %d ranks finished; the run is in %s", plan.world_size, output_dir)
+            return 0
+        errors = sorted(Path(errors_dir).glob("rank-*.txt"), key=lambda path: int(path.stem.split("-")[1]))
+        if errors:
+            sys.stderr.write(f"error: {errors[0].read_text().strip()} ({errors[0].stem.replace('-', ' ')})\n")
+            return UserError.exit_code
+    sys.stderr.write(f"rlt_mono stopped: a rank of the placement=dp run failed (exit code {code}); its traceback "
+                     "is in the log above\n")
+    return 1
+
+
+def record_rank_error(message: str) -> bool:
+    """In a launched rank, write the one-line ``message`` for the launcher (True: written, the launcher prints
+    it; False: not in a rank)."""
+    folder = os.environ.get(ERRORS_ENV)
+    if not in_rank() or not folder or not Path(folder).is_dir():
+        return False
+    (Path(folder) / f"rank-{rank()}.txt").write_text(message + "\n")
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``accelerate launch`` with the same arguments, run in this process so that a rank's failure ends in its
+    exit code instead of torchrun's report and traceback (the ranks' own logs say what happened)."""
+    from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    args = launch_command_parser().parse_args(argv)
+    try:
+        launch_command(args)
+    except ChildFailedError as err:
+        _, failure = err.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else 1
+    return 0
+
+
+def _positive_int(value, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key}={value!r}: must be a whole number >= 1")
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Data parallel (placement=dp): the launch plan, the per-rank placement and checkpoints of several ranks, then
+real runs of CPU ranks through ``accelerate launch`` (gloo): two ranks on one machine, a resume that repeats the
+uninterrupted run bit for bit, a rank's user error in one line, and two "machines" on this host."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlt_mono import checkpoints, launch
+from rlt_mono.config import ConfigError, compose
+from rlt_mono.placement import PlacementError, Role, gpus_to_expose, resolve_placement
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_DP = ["placement=dp", "trainer.plot_metrics=false", "trainer.max_completion_length=24"]
+
+
+def _plan(*overrides: str, gpus: int = 4, config: str = "teacher_rlt_mono"):
+    return launch.plan_launch(compose(config, ["placement=dp", *overrides]), gpus)
+
+
+# ---- the launch plan -----------------------------------------------------------------------------------------
+def test_one_rank_per_gpu_by_default_and_the_accelerate_command():
+    plan = _plan("placement.main_process_port=29555")
+    assert (plan.processes, plan.world_size, plan.global_ranks()) == (4, 4, [0, 1, 2, 3])
+    command = plan.command("teacher_rlt_mono", ["placement=dp", "output_dir=/runs/a"])
+    assert command[:3] == [sys.executable, "-m", "rlt_mono.launch"]
+    assert command[3:] == [
+        "--config_file", str(ROOT / "cfgs" / "accelerate" / "ddp.yaml"), "--num_processes", "4",
+        "--num_machines", "1", "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", "29555",
+        "-m", "rlt_mono.train", "teacher_rlt_mono", "placement=dp", "output_dir=/runs/a"]
+    env = plan.environment("/tmp/errors")
+    assert env[launch.LAUNCHED_ENV] == "1" and env[launch.ERRORS_ENV] == "/tmp/errors"
+    assert "ACCELERATE_USE_CPU" not in env
+
+
+def test_two_machines_number_their_ranks_and_need_an_address_a_port_and_a_shared_folder():
+    plan = _plan("placement.num_processes=2", "placement.num_machines=2", "placement.machine_rank=1",
+                 "placement.main_process_ip=10.0.0.1", "placement.main_process_port=29500", "output_dir=/shared/run")
+    assert (plan.world_size, plan.global_ranks()) == (4, [2, 3])
+    assert plan.accelerate_args()[2:] == ["--num_processes", "4", "--num_machines", "2", "--machine_rank", "1",
+                                          "--main_process_ip", "10.0.0.1", "--main_process_port", "29500"]
+    table = plan.table(compose("teacher_rlt_mono", ["placement=dp", "placement.rollout=vllm"]))
+    assert "4 ranks on 2 machines (this is machine 1, main process 10.0.0.1:29500)" in table
+    assert "  2     0      cuda:0  resident, vLLM colocated at 0.7    CPU (pinned)  CPU (pinned)" in table
+    assert "  3     1      cuda:1  " in table
+    assert "completions per optimizer step: 32 per rank x 4 ranks = 128" in table
+    with pytest.raises(ConfigError, match="set placement.main_process_ip, placement.main_process_port, output_dir"):
+        _plan("placement.num_machines=2")
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["placement.num_processes=8"], "placement.num_processes=8 but this machine has 4 GPUs"),
+    (["placement.num_processes=0"], "placement.num_processes=0: must be a whole number >= 1"),
+    (["placement.machine_rank=2", "placement.num_machines=2"], "placement.machine_rank=2: this machine's rank, from 0"),
+    (["placement.strategy=zero9"], "placement.strategy='zero9': choose one of ddp"),
+    (["placement.main_process_port=-1"], "placement.main_process_port=-1: must be a whole number >= 1"),
+])
+def test_launch_mistakes_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        _plan(*overrides)
+
+
+def test_only_the_rl_stage_runs_data_parallel():
+    with pytest.raises(ConfigError, match="stage distill runs in one process: use placement=mono"):
+        launch.plan_launch(compose("distill_tiny", ["placement=dp"]), 2)
+
+
+def test_cpu_ranks_when_no_gpu_is_used():
+    plan = _plan("placement.num_processes=3", gpus=0)
+    assert plan.environment("/e")["ACCELERATE_USE_CPU"] == "true" and plan.processes == 3
+    table = plan.table(compose("demo_tiny", ["placement=dp"]))
+    assert "  2     2      cpu     resident, transformers generate" in table
+    assert _plan(gpus=0).processes == 1  # unset: one rank per GPU, one on a machine without GPUs
+    assert launch.plan_launch(compose("demo_tiny", ["placement=dp"]), 8).gpus == 0  # trainer.use_cpu
+
+
+# ---- where a rank's roles live ---------------------------------------------------------------------------------
+def test_a_rank_places_every_role_on_its_own_gpu():
+    placement = resolve_placement("dp", 4, local_rank=2)
+    assert placement.mode == "dp" and {placement.device(role) for role in Role} == {"cuda:2"}
+    assert placement.offloaded == frozenset({Role.REFERENCE, Role.STUDENT})
+    with pytest.raises(PlacementError, match="local rank 4 has no GPU of its own"):
+        resolve_placement("dp", 4, local_rank=4)
+    assert resolve_placement("dp", 0, local_rank=1).device(Role.ACTOR) == "cpu"
+    assert (gpus_to_expose("dp", 8), gpus_to_expose("dp", 8, 2), gpus_to_expose("dp", 1, 2)) == (8, 2, 1)
+
+
+# ---- checkpoints of several ranks --------------------------------------------------------------------------------
+def _checkpoint(folder: Path, ranks: int) -> Path:
+    folder.mkdir(parents=True)
+    for name in (*checkpoints.TRAINING_STATE_FILES, *checkpoints.rng_files(ranks), "model.safetensors"):
+        (folder / name).write_text(json.dumps({"global_step": 2}) if name == checkpoints.TRAINER_STATE else "x")
+    return folder
+
+
+def test_a_checkpoint_resumes_only_with_the_ranks_that_saved_it(tmp_path):
+    two = _checkpoint(tmp_path / "checkpoint-2", 2)
+    assert checkpoints.saved_world_size(two) == 2
+    assert checkpoints.resolve_resume(tmp_path, str(two), max_steps=4, world_size=2) == str(two)
+    with pytest.raises(checkpoints.CheckpointError, match="saved by 2 ranks and this run has 1: resume it with "
+                                                          "placement=dp and as many ranks"):
+        checkpoints.resolve_resume(tmp_path, str(two), max_steps=4)
+    one = _checkpoint(tmp_path / "one" / "checkpoint-2", 1)
+    with pytest.raises(checkpoints.CheckpointError, match="saved by 1 rank and this run has 2: resume it with "
+                                                          "placement=mono"):
+        checkpoints.resolve_resume(tmp_path, str(one), max_steps=4, world_size=2)
+    (two / "rng_state_1.pth").unlink()  # one rank's RNG file lost: another world size, refused as such
+    assert checkpoints.saved_world_size(two) == 1
+
+
+# ---- real CPU ranks --------------------------------------------------------------------------------------------
+def _launch(*overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ROOT / "launch_mono.sh"), "demo_tiny", *TINY_DP, *overrides], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dp") / "run"
+    done = _launch("placement.num_processes=2", "trainer.max_steps=4", "trainer.save_steps=2",
+                   "trainer.ref_model_sync_steps=3", f"output_dir={out}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_two_ranks_write_one_row_per_step_one_model_and_an_rng_file_each(two_ranks):
+    rows = _rows(two_ranks)
+    assert [(r["event"], r["step"]) for r in rows] == [("step", 1), ("step", 2), ("step", 3), ("step", 4),
+                                                        ("summary", 4)]
+    config = (two_ranks / "config.yaml").read_text()
+    assert "mode: dp" in config and "num_processes: 2" in config
+    for step in (2, 4):
+        files = {p.name for p in (two_ranks / f"checkpoint-{step}").iterdir()}
+        assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= files
+        assert "rng_state.pth" not in files
+        assert checkpoints.checkpoint_problem(two_ranks / f"checkpoint-{step}") is None
+    # The reference is mixed at step 3: saved once, in the checkpoint after it.
+    assert not (two_ranks / "checkpoint-2" / "reference_model.safetensors").exists()
+    assert (two_ranks / "checkpoint-4" / "reference_model.safetensors").is_file()
+    assert (two_ranks / "final" / "model.safetensors").is_file()
+    assert not [p.name for p in two_ranks.iterdir() if p.name.startswith(".partial-")]
+
+
+def test_a_resumed_two_rank_run_repeats_the_uninterrupted_one_bit_for_bit(two_ranks, tmp_path):
+    out = tmp_path / "resumed"
+    shutil.copytree(two_ranks, out)
+    for name in ("checkpoint-4", "final"):
+        shutil.rmtree(out / name)
+    done = _launch("placement.num_processes=2", "trainer.max_steps=4", "trainer.save_steps=2",
+                   "trainer.ref_model_sync_steps=3", f"output_dir={out}", "resume_from_checkpoint=true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [r for r in _rows(out) if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert [r["reward"] for r in steps] == [r["reward"] for r in _rows(two_ranks) if r["event"] == "step"]
+    one = _launch("trainer.max_steps=4", f"output_dir={out}", "resume_from_checkpoint=true", "placement=mono")
+    assert one.returncode == 2 and one.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "was saved by 2 ranks and this run has 1" in one.stderr
+
+
+def test_a_rank_that_stops_on_a_user_error_ends_the_run_in_one_line(tmp_path):
+    done = _launch("placement.num_processes=2", "trainer.max_completion_length=100000", f"output_dir={tmp_path / 'x'}")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == ("error: trainer.max_completion_length=100000 leaves no room for a prompt in the teacher's "
+                         "2048-token context (max_position_embeddings): lower it (rank 0)")
+    assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
+    assert sum(line.startswith("error:") for line in lines) == 1  # said once, by the launcher
+
+
+def test_two_machines_on_one_host_train_one_run(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "shared"
+    common = ["placement.num_processes=1", "placement.num_machines=2", "placement.main_process_ip=127.0.0.1",
+              f"placement.main_process_port={port}", "trainer.max_steps=2", "trainer.save_steps=2", f"output_dir={out}"]
+    second = subprocess.Popen([str(ROOT / "launch_mono.sh"), "demo_tiny", *TINY_DP, *common,
+                               "placement.machine_rank=1"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    first = _launch(*common, "placement.machine_rank=0")
+    _, second_err = second.communicate(timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert second.returncode == 0, second_err[-3000:]
+    assert "2 ranks on 2 machines (this is machine 1" in second_err
+    assert [r["step"] for r in _rows(out) if r["event"] == "step"] == [1, 2]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-2").iterdir()}
