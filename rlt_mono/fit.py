@@ -320,9 +320,22 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
         vllm_sleep=bool(trainer.get("vllm_enable_sleep_mode", False)),
         offload_reference=bool(cfg.placement.offload_reference),
         offload_student=bool(cfg.placement.offload_student),
+        data_parallel_ranks=data_parallel_ranks(cfg),
         total_gib=total_gib,
         free_gib=free_gib,
     )
+
+
+def data_parallel_ranks(cfg) -> int:
+    """Ranks of a ``placement=dp`` run: the launched run's world size in a rank, else what the placement asks
+    for (``num_processes``, unset: 1, times ``num_machines``); 1 for every other placement."""
+    from rlt_mono import launch
+
+    if cfg.placement.mode != "dp":
+        return 1
+    if launch.in_rank():
+        return launch.world_size()
+    return (cfg.placement.get("num_processes") or 1) * (cfg.placement.get("num_machines") or 1)
 
 
 def fit_run_config(cfg, settings: Settings) -> Plan:

@@ -223,6 +223,10 @@ class Settings:
     # placement.offload_reference / offload_student: resident ones are counted in every phase.
     offload_reference: bool = True
     offload_student: bool = True
+    # placement=dp: ranks of the run (each plans its own GPU). With more than one, PyTorch DDP's reducer keeps a
+    # flat copy of the gradients in its buckets for the whole run (accelerate's default, gradient_as_bucket_view
+    # off), counted in every phase; not yet checked against a measured multi-GPU peak.
+    data_parallel_ranks: int = 1
     # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
     total_gib: float = 80.0
     free_gib: float | None = None
@@ -442,6 +446,8 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
         resident.append(("reference weights (resident)", reference_w))
     if not s.offload_student:
         resident.append(("student weights (resident)", student_w))
+    if s.data_parallel_ranks > 1:
+        resident.append(("DDP gradient buckets", gradient_bytes(s)))
     asleep_pool = [] if s.vllm_sleep else [("vLLM pool (no sleep mode)", pool)]
 
     length, completion = s.sequence_length, s.max_completion_length

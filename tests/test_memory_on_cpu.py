@@ -312,3 +312,14 @@ def test_vllm_start_needs_its_pool_free_beside_the_teacher():
     # the process's own 0.75 GiB (measured) is added by default
     lora = tiny_settings(total_gib=1.0, offload_actor_in_generation=True, lora_r=2, startup_context_gib=0.75)
     assert memory.start_bytes(lora) == pool + 5920 + 2048 + int(0.75 * GIB)
+
+
+def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase():
+    one, two = plan(tiny_settings()), plan(tiny_settings(data_parallel_ranks=2))
+    for phase in ("GENERATE", "SCORE", "TRAIN"):
+        assert dict(two.phases[phase].terms)["DDP gradient buckets"] == 1480 * 4  # a float32 copy of the gradients
+        assert "DDP gradient buckets" not in dict(one.phases[phase].terms)
+    assert two.phases["TRAIN"].bytes == one.phases["TRAIN"].bytes + 1480 * 4
+    dp = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4"), total_gib=80.0, arch="0.5b")
+    assert dp.data_parallel_ranks == 4
+    assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1
