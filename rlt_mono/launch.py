@@ -20,8 +20,9 @@ at start, the run's folder (made here once, so every rank writes into the same o
 folders (the embedded pair built, a GGUF checkpoint dequantized, once rather than by every rank). Everything a user can
 get wrong (too many processes for the GPUs, a machine rank out of range, a multi-node run without an address or
 a shared ``output_dir``, a stage other than the RL stage) is a one-line ``ConfigError`` before accelerate
-starts. A rank that stops on such an error writes its line to ``$RLT_MONO_RANK_ERRORS/rank-<R>.txt``; the
-launcher prints the first one and exits 2, as a one-process run would, instead of torchrun's report.
+starts. A rank that stops on such an error (or on Ctrl-C) writes its exit code and line to
+``$RLT_MONO_RANK_ERRORS/rank-<R>.txt``; the launcher prints the first one and exits with its code (2, or 130 for
+an interrupt), as a one-process run would, instead of torchrun's report.
 
 Multi-node: run the same command on every machine with ``placement.num_machines``, ``placement.machine_rank``
 (0 on the machine whose address is ``placement.main_process_ip``), the same ``placement.main_process_port`` and
@@ -33,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -212,42 +214,55 @@ def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int
     command = plan.command(config, overrides)
     logger.info("starting the ranks: accelerate launch %s", " ".join(command[3:]))
     with tempfile.TemporaryDirectory(prefix="rlt_mono_ranks_") as errors_dir:
-        code = subprocess.run(command, env={**os.environ, **plan.environment(errors_dir)}, check=False).returncode
+        ranks = subprocess.Popen(command, env={**os.environ, **plan.environment(errors_dir)})
+        # Ctrl-C reaches the ranks' launcher and every rank too: they stop, say where to resume, and the launcher
+        # exits with the ranks' code; this process only waits for it.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            code = ranks.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         if code == 0:
             logger.info("all %d ranks finished; the run is in %s", plan.world_size, output_dir)
             return 0
         errors = sorted(Path(errors_dir).glob("rank-*.txt"), key=lambda path: int(path.stem.split("-")[1]))
         if errors:
-            sys.stderr.write(f"error: {errors[0].read_text().strip()} ({errors[0].stem.replace('-', ' ')})\n")
-            return UserError.exit_code
+            exit_code, _, message = errors[0].read_text().strip().partition(" ")
+            sys.stderr.write(f"error: {message} ({errors[0].stem.replace('-', ' ')})\n")
+            return int(exit_code)
     sys.stderr.write(f"rlt_mono stopped: a rank of the placement=dp run failed (exit code {code}); its traceback "
                      "is in the log above\n")
     return 1
 
 
-def record_rank_error(message: str) -> bool:
-    """In a launched rank, write the one-line ``message`` for the launcher (True: written, the launcher prints
-    it; False: not in a rank)."""
+def record_rank_error(err: UserError) -> bool:
+    """In a launched rank, write ``err`` (its exit code and one-line message) for the launcher (True: written,
+    the launcher prints it and exits with its code; False: not in a rank)."""
     folder = os.environ.get(ERRORS_ENV)
     if not in_rank() or not folder or not Path(folder).is_dir():
         return False
-    (Path(folder) / f"rank-{rank()}.txt").write_text(message + "\n")
+    (Path(folder) / f"rank-{rank()}.txt").write_text(f"{err.exit_code} {err}\n")
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
     """``accelerate launch`` with the same arguments, run in this process so that a rank's failure ends in its
     exit code instead of torchrun's report and traceback (the ranks' own logs say what happened)."""
+    import torch.distributed.run  # noqa: F401  (creates torchrun's loggers, each with its own level)
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    for name in [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # the ranks' own logs say what happened
     args = launch_command_parser().parse_args(argv)
     try:
         launch_command(args)
     except ChildFailedError as err:
         _, failure = err.get_first_failure()
         return failure.exitcode if failure.exitcode > 0 else 1
+    except SignalException as err:  # Ctrl-C or a kill: torchrun has stopped the ranks, which said where to resume
+        return 128 + int(err.sigval)
     return 0
 
 

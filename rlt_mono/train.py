@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             expose_gpus(mode)
         run(cfg)
     except UserError as err:
-        if not launch.record_rank_error(str(err)):  # a rank's error is printed once, by its launcher
+        if not launch.record_rank_error(err):  # a rank's error is printed once, by its launcher
             sys.stderr.write(f"error: {err}\n")
         return err.exit_code
     except KeyboardInterrupt:

@@ -5,9 +5,11 @@ uninterrupted run bit for bit, a rank's user error in one line, and two "machine
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -194,3 +196,19 @@ def test_two_machines_on_one_host_train_one_run(tmp_path):
     assert "2 ranks on 2 machines (this is machine 1" in second_err
     assert [r["step"] for r in _rows(out) if r["event"] == "step"] == [1, 2]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (out / "checkpoint-2").iterdir()}
+
+
+def test_ctrl_c_stops_every_rank_and_says_where_to_resume(tmp_path):
+    out = tmp_path / "stopped"
+    run = subprocess.Popen([str(ROOT / "launch_mono.sh"), "demo_tiny", *TINY_DP, "placement.num_processes=2",
+                            "trainer.max_steps=200", "trainer.save_steps=1", f"output_dir={out}"], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (out / "checkpoint-1").is_dir() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    os.killpg(run.pid, signal.SIGINT)  # what Ctrl-C in the terminal does: the launcher and every rank get it
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("error: interrupted at step ") and f"output_dir={out} resume_from_checkpoint=true" in last
+    assert "Traceback" not in stderr and "SignalException" not in stderr
