@@ -209,7 +209,11 @@ def run_pipeline(cfg: DictConfig) -> Path:
     from rlt_mono.evaluate import compare_table
 
     folders = {p.stage: p.folder for p in plans}
-    table = compare_table([folders["eval_teacher"] / "eval.json", folders["eval_student"] / "eval.json"])
+    evals = [folders[step] / "eval.json" for step in ("eval_teacher", "eval_student")]
+    if not all(path.is_file() for path in evals):  # steps=[...] stopped before the evaluations
+        logger.info("pipeline done: %s (no %s: eval_teacher and eval_student have not both run)", root, TABLE_FILE)
+        return root
+    table = compare_table(evals)
     (root / TABLE_FILE).write_text(table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
     if cfg.get("study", False):

@@ -102,3 +102,6 @@ def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
     assert (root / "eval_table.md").is_file()
     with pytest.raises(ConfigError, match=r"steps: unknown steps \['eval_sft_teacher'\]"):
         pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "+steps=[eval_sft_teacher]"]))
+    first = tmp_path / "first"  # the first steps alone: done, without the eval table the eval steps would write
+    assert pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={first}", "+steps=[teacher_sft]"])) == first
+    assert launched[-1] == "1_teacher_sft" and not (first / "eval_table.md").exists()
