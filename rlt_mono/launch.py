@@ -166,7 +166,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     p = cfg.placement
     if cfg.stage not in DP_STAGES:
         raise ConfigError(f"placement=dp runs the RL stage (teacher_rlt) on several GPUs; stage {cfg.stage} runs in "
-                          "one process: use placement=mono")
+                          "one process: leave placement=dp out")
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")

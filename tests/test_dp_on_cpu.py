@@ -69,7 +69,7 @@ def test_launch_mistakes_are_one_line_errors(overrides, message):
 
 
 def test_only_the_rl_stage_runs_data_parallel():
-    with pytest.raises(ConfigError, match="stage distill runs in one process: use placement=mono"):
+    with pytest.raises(ConfigError, match="stage distill runs in one process: leave placement=dp out"):
         launch.plan_launch(compose("distill_tiny", ["placement=dp"]), 2)
 
 
