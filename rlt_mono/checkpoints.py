@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -304,22 +305,18 @@ class VerifiedCheckpoints:
         """Not written: TRL's card is generic (it links to "None"); the run folder has its own README."""
 
 
-_INDEXED_CPU_RESTORE = []
-
-
+@functools.cache  # registered once per process
 def allow_indexed_cpu_restore() -> None:
     """Let ``torch.load(map_location="cpu:N")`` load onto the CPU. transformers maps a data-parallel run's
     optimizer state to ``args.device``, which is ``cpu:0`` on CPU ranks, a location torch's own CPU restore does not
-    accept (it knows ``"cpu"`` only). Registered once, with torch's public ``register_package``; it saves nothing
+    accept (it knows ``"cpu"`` only). Registered with torch's public ``register_package``; it saves nothing
     differently."""
     import torch
 
     def restore(storage, location: str):
         return storage if location.startswith("cpu:") else None
 
-    if not _INDEXED_CPU_RESTORE:
-        torch.serialization.register_package(30, lambda _storage: None, restore)
-        _INDEXED_CPU_RESTORE.append(restore)
+    torch.serialization.register_package(30, lambda _storage: None, restore)
 
 
 FINAL_DIR = "final"
