@@ -90,8 +90,9 @@ class NoLearningSignalWarning(TrainerCallback):
         self.warned = False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.warned or not logs or not is_number(logs.get("frac_reward_zero_std")):
-            return
+        if self.warned or not state.is_world_process_zero or not logs or \
+                not is_number(logs.get("frac_reward_zero_std")):
+            return  # data parallel: rank 0 warns for the run
         self._recent = [*self._recent, float(logs["frac_reward_zero_std"])][-self.window:]
         mean = sum(self._recent) / len(self._recent)
         if len(self._recent) == self.window and mean >= self.threshold:

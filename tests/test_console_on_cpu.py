@@ -83,12 +83,16 @@ def test_a_run_without_reward_spread_is_warned_about_once(caplog):
     from rlt_mono.console import NoLearningSignalWarning
 
     watch = NoLearningSignalWarning(window=3, threshold=0.9)
+    main, other_rank = SimpleNamespace(is_world_process_zero=True), SimpleNamespace(is_world_process_zero=False)
     with caplog.at_level("WARNING", logger="rlt_mono.console"):
         for spread in (1.0, 1.0, 0.5, 1.0, 1.0):  # windows: [1, 1, .5] -> 0.83, [1, .5, 1] -> 0.83, [.5, 1, 1] -> 0.83
-            watch.on_log(None, SimpleNamespace(), None, logs={"frac_reward_zero_std": spread})
+            watch.on_log(None, main, None, logs={"frac_reward_zero_std": spread})
+        assert not watch.warned
+        for spread in (1.0, 1.0, 1.0):  # a data-parallel rank after the first leaves the warning to rank 0
+            watch.on_log(None, other_rank, None, logs={"frac_reward_zero_std": spread})
         assert not watch.warned
         for spread in (1.0, 1.0, 1.0, 1.0):  # [1, 1, 1] -> warned once, not again
-            watch.on_log(None, SimpleNamespace(), None, logs={"frac_reward_zero_std": spread})
+            watch.on_log(None, main, None, logs={"frac_reward_zero_std": spread})
     assert watch.warned
     warnings = [r.getMessage() for r in caplog.records if "no learning signal" in r.getMessage()]
     assert len(warnings) == 1 and "over the last 3 steps 100% of prompt groups" in warnings[0]
