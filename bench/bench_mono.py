@@ -497,10 +497,14 @@ def card_of(card_gib: float | None):
 
 def predicted_peaks(cfg, trainer, arch: str) -> dict:
     """The memory planner's per-phase prediction for this run (``predicted/<phase>`` in GiB, and its table),
-    from the card's total memory and the longest prompt of the trainer's data."""
+    from the card's total memory and the longest prompt of the trainer's data; none for ``split``, which the
+    planner does not cover (two GPUs)."""
     import torch
 
     from rlt_mono import fit
+
+    if cfg.placement.mode == "split":
+        return {}
 
     prompts = list(trainer.train_dataset["prompt"])
     longest = max(len(ids) for ids in trainer.processing_class(prompts, add_special_tokens=False).input_ids)

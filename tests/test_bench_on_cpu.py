@@ -393,3 +393,20 @@ def test_rlt_gpus_must_match_the_placement(placement, gpus, capsys):
     with pytest.raises(SystemExit):
         bench.main(["rlt", "--placement", placement, "--gpus", gpus])
     assert "mono takes 1, split 2, dp 1 or more" in capsys.readouterr().err
+
+
+def test_the_planner_predicts_mono_and_dp_runs_and_leaves_split_out(monkeypatch, tokenizer):
+    from types import SimpleNamespace
+
+    from rlt_mono.config import compose
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * 2**30))
+    trainer = SimpleNamespace(train_dataset={"prompt": ["What is 2 + 2?", "What is 12 + 30?"]},
+                              processing_class=tokenizer)
+    assert bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=split"]), trainer, "0.5b") == {}
+    mono = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=mono"]), trainer, "0.5b")
+    dp = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=dp", "placement.num_processes=2"]), trainer,
+                               "0.5b")
+    assert set(mono) == {"predicted/generate", "predicted/score", "predicted/train", "predicted_table", "prompt_length"}
+    assert dp["predicted/train"] > mono["predicted/train"]  # DDP's gradient buckets
+    assert "DDP gradient buckets" in dp["predicted_table"]
