@@ -7,19 +7,20 @@ sees ``placement.mode: dp`` and, instead of running the stage itself, hands the 
         --num_machines M --machine_rank R --main_process_ip IP --main_process_port P
         -m rlt_mono.train <run config> <overrides> output_dir=<the run's folder>
 
-Every rank runs the RL stage (``teacher_rlt``) as a ``mono`` step on its own GPU (``rlt_mono.placement``):
+Every rank of the RL stage (``teacher_rlt``) runs a ``mono`` step on its own GPU (``rlt_mono.placement``):
 TRL's ``GRPOTrainer`` splits each step's prompts over the ranks, each rank generates with its own colocated
 vLLM engine and scores with its own offloaded reference and student, and the teacher's gradients are reduced
 across ranks (``ddp``: the teacher replicated, ``cfgs/accelerate/ddp.yaml``). Metrics rows,
 samples, checkpoints (one copy of the model, optimizer and reference; one RNG file per rank) and ``final/`` are
-written once, by rank 0 (``rlt_mono.checkpoints``).
+written once, by rank 0 (``rlt_mono.checkpoints``). The SFT stages (``teacher_sft``, ``student_sft``) run the
+same way with transformers' own data parallelism: each rank trains on its share of the rows.
 
 What this module does before any rank starts, from the composed config and the GPUs present: the
 ``LaunchPlan`` (how many ranks, where they meet, the accelerate command), the per-rank placement table logged
 at start, the run's folder (made here once, so every rank writes into the same one), and the models' local
 folders (the embedded pair built, a GGUF checkpoint dequantized, once rather than by every rank). Everything a user can
 get wrong (too many processes for the GPUs, a machine rank out of range, a multi-node run without an address or
-a shared ``output_dir``, a stage other than the RL stage) is a one-line ``ConfigError`` before accelerate
+a shared ``output_dir``, a stage that does not train) is a one-line ``ConfigError`` before accelerate
 starts. A rank that stops on such an error (or on Ctrl-C) writes its exit code and line to
 ``$RLT_MONO_RANK_ERRORS/rank-<R>.txt``; the launcher prints the first one and exits with its code (2, or 130 for
 an interrupt), as a one-process run would, instead of torchrun's report.
@@ -55,7 +56,9 @@ LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
 ERRORS_ENV = "RLT_MONO_RANK_ERRORS"
 ACCELERATE_CONFIGS = CONFIG_DIR / "accelerate"
 STRATEGIES = {"ddp": "the teacher replicated on every rank (DistributedDataParallel)"}
-DP_STAGES = ("teacher_rlt",)
+# Stages a data-parallel launch runs: the RL stage, and the SFT stages (transformers' own DDP: each rank a shard of
+# the rows, gradients all-reduced; no vLLM, reference or student).
+DP_STAGES = ("teacher_rlt", "teacher_sft", "student_sft")
 
 
 @dataclass(frozen=True)
@@ -116,28 +119,36 @@ class LaunchPlan:
 
     def table(self, cfg: DictConfig) -> str:
         """The per-rank placement logged before the ranks start."""
-        trainer = cfg.trainer
+        trainer = training_group(cfg)
         per_rank = trainer.per_device_train_batch_size * trainer.gradient_accumulation_steps
+        rl = cfg.stage == "teacher_rlt"
         vllm = cfg.placement.rollout == "vllm" or (cfg.placement.rollout == "auto" and self.gpus > 0
                                                      and importlib.util.find_spec("vllm") is not None)
         rollout = (f"vLLM colocated at {trainer.get('vllm_gpu_memory_utilization', 0.3):g}" if vllm
                    else "transformers generate")
         aside = {True: "CPU (pinned)", False: "resident"}
+        unit = "completions" if rl else "rows"
         lines = [
             f"placement: dp, {self.world_size} rank{'s' * (self.world_size > 1)} on {self.num_machines} "
             f"machine{'s' * (self.num_machines > 1)} (this is machine {self.machine_rank}, main process "
             f"{self.main_process_ip}:{self.main_process_port}); strategy {self.strategy}: {STRATEGIES[self.strategy]}",
-            f"  {'rank':<5} {'local':<6} {'device':<7} {'actor + rollout':<34} {'reference':<13} student",
+            f"  {'rank':<5} {'local':<6} {'device':<7} "
+            + (f"{'actor + rollout':<34} {'reference':<13} student" if rl else f"the model trained by {cfg.stage}"),
         ]
         for local, rank in enumerate(self.global_ranks()):
             device = f"cuda:{local}" if self.gpus else "cpu"
-            actor = f"resident, {rollout}"
-            lines.append(f"  {rank:<5} {local:<6} {device:<7} {actor:<34} "
-                         f"{aside[bool(cfg.placement.offload_reference) and self.gpus > 0]:<13} "
-                         f"{aside[bool(cfg.placement.offload_student) and self.gpus > 0]}")
-        lines.append(f"  completions per optimizer step: {per_rank} per rank x {self.world_size} ranks = "
+            reference = aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
+            student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
+            roles = f"{'resident, ' + rollout:<34} {reference:<13} {student}" if rl else "resident"
+            lines.append(f"  {rank:<5} {local:<6} {device:<7} {roles}")
+        lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} ranks = "
                      f"{per_rank * self.world_size}")
         return "\n".join(lines)
+
+
+def training_group(cfg: DictConfig) -> DictConfig:
+    """The group holding the stage's training arguments: ``trainer`` (RL) or ``sft``."""
+    return cfg.trainer if cfg.stage == "teacher_rlt" else cfg.sft
 
 
 def in_rank() -> bool:
@@ -165,12 +176,12 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     ``trainer.use_cpu``: CPU ranks). Raises ``ConfigError`` for anything the ranks could not start with."""
     p = cfg.placement
     if cfg.stage not in DP_STAGES:
-        raise ConfigError(f"placement=dp runs the RL stage (teacher_rlt) on several GPUs; stage {cfg.stage} runs in "
-                          "one process: leave placement=dp out")
+        raise ConfigError(f"placement=dp runs the training stages ({', '.join(DP_STAGES)}) on several GPUs; stage "
+                          f"{cfg.stage} runs in one process: leave placement=dp out")
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
-    gpus = 0 if cfg.trainer.get("use_cpu", False) else gpus_present
+    gpus = 0 if training_group(cfg).get("use_cpu", False) else gpus_present
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
     if gpus and processes > gpus:
@@ -202,7 +213,8 @@ def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int
 
     plan = plan_launch(cfg, gpus_present)
     for group in ("model", "student"):  # built or dequantized once, here, instead of by every rank at once
-        model_path(cfg[group], cfg.seed, group)
+        if cfg.get(group) is not None:
+            model_path(cfg[group], cfg.seed, group)
     resuming = cfg.resume_from_checkpoint not in (None, False)
     if plan.machine_rank == 0:
         output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,

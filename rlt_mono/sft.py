@@ -45,7 +45,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints
+from rlt_mono import checkpoints, launch
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
@@ -215,8 +215,11 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     if stage not in STAGE_MODEL_GROUP:
         raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
+    if launch.in_rank():  # a data-parallel rank: the launcher made or checked the run's folder (rlt_mono.launch)
+        output_dir = Path(cfg.output_dir)
+    else:
+        output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                        resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- typed configs: every value checked before a model loads -------------------------------------------------
     sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)
     sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
@@ -225,7 +228,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     args = instantiate(SFTStageConfig, sft_kwargs, "sft")
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
-                                                   args.max_steps if args.max_steps > 0 else sys.maxsize)
+                                                   args.max_steps if args.max_steps > 0 else sys.maxsize,
+                                                   world_size=launch.world_size())
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
@@ -251,7 +255,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         processing_class=tokenizer,
         callbacks=[RunFilesCallback(output_dir, samples_per_step=0, plot=False)],
     )
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
+        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
     if truncated:
         logger.warning("%d of %d train rows are longer than sft.max_length=%s tokens: their ends are cut, so the "
@@ -289,7 +294,8 @@ def run_sft(cfg: DictConfig) -> Path:
         "heldout_loss_after": after,
         "final": str(final),
     }
-    (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    if trainer.args.should_save:
+        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
     logger.info("%s done: %d steps, held-out loss %s -> %s; model in %s", run.stage, summary["steps"], before,
                 after, final)
     return output_dir

@@ -68,9 +68,13 @@ def test_launch_mistakes_are_one_line_errors(overrides, message):
         _plan(*overrides)
 
 
-def test_only_the_rl_stage_runs_data_parallel():
+def test_the_training_stages_run_data_parallel_and_the_others_do_not():
     with pytest.raises(ConfigError, match="stage distill runs in one process: leave placement=dp out"):
         launch.plan_launch(compose("distill_tiny", ["placement=dp"]), 2)
+    sft = compose("teacher_sft_tiny", ["placement=dp", "placement.num_processes=2"])
+    table = launch.plan_launch(sft, 0).table(sft)  # sft.use_cpu (tiny_cpu): CPU ranks
+    assert "  1     1      cpu     resident" in table and "the model trained by teacher_sft" in table
+    assert "rows per optimizer step: 16 per rank x 2 ranks = 32" in table
 
 
 def test_cpu_ranks_when_no_gpu_is_used():
@@ -212,3 +216,16 @@ def test_ctrl_c_stops_every_rank_and_says_where_to_resume(tmp_path):
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("error: interrupted at step ") and f"output_dir={out} resume_from_checkpoint=true" in last
     assert "Traceback" not in stderr and "SignalException" not in stderr
+
+
+def test_sft_on_two_ranks_writes_one_run(tmp_path):
+    out = tmp_path / "sft"
+    done = subprocess.run([str(ROOT / "launch_mono.sh"), "teacher_sft_tiny", "placement=dp",
+                           "placement.num_processes=2", "sft.max_steps=4", "sft.save_steps=2", f"output_dir={out}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["step"] for r in _rows(out) if r["event"] == "step"] == [1, 2, 3, 4]
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["heldout_loss_after"] is not None
+    assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= {p.name for p in (out / "checkpoint-4").iterdir()}
+    assert (out / "final" / "model.safetensors").is_file()
