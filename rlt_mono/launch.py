@@ -141,8 +141,8 @@ class LaunchPlan:
             student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
             roles = f"{'resident, ' + rollout:<34} {reference:<13} {student}" if rl else "resident"
             lines.append(f"  {rank:<5} {local:<6} {device:<7} {roles}")
-        lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} ranks = "
-                     f"{per_rank * self.world_size}")
+        lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} "
+                     f"rank{'s' * (self.world_size > 1)} = {per_rank * self.world_size}")
         return "\n".join(lines)
 
 
