@@ -16,6 +16,8 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 - Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
 - A LoRA or QLoRA teacher (``peft_config``, ``rlt_mono.lora``): vLLM gets the merged weights at each sync, in
   the teacher's dtype; the reference is the teacher with its adapters disabled (TRL's), not a copy.
+- Data parallel (``placement=dp``): each step's log also has the slowest and fastest rank's seconds per phase
+  (``dp/*``); the other phase metrics are rank 0's.
 - Every role is where the ``Placement`` puts it. When the student has a GPU of its own (split placement), the
   student half of the reward starts there right after generation and runs while TRL's policy and reference
   passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
@@ -266,10 +268,26 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                 self.timer.add_metric("train/tokens", tokens)
                 self._train_tokens.zero_()
             logs.update(with_throughputs(self.timer.pop_metrics(), self._num_parameters, self.timer.device))
+            if self.accelerator.num_processes > 1:
+                logs.update(self._phase_spread(logs))
             vllm_generation = getattr(self, "vllm_generation", None)
             if vllm_generation is not None and (asleep := trl_vllm.weights_asleep(vllm_generation)) is not None:
                 logs["vllm/asleep"] = float(asleep)
         super().log(logs, start_time)
+
+    def _phase_spread(self, logs: dict[str, float]) -> dict[str, float]:
+        """Data parallel: each phase's seconds on the slowest and the fastest rank (``dp/<phase>/seconds_max``,
+        ``_min``): a step waits for its slowest rank, so the spread is the time lost to imbalance. Every rank calls
+        this at the same log (a collective)."""
+        phases = ("generate", "score", "train")
+        mine = torch.tensor([logs.get(f"phase/{p}/seconds", 0.0) for p in phases], dtype=torch.float64,
+                            device=self.accelerator.device)
+        every = self.accelerator.gather(mine).view(-1, len(phases))  # (ranks, phases)
+        spread = {"dp/ranks": float(every.shape[0])}
+        for i, phase in enumerate(phases):
+            spread[f"dp/{phase}/seconds_max"] = every[:, i].max().item()
+            spread[f"dp/{phase}/seconds_min"] = every[:, i].min().item()
+        return spread
 
     @property
     def _num_parameters(self) -> int:

@@ -143,6 +143,11 @@ def test_two_ranks_write_one_row_per_step_one_model_and_an_rng_file_each(two_ran
     rows = _rows(two_ranks)
     assert [(r["event"], r["step"]) for r in rows] == [("step", 1), ("step", 2), ("step", 3), ("step", 4),
                                                         ("summary", 4)]
+    for row in (r for r in rows if r["event"] == "step"):  # rank 0's phases, and the spread over both ranks
+        assert row["dp/ranks"] == 2
+        for phase in ("generate", "score", "train"):
+            assert 0 < row[f"dp/{phase}/seconds_min"] <= row[f"dp/{phase}/seconds_max"]
+            assert row[f"dp/{phase}/seconds_min"] <= row[f"phase/{phase}/seconds"] <= row[f"dp/{phase}/seconds_max"]
     config = (two_ranks / "config.yaml").read_text()
     assert "mode: dp" in config and "num_processes: 2" in config
     for step in (2, 4):
