@@ -429,7 +429,8 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     trainer.train()
     all_rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
     rows = after_first(all_rows)
-    prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total")
+    prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total",
+                "dp/")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     ranks = trainer.accelerator.num_processes
     completions = a.completions * ranks
