@@ -44,11 +44,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     pass it to ``trainer.train(resume_from_checkpoint=...)``.
     """
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    if launch.in_rank():  # a data-parallel rank: the launcher made or checked the run's folder (rlt_mono.launch)
-        output_dir = Path(cfg.output_dir)
-    else:
-        output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                        resume_from_checkpoint=cfg.resume_from_checkpoint)
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
     main_process = launch.rank() == 0
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
@@ -234,7 +231,10 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
 
 def resolve_output_dir(output_dir: str | None, run_dir: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
     """The run's folder: ``output_dir``, or when it is unset a new folder ``run_dir`` (the config's
-    ``outputs/<run_name>/<time>``, made unique: ``checkpoints.new_run_dir``); an existing folder only to resume."""
+    ``outputs/<run_name>/<time>``, made unique: ``checkpoints.new_run_dir``); an existing folder only to resume.
+    In a data-parallel rank ``output_dir`` as given: its launcher made or checked the folder (``rlt_mono.launch``)."""
+    if launch.in_rank():
+        return Path(output_dir)
     if output_dir is None:
         if resume_from_checkpoint is True or resume_from_checkpoint == "true":
             raise ConfigError(

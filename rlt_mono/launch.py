@@ -135,12 +135,11 @@ class LaunchPlan:
             f"  {'rank':<5} {'local':<6} {'device':<7} "
             + (f"{'actor + rollout':<34} {'reference':<13} student" if rl else f"the model trained by {cfg.stage}"),
         ]
+        reference = aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
+        student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
+        roles = f"{'resident, ' + rollout:<34} {reference:<13} {student}" if rl else "resident"
         for local, rank in enumerate(self.global_ranks()):
-            device = f"cuda:{local}" if self.gpus else "cpu"
-            reference = aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
-            student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
-            roles = f"{'resident, ' + rollout:<34} {reference:<13} {student}" if rl else "resident"
-            lines.append(f"  {rank:<5} {local:<6} {device:<7} {roles}")
+            lines.append(f"  {rank:<5} {local:<6} {f'cuda:{local}' if self.gpus else 'cpu':<7} {roles}")
         lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} "
                      f"rank{'s' * (self.world_size > 1)} = {per_rank * self.world_size}")
         return "\n".join(lines)

@@ -215,11 +215,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     if stage not in STAGE_MODEL_GROUP:
         raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    if launch.in_rank():  # a data-parallel rank: the launcher made or checked the run's folder (rlt_mono.launch)
-        output_dir = Path(cfg.output_dir)
-    else:
-        output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                        resume_from_checkpoint=cfg.resume_from_checkpoint)
+    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- typed configs: every value checked before a model loads -------------------------------------------------
     sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)
     sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,

@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
             f"config groups and their options (pick one with group=option, e.g. placement=split):\n{groups}\n\n"
             "keys: set any key with group.key=value (e.g. trainer.max_steps=50 reward.clip_kl=5);\n"
             "list every key and its value with:  launch_mono.sh <run config> --show-config [overrides]\n"
-            "several GPUs (the RL stage):  launch_mono.sh <run config> placement=dp [placement.num_processes=N]\n"
+            "several GPUs (RL and SFT stages):  launch_mono.sh <run config> placement=dp [placement.num_processes=N]\n"
             "resume a run:  launch_mono.sh <run config> output_dir=<its folder> resume_from_checkpoint=true"
         ),
     )
