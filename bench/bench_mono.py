@@ -44,11 +44,12 @@ process and allocator on the GPU included) and the planner's prediction for the 
 ``planner`` runs one such child per ``--pairs`` entry ``arch:completion_length[:micro_batch]`` and adds the
 ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
-``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``placement:gpus`` (``mono:1``, ``split:2``,
-``dp:<N>``), each with ``--completions`` per GPU rank (``dp`` generates, scores and trains ``--completions`` on every
-rank; ``split`` trains one actor, its student on the second GPU); each result reports ``completions_per_s``
-(completions per step over the median step, rank 0's wall time) and ``speedup`` over the first arm. A ``dp`` child
-is this script under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU; rank 0 writes its result.
+``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``arm:gpus`` (``mono:1``, ``split:2``,
+``dp:<N>``, ``fsdp2:<N>``: dp with the teacher sharded), each with ``--completions`` per GPU rank (``dp`` generates,
+scores and trains ``--completions`` on every rank; ``split`` trains one actor, its student on the second GPU); each
+result reports ``completions_per_s`` (completions per step over the median step, rank 0's wall time) and
+``speedup`` over the first arm. A ``dp`` child is this script under ``accelerate launch`` (``rlt_mono.launch``),
+one rank per GPU; rank 0 writes its result.
 
 Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
 error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
@@ -109,7 +110,10 @@ OPTIONS = {
                         "--gpus, through accelerate launch)"),
     "--gpus": dict(type=int, default=1, help="GPUs of the run: placement dp runs one rank per GPU, each with "
                    "--completions per step (so the step has completions x gpus)"),
-    "--arms": dict(default="mono:1,dp:2,split:2,dp:4", help="scale: runs, comma-separated placement:gpus"),
+    "--strategy": dict(choices=["ddp", "fsdp2"], help="placement dp: placement.strategy, how the ranks hold the "
+                       "teacher (default: rlt_mono's config, ddp)"),
+    "--arms": dict(default="mono:1,dp:2,split:2,dp:4", help="scale: runs, comma-separated placement:gpus (fsdp2:<N>: "
+                   "dp with the teacher sharded)"),
     "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
                      "share and the batch sizes (rlt_mono/fit.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
@@ -133,7 +137,7 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
             "--optim", "--util", "--detokenize", "--cap-gib", "--vllm-gib"]
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
-    "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--memory", "--card-gib",
+    "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--strategy", "--memory", "--card-gib",
             "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit"],
     "trl": TRAINING,
     "vllm": GENERATION,
@@ -142,7 +146,7 @@ MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
 }
 ENVELOPE_SETS = ("--completions", "--micro-batch", "--score-micro-batch")  # envelope sets these per try
 PLANNER_SETS = ("--arch", "--completion-length", "--micro-batch")  # planner sets these per pair
-SCALE_SETS = ("--placement", "--gpus")  # scale sets these per arm
+SCALE_SETS = ("--placement", "--gpus", "--strategy")  # scale sets these per arm
 SUBCOMMANDS = {
     **{mode: [*options, "--result-file"] for mode, options in MODE_OPTIONS.items()},
     "all": [*dict.fromkeys(o for options in MODE_OPTIONS.values() for o in options), "--modes", "--out"],
@@ -205,6 +209,7 @@ OVERRIDES = {
     "score_micro_batch": ["reward.micro_batch_size={score_micro_batch}"],
     "placement": ["placement={placement}"],
     "gpus": ["placement.num_processes={gpus}"],
+    "strategy": ["placement.strategy={strategy}"],
     "memory": ["memory={memory}"],
     "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
     "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
@@ -658,7 +663,7 @@ def child_command(mode: str, argv: list[str], result_file: Path, errors_dir: str
 
         gpus = int(options.get("--gpus", 1))
         plan = LaunchPlan(processes=gpus, num_machines=1, machine_rank=0, main_process_ip="127.0.0.1",
-                          main_process_port=free_port(), strategy="ddp", gpus=gpus)
+                          main_process_port=free_port(), strategy=options.get("--strategy", "ddp"), gpus=gpus)
         return [sys.executable, "-m", "rlt_mono.launch", *plan.accelerate_args(), *command], \
             {**env, **plan.environment(errors_dir),
              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
@@ -742,17 +747,18 @@ def planner(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
 
 
 GPUS_OF = {"mono": 1, "split": 2}  # GPUs each placement uses; dp uses --gpus
+# A scale arm's name -> (placement, placement.strategy); None: the placement has no strategy.
+ARMS = {"mono": ("mono", None), "split": ("split", None), "dp": ("dp", "ddp"), "fsdp2": ("dp", "fsdp2")}
 
 
 def scale_arms(text: str) -> list[tuple[str, int]]:
-    """``placement:gpus`` entries, comma-separated (mono and split take 1 and 2 GPUs)."""
+    """``arm:gpus`` entries, comma-separated (``ARMS``; mono and split take 1 and 2 GPUs)."""
     arms = []
     for entry in text.split(","):
-        placement, _, gpus = entry.partition(":")
-        if placement not in ("mono", "split", "dp") or not gpus.isdigit() or int(gpus) < 1 or \
-                int(gpus) != GPUS_OF.get(placement, int(gpus)):
-            raise ValueError(f"--arms entry {entry!r}: expected placement:gpus, mono:1, split:2 or dp:<N>")
-        arms.append((placement, int(gpus)))
+        arm, _, gpus = entry.partition(":")
+        if arm not in ARMS or not gpus.isdigit() or int(gpus) < 1 or int(gpus) != GPUS_OF.get(arm, int(gpus)):
+            raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, split:2, dp:<N> or fsdp2:<N>")
+        arms.append((arm, int(gpus)))
     return arms
 
 
@@ -760,10 +766,11 @@ def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
     """One rlt run per arm, in order; each result gains ``speedup``: its completions per second over the first
     arm's (the one-GPU baseline when the arms start with mono:1)."""
     first = None
-    for placement, gpus in scale_arms(a.arms):
-        attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus)
+    for arm, gpus in scale_arms(a.arms):
+        placement, strategy = ARMS[arm]
+        attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus, strategy=strategy)
         result = runner("rlt", child_argv("rlt", attempt))
-        result.update(placement=placement, gpus=gpus)
+        result.update(placement=arm, gpus=gpus)
         if result["status"] == OK:
             first = first or result
             result["speedup"] = result["completions_per_s"] / first["completions_per_s"]
@@ -796,6 +803,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if a.command == "rlt" and a.gpus != GPUS_OF.get(a.placement, max(a.gpus, 1)):
             parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, split 2, dp 1 or more")
+        if a.command == "rlt" and a.strategy is not None and a.placement != "dp":
+            parser.error(f"--strategy {a.strategy} is placement dp's (how its ranks hold the teacher): add "
+                         "--placement dp")
         result = run_mode(a.command, a)
         if launch.rank() != 0:  # a dp rank other than the first: rank 0 reports
             return 0 if result["status"] == OK else 1

@@ -31,6 +31,8 @@ TRAINER_STATE = "trainer_state.json"
 # optimizer, a restarted schedule or unrestored RNG, and the run diverges from the uninterrupted one.
 # transformers writes rng_state.pth in a one-process run, rng_state_<rank>.pth per rank in a data-parallel one.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", TRAINER_STATE)
+# FSDP (placement.strategy=fsdp2) saves the optimizer through accelerate, as optimizer.bin, instead of optimizer.pt.
+FSDP_OPTIMIZER = "optimizer.bin"
 RNG_FILE = "rng_state.pth"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 # Files of a run folder that mean a run already wrote there.
@@ -172,7 +174,8 @@ def checkpoint_problem(folder: str | Path) -> str | None:
             if path.stat().st_size != size:
                 return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated or changed)"
     world_size = saved_world_size(folder)
-    missing = [name for name in (*TRAINING_STATE_FILES, *rng_files(world_size or 1)) if not (folder / name).is_file()]
+    missing = [name for name in (*TRAINING_STATE_FILES, *rng_files(world_size or 1)) if not (folder / name).is_file()
+               and not (name == "optimizer.pt" and (folder / FSDP_OPTIMIZER).is_file())]
     if missing:
         return f"{', '.join(missing)} missing (a resume needs the optimizer, scheduler, RNG and trainer state)"
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
@@ -265,7 +268,8 @@ class VerifiedCheckpoints:
         super()._load_optimizer_and_scheduler(checkpoint)
 
     def save_extra_checkpoint_files(self, folder: Path) -> None:
-        """Files a subclass adds to each checkpoint (written first, into the staging folder)."""
+        """Files a subclass adds to each checkpoint (written first, into the staging folder). Called on every
+        rank (gathering a sharded model is collective); only the main process (``args.should_save``) writes."""
 
     def _save_checkpoint(self, model, trial):
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
@@ -279,8 +283,8 @@ class VerifiedCheckpoints:
         if self.args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
-            self.save_extra_checkpoint_files(staging)
         self.accelerator.wait_for_everyone()
+        self.save_extra_checkpoint_files(staging)
         self._staging_root = str(staging_root)
         try:
             super()._save_checkpoint(model, trial)  # writes into staging (see _get_output_dir)

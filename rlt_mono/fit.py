@@ -321,6 +321,7 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
         offload_reference=bool(cfg.placement.offload_reference),
         offload_student=bool(cfg.placement.offload_student),
         data_parallel_ranks=data_parallel_ranks(cfg),
+        sharded=cfg.placement.mode == "dp" and cfg.placement.get("strategy") == "fsdp2",
         total_gib=total_gib,
         free_gib=free_gib,
     )

@@ -10,7 +10,9 @@ sees ``placement.mode: dp`` and, instead of running the stage itself, hands the 
 Every rank of the RL stage (``teacher_rlt``) runs a ``mono`` step on its own GPU (``rlt_mono.placement``):
 TRL's ``GRPOTrainer`` splits each step's prompts over the ranks, each rank generates with its own colocated
 vLLM engine and scores with its own offloaded reference and student, and the teacher's gradients are reduced
-across ranks (``ddp``: the teacher replicated, ``cfgs/accelerate/ddp.yaml``). Metrics rows,
+across ranks (``ddp``: the teacher replicated, ``cfgs/accelerate/ddp.yaml``; ``fsdp2``: the teacher, its
+gradients and optimizer state and TRL's reference sharded over the ranks, ``cfgs/accelerate/fsdp2.yaml``, for a
+teacher whose replicated training state does not fit one GPU; GPUs only). Metrics rows,
 samples, checkpoints (one copy of the model, optimizer and reference; one RNG file per rank) and ``final/`` are
 written once, by rank 0 (``rlt_mono.checkpoints``). The SFT stages (``teacher_sft``, ``student_sft``) run the
 same way with transformers' own data parallelism: each rank trains on its share of the rows.
@@ -55,7 +57,10 @@ LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
 # Folder where a rank that stops on a user error writes that error, one line (rank-<global rank>.txt).
 ERRORS_ENV = "RLT_MONO_RANK_ERRORS"
 ACCELERATE_CONFIGS = CONFIG_DIR / "accelerate"
-STRATEGIES = {"ddp": "the teacher replicated on every rank (DistributedDataParallel)"}
+STRATEGIES = {
+    "ddp": "the teacher replicated on every rank (DistributedDataParallel)",
+    "fsdp2": "the teacher and its reference sharded over the ranks (FSDP2)",
+}
 # Stages a data-parallel launch runs: the RL stage, and the SFT stages (transformers' own DDP: each rank a shard of
 # the rows, gradients all-reduced; no vLLM, reference or student).
 DP_STAGES = ("teacher_rlt", "teacher_sft", "student_sft")
@@ -135,9 +140,12 @@ class LaunchPlan:
             f"  {'rank':<5} {'local':<6} {'device':<7} "
             + (f"{'actor + rollout':<34} {'reference':<13} student" if rl else f"the model trained by {cfg.stage}"),
         ]
-        reference = aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
+        sharded = self.strategy == "fsdp2"
+        held = f"1/{self.world_size} sharded" if sharded else "resident"
+        # FSDP2 shards TRL's reference with the teacher: it stays on the GPU (rlt_mono.trainer).
+        reference = held if sharded else aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
         student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
-        roles = f"{'resident, ' + rollout:<34} {reference:<13} {student}" if rl else "resident"
+        roles = f"{held + ', ' + rollout:<34} {reference:<13} {student}" if rl else held
         for local, rank in enumerate(self.global_ranks()):
             lines.append(f"  {rank:<5} {local:<6} {f'cuda:{local}' if self.gpus else 'cpu':<7} {roles}")
         lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} "
@@ -181,6 +189,12 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
     gpus = 0 if training_group(cfg).get("use_cpu", False) else gpus_present
+    if p.strategy == "fsdp2" and gpus == 0:
+        raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
+                          "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
+    if p.strategy == "fsdp2" and cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
+        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
+                          "its adapters, small enough to replicate; use placement.strategy=ddp")
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
     if gpus and processes > gpus:

@@ -227,6 +227,10 @@ class Settings:
     # flat copy of the gradients in its buckets for the whole run (accelerate's default, gradient_as_bucket_view
     # off), counted in every phase; not yet checked against a measured multi-GPU peak.
     data_parallel_ranks: int = 1
+    # placement.strategy=fsdp2: the teacher's weights, gradients and optimizer state, and the reference (which then
+    # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; the units FSDP2 all-gathers for a
+    # pass are counted whole (fsdp_gathered_bytes). Not yet checked against a measured multi-GPU peak either.
+    sharded: bool = False
     # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
     total_gib: float = 80.0
     free_gib: float | None = None
@@ -247,12 +251,20 @@ class Settings:
                 raise UserError(f"{name}={getattr(self, name)} must be >= 1")
         if self.lora_r < 0 or (self.load_in_4bit and self.lora_r == 0):
             raise UserError(f"lora_r={self.lora_r}, load_in_4bit={self.load_in_4bit}: a 4-bit teacher needs lora_r > 0")
+        if self.sharded and self.lora_r:
+            raise UserError(f"lora_r={self.lora_r} with a sharded teacher (placement.strategy=fsdp2): a LoRA teacher "
+                            "is replicated (placement.strategy=ddp)")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise UserError(f"vllm_gpu_memory_utilization={self.vllm_gpu_memory_utilization} must be in (0, 1]")
 
     @property
     def free(self) -> float:
         return self.total_gib if self.free_gib is None else self.free_gib
+
+    @property
+    def shards(self) -> int:
+        """Into how many parts the teacher's training state is split on each rank: the ranks when sharded, else 1."""
+        return self.data_parallel_ranks if self.sharded else 1
 
     @property
     def sequence_length(self) -> int:
@@ -414,7 +426,7 @@ def start_bytes(s: Settings) -> int:
     yet) and ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``). Measured on the GPU machine: a 7B pair under a
     48 GiB card left 18.89 GiB free at vLLM's start, teacher and reference 2 x 14.19 GiB and 0.73 GiB besides."""
     weights = teacher_weight_bytes(s) + (0 if s.lora_r else weight_bytes(s.teacher, s.teacher_dtype))
-    return pool_bytes(s) + weights + int(s.startup_context_gib * GIB)
+    return pool_bytes(s) + _shard(weights, s) + int(s.startup_context_gib * GIB)
 
 
 def merge_buffer_bytes(s: Settings) -> int:
@@ -425,6 +437,21 @@ def merge_buffer_bytes(s: Settings) -> int:
     return max(n * m for n, m in s.teacher.linear_shapes()) * (8 + DTYPE_BYTES[s.teacher_dtype])
 
 
+def fsdp_gathered_bytes(s: Settings) -> int:
+    """A sharded teacher's (or reference's) pass all-gathers one FSDP unit at a time and prefetches the next: the
+    two largest units whole, in the dtype. The units (cfgs/accelerate/fsdp2.yaml) are each decoder layer and the
+    root (the embedding, final norm and an untied LM head): ``root + layer``, or ``2 x layer`` if a layer is larger."""
+    arch = s.teacher
+    embedding = arch.vocab_size * arch.hidden_size
+    root = embedding * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+    layer = arch.layer_params()
+    return (max(root, layer) + layer) * DTYPE_BYTES[s.teacher_dtype]
+
+
+def _shard(nbytes: int, s: Settings) -> int:
+    return math.ceil(nbytes / s.shards)
+
+
 def _total(terms: list[tuple[str, int]]) -> int:
     return sum(nbytes for _, nbytes in terms)
 
@@ -433,42 +460,50 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     """The three phases' terms, and how many full-length sequences of KV cache vLLM's pool holds."""
     act = activation_bytes(s)
     vllm_weights = weight_bytes(s.teacher, s.teacher_dtype)  # vLLM's copy: the (merged) teacher in its dtype
-    teacher_w = teacher_weight_bytes(s)
+    teacher_w = _shard(teacher_weight_bytes(s), s)
     # The reference is a copy of the teacher; a LoRA teacher's is itself with adapters disabled (no copy).
-    reference_w = 0 if s.lora_r else vllm_weights
+    reference_w = 0 if s.lora_r else _shard(vllm_weights, s)
+    offload_reference = s.offload_reference and not s.sharded  # a sharded reference stays on the GPU
     student_w = weight_bytes(s.student, s.student_dtype)
-    optimizer = optimizer_bytes(s.teacher, s.teacher_dtype, s.optim,
-                                (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None)
+    optimizer = _shard(optimizer_bytes(s.teacher, s.teacher_dtype, s.optim,
+                                       (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None), s)
+    gradients = _shard(gradient_bytes(s), s)
     pool = pool_bytes(s)
     label = "teacher weights" + (" (NF4 base, adapters)" if s.load_in_4bit else " (adapters too)" if s.lora_r else "")
+    if s.sharded:
+        label += f" (1/{s.shards} shard)"
     resident = [(label, teacher_w), ("optimizer state", optimizer)]
-    if not s.offload_reference and reference_w:
+    if not offload_reference and reference_w:
         resident.append(("reference weights (resident)", reference_w))
     if not s.offload_student:
         resident.append(("student weights (resident)", student_w))
-    if s.data_parallel_ranks > 1:
+    if s.data_parallel_ranks > 1 and not s.sharded:
         resident.append(("DDP gradient buckets", gradient_bytes(s)))
+    gathered = fsdp_gathered_bytes(s) if s.sharded else 0
     asleep_pool = [] if s.vllm_sleep else [("vLLM pool (no sleep mode)", pool)]
 
     length, completion = s.sequence_length, s.max_completion_length
     train_b, reward_b = s.per_device_train_batch_size, s.reward_micro_batch_size
     passes = {  # name -> (weights swapped in for it, its activations)
-        "reference pass": (reference_w if s.offload_reference else 0, dequantize_bytes(s) + no_grad_pass_bytes(
+        "reference pass": (reference_w if offload_reference else 0, gathered + dequantize_bytes(s) + no_grad_pass_bytes(
             s.teacher, s.teacher_dtype, train_b, length, act, fused_head_bytes(s.teacher, train_b * completion, act,
                                                                                backward=False))),
         "student pass": (student_w if s.offload_student else 0, no_grad_pass_bytes(
             s.student, s.student_dtype, reward_b, length, act, reward_head_bytes(s.student, completion,
                                                                                 s.student_dtype))),
-        "teacher pass": (0, dequantize_bytes(s) + no_grad_pass_bytes(s.teacher, s.teacher_dtype, reward_b, length, act,
-                                               reward_head_bytes(s.teacher, completion, s.teacher_dtype))),
+        "teacher pass": (0, gathered + dequantize_bytes(s) + no_grad_pass_bytes(
+            s.teacher, s.teacher_dtype, reward_b, length, act, reward_head_bytes(s.teacher, completion,
+                                                                                s.teacher_dtype))),
     }
     name, (swapped, activations) = max(passes.items(), key=lambda item: sum(item[1]))
     score_terms = list(resident)
     if swapped:
         score_terms.append((f"{name.split()[0]} weights (swapped in)", swapped))
     score_terms.append((f"{name} activations", activations))
-    train_terms = [*resident, ("gradients", gradient_bytes(s)), ("activations", train_activation_bytes(s)),
+    train_terms = [*resident, ("gradients", gradients), ("activations", train_activation_bytes(s)),
                    ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
+    if s.sharded:  # the backward holds a gathered unit and its whole gradient until the reduce-scatter
+        train_terms.append(("FSDP gathered units and their gradients", 2 * gathered))
     if s.load_in_4bit:
         train_terms.append(("4-bit dequantization", dequantize_bytes(s)))
     # Torch keeps what it reserved between SCORE and TRAIN: both phases hold the larger allocation.
@@ -477,7 +512,8 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
     # A 4-bit teacher moved aside freed no device memory on the GPU machine (1.5B and 7B QLoRA: GENERATE measured
     # within 1% of the pool plus the resident teacher, bench/results/h100_qlora.json): credited with nothing.
-    aside = s.offload_actor_in_generation and not s.load_in_4bit
+    # A sharded teacher is synced through TRL's per-tensor path, without the aside (rlt_mono.trainer).
+    aside = s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded
     if aside:
         # The actor steps aside after the weight sync: before it does, vLLM holds only its weights (no KV cache
         # yet) beside the trainer; after, the pool alone. The phase's peak is the larger moment.

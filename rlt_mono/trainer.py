@@ -93,8 +93,9 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             raise trl_vllm.TRLSurfaceError("a 4-bit (QLoRA) teacher gives vLLM its merged weights through the one-call "
                                            "weight sync, unavailable here (see the warning above)")
         if self.ref_model is not None:
-            swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE),
-                          device=placement.device(Role.REFERENCE))
+            # FSDP (placement.strategy=fsdp2) shards TRL's reference like the teacher: its 1/N stays on the GPU.
+            swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE)
+                          and not self.is_fsdp_enabled, device=placement.device(Role.REFERENCE))
             trl_vllm.wrap_reference_sync(self, swapper)
         self.add_callback(_OptimizerPhaseCallback(timer))
         # TRL's activation offloading, entered around each training step as TRL's SFTTrainer does; the no-grad
@@ -246,14 +247,32 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         return self.ref_model is not None and self.args.sync_ref_model and step >= self.args.ref_model_sync_steps
 
     def save_extra_checkpoint_files(self, folder) -> None:
-        """Once a mixup has happened, the mixed reference goes into the checkpoint too (TRL saves none)."""
-        if self._reference_is_mixed(self.state.global_step):
-            safetensors.torch.save_model(self.ref_model, os.path.join(folder, REFERENCE_FILE))
+        """Once a mixup has happened, the mixed reference goes into the checkpoint too (TRL saves none). A sharded
+        (FSDP) reference is gathered by every rank, whole weights on rank 0, which writes them."""
+        if not self._reference_is_mixed(self.state.global_step):
+            return
+        path = os.path.join(folder, REFERENCE_FILE)
+        if self.is_fsdp_enabled:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.ref_model, options=StateDictOptions(full_state_dict=True,
+                                                                                  cpu_offload=True))
+            if self.args.should_save:
+                safetensors.torch.save_file(unshared(state), path)
+        elif self.args.should_save:
+            safetensors.torch.save_model(self.ref_model, path)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = os.path.join(resume_from_checkpoint, REFERENCE_FILE)
-        if self.ref_model is not None and os.path.exists(path):
+        if self.ref_model is not None and os.path.exists(path) and self.is_fsdp_enabled:
+            # Every rank reads the whole weights and keeps its shard.
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            set_model_state_dict(self.ref_model, safetensors.torch.load_file(path),
+                                 options=StateDictOptions(full_state_dict=True))
+            logger.info("reference model restored from %s", path)
+        elif self.ref_model is not None and os.path.exists(path):
             # Copies into the existing (pinned CPU or GPU) tensors.
             safetensors.torch.load_model(self.ref_model, path, device=str(next(self.ref_model.parameters()).device))
             logger.info("reference model restored from %s", path)
@@ -315,3 +334,14 @@ def _timed(fn, *args):
     result = fn(*args)
     return result, start, time.perf_counter()
 
+
+def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every tensor owning its memory: a gathered state dict can hold tied weights (the input
+    embedding and the LM head) as one tensor under two names, which safetensors refuses to write."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if pointer in seen else tensor.contiguous()
+        seen.add(pointer)
+    return out

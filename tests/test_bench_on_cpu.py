@@ -355,26 +355,30 @@ def test_scale_runs_each_arm_and_divides_throughput_by_the_first(tmp_path, monke
         return {"mode": "rlt", "status": "ok", "median_step_seconds": seconds, "completions_per_step": completions,
                 "completions_per_s": completions / seconds, "phase/generate/seconds": 1.0}
 
-    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), "out_of_memory")
+    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), measured(5.0, 64), "out_of_memory")
     monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
     out = tmp_path / "scale.json"
-    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,split:2,dp:4", "--out", str(out)]) == 1
+    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,split:2,fsdp2:2,dp:4", "--out",
+                       str(out)]) == 1
     results = json.loads(out.read_text())
-    assert [r["speedup"] for r in results[:3]] == [1.0, (64 / 4.4) / 8.0, (32 / 5.0) / 8.0]
-    assert "speedup" not in results[3] and results[3]["gpus"] == 4
-    assert [(option(argv, "--placement"), option(argv, "--gpus")) for _, argv in runner.calls] == [
-        ("mono", "1"), ("dp", "2"), ("split", "2"), ("dp", "4")]
+    assert [r["speedup"] for r in results[:4]] == [1.0, (64 / 4.4) / 8.0, (32 / 5.0) / 8.0, (64 / 5.0) / 8.0]
+    assert "speedup" not in results[4] and results[4]["gpus"] == 4
+    # fsdp2 is placement dp with the teacher sharded; dp arms say ddp; mono and split take no strategy.
+    assert [(option(argv, "--placement"), option(argv, "--gpus"), "--strategy" in argv and option(argv, "--strategy"))
+            for _, argv in runner.calls] == [("mono", "1", False), ("dp", "2", "ddp"), ("split", "2", False),
+                                             ("dp", "2", "fsdp2"), ("dp", "4", "ddp")]
     table = bench.scale_table(results)
     assert "| dp | 2 | 64 | 4.40 s | 14.55 | 1.82x | 1.00 / nan / nan s |" in table
+    assert "| fsdp2 | 2 | 64 | 5.00 s | 12.80 | 1.60x |" in table
     assert "| dp | 4 | | out_of_memory:  | | | |" in table
 
 
-@pytest.mark.parametrize("arms", ["mono:2", "split:1", "dp:0", "ring:2", "dp"])
+@pytest.mark.parametrize("arms", ["mono:2", "split:1", "dp:0", "ring:2", "dp", "fsdp2:x"])
 def test_scale_rejects_a_malformed_arm(arms, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["scale", "--arms", arms])
     assert exit_info.value.code == 2
-    assert "expected placement:gpus" in capsys.readouterr().err
+    assert "expected arm:gpus" in capsys.readouterr().err
 
 
 def test_a_dp_child_runs_under_accelerate_with_one_rank_per_gpu(tmp_path):
@@ -384,8 +388,20 @@ def test_a_dp_child_runs_under_accelerate_with_one_rank_per_gpu(tmp_path):
     assert option(command, "--num_processes") == "4" and option(command, "--num_machines") == "1"
     assert command[-10:] == [str(BENCH), "rlt", *argv, "--result-file", str(tmp_path / "r.json")]
     assert env["RLT_MONO_LAUNCHED"] == "1" and env["RLT_MONO_RANK_ERRORS"] == str(tmp_path)
+    assert option(command, "--config_file").endswith("ddp.yaml")
+    sharded, _ = bench.child_command("rlt", [*argv, "--strategy", "fsdp2"], tmp_path / "r.json", str(tmp_path))
+    assert option(sharded, "--config_file").endswith("fsdp2.yaml")
     mono, _ = bench.child_command("rlt", ["--placement", "mono"], tmp_path / "r.json", str(tmp_path))
     assert mono == [sys.executable, str(BENCH), "rlt", "--placement", "mono", "--result-file", str(tmp_path / "r.json")]
+
+
+def test_strategy_is_placement_dps_and_reaches_the_config(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["rlt", "--placement", "mono", "--strategy", "fsdp2"])
+    assert "add --placement dp" in capsys.readouterr().err
+    options = parse("rlt", "--placement", "dp", "--gpus", "2", "--strategy", "fsdp2")
+    overrides = bench.bench_overrides(options, Path("t"), Path("s"), None)
+    assert "placement.strategy=fsdp2" in overrides and "placement=dp" in overrides
 
 
 @pytest.mark.parametrize(("placement", "gpus"), [("dp", "0"), ("mono", "2"), ("split", "4")])

@@ -86,6 +86,25 @@ def test_cpu_ranks_when_no_gpu_is_used():
     assert launch.plan_launch(compose("demo_tiny", ["placement=dp"]), 8).gpus == 0  # trainer.use_cpu
 
 
+def test_fsdp2_shards_the_teacher_on_gpu_ranks_through_its_accelerate_config():
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    plan = _plan("placement.strategy=fsdp2", "placement.num_processes=2")
+    config_file = plan.accelerate_args()[1]
+    assert config_file == str(ROOT / "cfgs" / "accelerate" / "fsdp2.yaml")
+    accelerate_config = load_config_from_file(config_file)  # what accelerate launch reads
+    assert accelerate_config.distributed_type == "FSDP" and accelerate_config.fsdp_config["fsdp_version"] == 2
+    assert accelerate_config.fsdp_config["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    table = plan.table(compose("teacher_rlt_mono", ["placement=dp", "placement.strategy=fsdp2",
+                                                    "placement.rollout=vllm"]))
+    assert "strategy fsdp2: the teacher and its reference sharded over the ranks (FSDP2)" in table
+    assert "  1     1      cuda:1  1/2 sharded, vLLM colocated at 0.7 1/2 sharded   CPU (pinned)" in table
+    with pytest.raises(ConfigError, match="which accelerate runs on GPUs only .*use placement.strategy=ddp"):
+        _plan("placement.strategy=fsdp2", gpus=0)
+    with pytest.raises(ConfigError, match="model.lora_r=16 with placement.strategy=fsdp2: a LoRA teacher .*=ddp"):
+        _plan("placement.strategy=fsdp2", "model.lora_r=16")
+
+
 # ---- where a rank's roles live ---------------------------------------------------------------------------------
 def test_a_rank_places_every_role_on_its_own_gpu():
     placement = resolve_placement("dp", 4, local_rank=2)
@@ -118,6 +137,34 @@ def test_a_checkpoint_resumes_only_with_the_ranks_that_saved_it(tmp_path):
         checkpoints.resolve_resume(tmp_path, str(one), max_steps=4, world_size=2)
     (two / "rng_state_1.pth").unlink()  # one rank's RNG file lost: another world size, refused as such
     assert checkpoints.saved_world_size(two) == 1
+
+
+def test_an_fsdp_checkpoint_keeps_its_optimizer_as_optimizer_bin(tmp_path):
+    folder = _checkpoint(tmp_path / "checkpoint-2", 2)
+    (folder / "optimizer.pt").rename(folder / checkpoints.FSDP_OPTIMIZER)  # accelerate's save_fsdp_optimizer
+    assert checkpoints.resolve_resume(tmp_path, str(folder), max_steps=4, world_size=2) == str(folder)
+    (folder / checkpoints.FSDP_OPTIMIZER).unlink()
+    with pytest.raises(checkpoints.CheckpointError, match="optimizer.pt missing"):
+        checkpoints.resolve_resume(tmp_path, str(folder), max_steps=4, world_size=2)
+
+
+def test_a_gathered_reference_with_tied_weights_is_written_whole(tmp_path):
+    """An FSDP reference is gathered into one state dict, where a tied embedding and LM head are one tensor under
+    two names: safetensors refuses that as is; ``unshared`` copies the second name, every value kept."""
+    import safetensors.torch
+    import torch
+
+    from rlt_mono.trainer import unshared
+
+    embedding = torch.arange(6.0).reshape(2, 3)
+    state = {"model.embed_tokens.weight": embedding, "lm_head.weight": embedding, "model.norm.weight": torch.ones(3)}
+    with pytest.raises(RuntimeError, match="share memory"):
+        safetensors.torch.save_file(state, tmp_path / "as_is.safetensors")
+    written = unshared(state)
+    assert written["model.embed_tokens.weight"] is embedding and written["lm_head.weight"] is not embedding
+    safetensors.torch.save_file(written, tmp_path / "reference.safetensors")
+    loaded = safetensors.torch.load_file(tmp_path / "reference.safetensors")
+    assert all(torch.equal(loaded[name], state[name]) for name in state)
 
 
 # ---- real CPU ranks --------------------------------------------------------------------------------------------

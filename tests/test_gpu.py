@@ -266,3 +266,55 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     rng = sorted(p.name for p in (out / "checkpoint-2").glob("rng_state*.pth"))
     assert rng == (["rng_state.pth"] if ranks == 1 else ["rng_state_0.pth", "rng_state_1.pth"])
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp_path):
+    """placement=dp placement.strategy=fsdp2 (one rank per GPU, up to two): TRL syncs the sharded teacher into each
+    rank's vLLM (no one-call sync), the mixed reference is gathered into each checkpoint beside accelerate's
+    optimizer.bin, a resume restores it, and final/ holds whole weights."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    ranks = min(2, torch.cuda.device_count())
+    out = tmp_path / "fsdp2"
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+
+    def launch(*overrides):
+        return subprocess.run(
+            [str(root / "launch_mono.sh"), "demo_tiny", "placement=dp", "placement.strategy=fsdp2",
+             f"placement.num_processes={ranks}", f"output_dir={out}",
+             f"model.model_name_or_path={bf16_pair / 'teacher'}",
+             f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+             "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
+             "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true",
+             "trainer.max_steps=2", "trainer.save_steps=1", "trainer.ref_model_sync_steps=1", *overrides],
+            env=env, capture_output=True, text=True)
+
+    done = launch()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "strategy fsdp2" in done.stderr and f"all {ranks} ranks finished" in done.stderr
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(r["generate/weight_sync_seconds"] > 0 for r in steps)
+    checkpoint = out / "checkpoint-1"
+    assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
+    with safe_open(checkpoint / "reference_model.safetensors", "pt") as saved, \
+            safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
+        assert set(initial.keys()) <= set(saved.keys())  # whole weights, not one rank's shard
+        name = "model.layers.0.mlp.down_proj.weight"
+        assert saved.get_tensor(name).shape == initial.get_tensor(name).shape
+    with safe_open(out / "final" / "model.safetensors", "pt") as final:
+        assert final.get_tensor(name).shape == initial.get_tensor(name).shape
+    for name in ("checkpoint-2", "final"):
+        shutil.rmtree(out / name)
+    resumed = launch("resume_from_checkpoint=true")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    assert "reference model restored from" in resumed.stderr
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["event"] == "step"] == [1, 2]
+    assert (out / "final" / "model.safetensors").is_file()

@@ -314,6 +314,32 @@ def test_vllm_start_needs_its_pool_free_beside_the_teacher():
     assert memory.start_bytes(lora) == pool + 5920 + 2048 + int(0.75 * GIB)
 
 
+def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
+    """placement.strategy=fsdp2 over 2 ranks (tiny pair, float32, adamw_torch), by hand: the teacher's weights,
+    gradients and optimizer state and the reference (resident: FSDP keeps it on the GPU) are halved; a pass holds
+    the two largest FSDP units whole: a layer (608) and the root (tied embedding 256 + norm 8 = 264), so
+    max(264, 608) + 608 = 1216 parameters x 4 B = 4864 B (twice in TRAIN, with their unsharded gradients)."""
+    assert memory.fsdp_gathered_bytes(tiny_settings()) == 4864
+    result = plan(tiny_settings(data_parallel_ranks=2, sharded=True))
+    pool = GIB // 2
+    assert dict(result.phases["GENERATE"].terms) == {
+        "vLLM pool": pool, "vLLM beyond its pool": int(0.4 * 5920), "teacher weights (1/2 shard)": 2960,
+        "optimizer state": 5920, "reference weights (resident)": 2960, "allocator slack": 0, "CUDA context": 0}
+    train = dict(result.phases["TRAIN"].terms)
+    assert train["gradients"] == 2960 and train["FSDP gathered units and their gradients"] == 2 * 4864
+    assert "DDP gradient buckets" not in train
+    assert result.phases["TRAIN"].bytes == 2960 + 5920 + 2960 + 2960 + 46080 + 7936 + 2 * 4864 == 78544
+    score = dict(result.phases["SCORE"].terms)  # the reference pass: nothing swapped in, its layer gathered
+    assert score["reference pass activations"] == 4864 + 17408 and "reference weights (swapped in)" not in score
+    assert memory.start_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == pool + (5920 + 5920) // 2
+    with pytest.raises(UserError, match="a LoRA teacher is replicated"):
+        tiny_settings(data_parallel_ranks=2, sharded=True, lora_r=4)
+    sharded = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4",
+                                                  "placement.strategy=fsdp2"), total_gib=80.0, arch="0.5b")
+    assert sharded.sharded and sharded.shards == 4
+    assert not fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").sharded
+
+
 def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase():
     one, two = plan(tiny_settings()), plan(tiny_settings(data_parallel_ranks=2))
     for phase in ("GENERATE", "SCORE", "TRAIN"):
