@@ -49,6 +49,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     main_process = launch.rank() == 0
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
+    if placement.mode == "dp":
+        launch.check_strategy(cfg, gpus=int(placement.device(Role.ACTOR).startswith("cuda")))
     # ---- typed configs: every value checked before a model loads ---------------------------------------
     args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")

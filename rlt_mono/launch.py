@@ -189,12 +189,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
     gpus = 0 if training_group(cfg).get("use_cpu", False) else gpus_present
-    if p.strategy == "fsdp2" and gpus == 0:
-        raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
-                          "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
-    if p.strategy == "fsdp2" and cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
-        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
-                          "its adapters, small enough to replicate; use placement.strategy=ddp")
+    check_strategy(cfg, gpus)
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
     if gpus and processes > gpus:
@@ -217,6 +212,30 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     return LaunchPlan(processes=processes, num_machines=machines, machine_rank=machine_rank,
                       main_process_ip=ip or "127.0.0.1", main_process_port=port or free_port(),
                       strategy=p.strategy, gpus=gpus)
+
+
+# trainer.optim values whose optimizer is bitsandbytes': its kernels update plain tensors, not FSDP2's sharded
+# DTensor weights (seen on the GPU machine: "bitsandbytes.optimizer_update_32bit ... no sharding strategy").
+BITSANDBYTES_OPTIMIZERS = ("bnb", "8bit", "paged", "lion", "ademamix")
+
+
+def check_strategy(cfg: DictConfig, gpus: int) -> None:
+    """What ``placement.strategy`` cannot run with, as a one-line ``ConfigError`` (checked by the launcher and,
+    for a rank started without it such as a benchmark's, when the trainer is built)."""
+    if cfg.placement.strategy != "fsdp2":
+        return
+    if gpus == 0:
+        raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
+                          "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
+    if cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
+        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
+                          "its adapters, small enough to replicate; use placement.strategy=ddp")
+    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
+    optim = str(training_group(cfg).get("optim", ""))
+    if any(mark in optim for mark in BITSANDBYTES_OPTIMIZERS):
+        raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
+                          f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
+                          "them) or use placement.strategy=ddp")
 
 
 def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int) -> int:
