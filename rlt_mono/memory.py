@@ -228,8 +228,10 @@ class Settings:
     # off), counted in every phase; not yet checked against a measured multi-GPU peak.
     data_parallel_ranks: int = 1
     # placement.strategy=fsdp2: the teacher's weights, gradients and optimizer state, and the reference (which then
-    # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; the units FSDP2 all-gathers for a
-    # pass are counted whole (fsdp_gathered_bytes). Not yet checked against a measured multi-GPU peak either.
+    # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; with bf16, accelerate keeps the
+    # trained weights (so their gradients and optimizer state) in float32 ("master weights", upcast when it wraps
+    # the model); the units FSDP2 all-gathers for a pass are counted whole (fsdp_gathered_bytes). Checked against
+    # one rank on the GPU machine only (README_MONO_GPU.md).
     sharded: bool = False
     # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
     total_gib: float = 80.0
@@ -424,9 +426,10 @@ def start_bytes(s: Settings) -> int:
     free, and the trainer's teacher is already on the GPU then, with the reference copy of a full fine-tune (the
     student is not, and there is no optimizer state yet): the pool, those weights as loaded (no fragmentation
     yet) and ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``). Measured on the GPU machine: a 7B pair under a
-    48 GiB card left 18.89 GiB free at vLLM's start, teacher and reference 2 x 14.19 GiB and 0.73 GiB besides."""
+    48 GiB card left 18.89 GiB free at vLLM's start, teacher and reference 2 x 14.19 GiB and 0.73 GiB besides.
+    A sharded teacher is whole then too: accelerate wraps it (and shards it) only when training starts."""
     weights = teacher_weight_bytes(s) + (0 if s.lora_r else weight_bytes(s.teacher, s.teacher_dtype))
-    return pool_bytes(s) + _shard(weights, s) + int(s.startup_context_gib * GIB)
+    return pool_bytes(s) + weights + int(s.startup_context_gib * GIB)
 
 
 def merge_buffer_bytes(s: Settings) -> int:
@@ -452,6 +455,12 @@ def _shard(nbytes: int, s: Settings) -> int:
     return math.ceil(nbytes / s.shards)
 
 
+def master_dtype(s: Settings) -> str:
+    """The dtype of the trained weights, their gradients and optimizer state: the model's, except a sharded teacher
+    under bf16, which accelerate upcasts to float32 before FSDP2 shards it (bf16 is then only the compute dtype)."""
+    return "float32" if s.sharded and s.bf16 else s.teacher_dtype
+
+
 def _total(terms: list[tuple[str, int]]) -> int:
     return sum(nbytes for _, nbytes in terms)
 
@@ -460,14 +469,15 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     """The three phases' terms, and how many full-length sequences of KV cache vLLM's pool holds."""
     act = activation_bytes(s)
     vllm_weights = weight_bytes(s.teacher, s.teacher_dtype)  # vLLM's copy: the (merged) teacher in its dtype
-    teacher_w = _shard(teacher_weight_bytes(s), s)
+    # Sharded (no LoRA then): the float32 master weights under bf16, 1/N of them per rank.
+    teacher_w = _shard(weight_bytes(s.teacher, master_dtype(s)) if s.sharded else teacher_weight_bytes(s), s)
     # The reference is a copy of the teacher; a LoRA teacher's is itself with adapters disabled (no copy).
     reference_w = 0 if s.lora_r else _shard(vllm_weights, s)
     offload_reference = s.offload_reference and not s.sharded  # a sharded reference stays on the GPU
     student_w = weight_bytes(s.student, s.student_dtype)
-    optimizer = _shard(optimizer_bytes(s.teacher, s.teacher_dtype, s.optim,
+    optimizer = _shard(optimizer_bytes(s.teacher, master_dtype(s), s.optim,
                                        (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None), s)
-    gradients = _shard(gradient_bytes(s), s)
+    gradients = _shard(weight_bytes(s.teacher, master_dtype(s)) if s.sharded else gradient_bytes(s), s)
     pool = pool_bytes(s)
     label = "teacher weights" + (" (NF4 base, adapters)" if s.load_in_4bit else " (adapters too)" if s.lora_r else "")
     if s.sharded:

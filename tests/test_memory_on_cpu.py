@@ -331,7 +331,16 @@ def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
     assert result.phases["TRAIN"].bytes == 2960 + 5920 + 2960 + 2960 + 46080 + 7936 + 2 * 4864 == 78544
     score = dict(result.phases["SCORE"].terms)  # the reference pass: nothing swapped in, its layer gathered
     assert score["reference pass activations"] == 4864 + 17408 and "reference weights (swapped in)" not in score
-    assert memory.start_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == pool + (5920 + 5920) // 2
+    # vLLM starts before accelerate shards the teacher: the whole teacher and reference beside its pool.
+    assert memory.start_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == pool + 5920 + 5920
+    # bf16: accelerate upcasts the trained weights to float32 masters (gradients and Adam states follow); the
+    # reference stays bfloat16. Halved over 2 ranks: weights 1480 x 4 / 2, Adam 2 x 1480 x 4 / 2, reference
+    # 1480 x 2 / 2; the gathered units are bfloat16 (1216 x 2).
+    bf16 = dict(plan(tiny_settings(data_parallel_ranks=2, sharded=True, bf16=True, teacher_dtype="bfloat16"))
+                .phases["TRAIN"].terms)
+    assert (bf16["teacher weights (1/2 shard)"], bf16["optimizer state"], bf16["gradients"],
+            bf16["reference weights (resident)"], bf16["FSDP gathered units and their gradients"]) == (
+        2960, 5920, 2960, 1480, 2 * 1216 * 2)
     with pytest.raises(UserError, match="a LoRA teacher is replicated"):
         tiny_settings(data_parallel_ranks=2, sharded=True, lora_r=4)
     sharded = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4",
