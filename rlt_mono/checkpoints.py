@@ -45,6 +45,23 @@ class CheckpointError(UserError):
 
 
 # ---- run folders -----------------------------------------------------------------------------------
+# Run folders this process made (new_run_dir), for remove_unused_run_dirs.
+_made_run_dirs: list[Path] = []
+
+
+def remove_unused_run_dirs() -> list[Path]:
+    """Remove the run folders this process made that are still empty (a run that stopped before writing anything,
+    e.g. on a wrong model path, leaves no folder behind); returns those removed. A folder with anything in it
+    stays."""
+    removed = []
+    for folder in _made_run_dirs:
+        with contextlib.suppress(OSError):  # not empty (the run wrote into it), or gone already
+            folder.rmdir()
+            removed.append(folder)
+    _made_run_dirs.clear()
+    return removed
+
+
 def new_run_dir(run_dir: str | Path) -> Path:
     """Create and return the fresh folder ``run_dir`` (the config's ``run_dir``, e.g.
     ``outputs/<run_name>/<date_time>``), its parents included. When it exists already (two runs started in the
@@ -56,6 +73,7 @@ def new_run_dir(run_dir: str | Path) -> Path:
         folder = run_dir if attempt == 1 else run_dir.with_name(f"{run_dir.name}_{attempt}")
         try:
             folder.mkdir()
+            _made_run_dirs.append(folder)
             return folder
         except FileExistsError:
             continue

@@ -328,15 +328,18 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
 
 
 def data_parallel_ranks(cfg) -> int:
-    """Ranks of a ``placement=dp`` run: the launched run's world size in a rank, else what the placement asks
-    for (``num_processes``, unset: 1, times ``num_machines``); 1 for every other placement."""
+    """Ranks of a ``placement=dp`` run: the launched run's world size in a rank, else what the launcher would start
+    (``num_processes``, unset: one per GPU this machine shows, at least 1; times ``num_machines``); 1 for every
+    other placement."""
     from rlt_mono import launch
+    from rlt_mono.train import gpus_present
 
     if cfg.placement.mode != "dp":
         return 1
     if launch.in_rank():
         return launch.world_size()
-    return (cfg.placement.get("num_processes") or 1) * (cfg.placement.get("num_machines") or 1)
+    processes = cfg.placement.get("num_processes") or max(gpus_present(), 1)
+    return processes * (cfg.placement.get("num_machines") or 1)
 
 
 def fit_run_config(cfg, settings: Settings) -> Plan:

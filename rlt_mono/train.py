@@ -17,7 +17,7 @@ import subprocess
 import sys
 import traceback
 
-from rlt_mono import launch
+from rlt_mono import checkpoints, launch
 from rlt_mono.config import available_run_configs, compose, config_groups
 from rlt_mono.errors import UserError
 from rlt_mono.fit import MODES as MEMORY_MODES
@@ -39,6 +39,14 @@ WITHOUT_CHECKPOINTS = ("distill", "eval", "pipeline")
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = _run(argv)
+    if code != 0:  # a run that stopped before writing anything leaves no empty folder
+        for folder in checkpoints.remove_unused_run_dirs():
+            logger.info("removed the empty run folder %s", folder)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_intermixed_args(argv)
     # A data-parallel run's ranks after the first log warnings only: rank 0 speaks for the run.
     logging.basicConfig(level=logging.INFO if launch.rank() == 0 else logging.WARNING,

@@ -349,7 +349,7 @@ def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
     assert not fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").sharded
 
 
-def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase():
+def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatch):
     one, two = plan(tiny_settings()), plan(tiny_settings(data_parallel_ranks=2))
     for phase in ("GENERATE", "SCORE", "TRAIN"):
         assert dict(two.phases[phase].terms)["DDP gradient buckets"] == 1480 * 4  # a float32 copy of the gradients
@@ -357,4 +357,8 @@ def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase():
     assert two.phases["TRAIN"].bytes == one.phases["TRAIN"].bytes + 1480 * 4
     dp = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4"), total_gib=80.0, arch="0.5b")
     assert dp.data_parallel_ranks == 4
+    # num_processes unset: one rank per GPU this machine shows (CUDA_VISIBLE_DEVICES here), as the launcher starts
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1
