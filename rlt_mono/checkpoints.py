@@ -31,8 +31,10 @@ TRAINER_STATE = "trainer_state.json"
 # optimizer, a restarted schedule or unrestored RNG, and the run diverges from the uninterrupted one.
 # transformers writes rng_state.pth in a one-process run, rng_state_<rank>.pth per rank in a data-parallel one.
 TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt", TRAINER_STATE)
-# FSDP (placement.strategy=fsdp2) saves the optimizer through accelerate, as optimizer.bin, instead of optimizer.pt.
+# FSDP (placement.strategy=fsdp2) saves the optimizer through accelerate, as optimizer.bin, instead of optimizer.pt,
+# and the whole model a second time, as pytorch_model_fsdp.bin: the copy a resume loads.
 FSDP_OPTIMIZER = "optimizer.bin"
+FSDP_MODEL = "pytorch_model_fsdp.bin"
 RNG_FILE = "rng_state.pth"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 # Files of a run folder that mean a run already wrote there.
@@ -194,6 +196,8 @@ def checkpoint_problem(folder: str | Path) -> str | None:
     world_size = saved_world_size(folder)
     missing = [name for name in (*TRAINING_STATE_FILES, *rng_files(world_size or 1)) if not (folder / name).is_file()
                and not (name == "optimizer.pt" and (folder / FSDP_OPTIMIZER).is_file())]
+    if (folder / FSDP_OPTIMIZER).is_file() and not (folder / FSDP_MODEL).is_file():
+        missing.append(FSDP_MODEL)
     if missing:
         return f"{', '.join(missing)} missing (a resume needs the optimizer, scheduler, RNG and trainer state)"
     if not any((folder / name).is_file() for name in WEIGHT_FILES):

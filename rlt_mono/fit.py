@@ -329,8 +329,8 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
 
 def data_parallel_ranks(cfg) -> int:
     """Ranks of a ``placement=dp`` run: the launched run's world size in a rank, else what the launcher would start
-    (``num_processes``, unset: one per GPU this machine shows, at least 1; times ``num_machines``); 1 for every
-    other placement."""
+    (``num_processes``, unset: one per GPU this machine shows, at least 1, and 1 with ``use_cpu``; times
+    ``num_machines``); 1 for every other placement."""
     from rlt_mono import launch
     from rlt_mono.train import gpus_present
 
@@ -338,7 +338,8 @@ def data_parallel_ranks(cfg) -> int:
         return 1
     if launch.in_rank():
         return launch.world_size()
-    processes = cfg.placement.get("num_processes") or max(gpus_present(), 1)
+    gpus = 0 if launch.training_group(cfg).get("use_cpu", False) else gpus_present()
+    processes = cfg.placement.get("num_processes") or max(gpus, 1)
     return processes * (cfg.placement.get("num_machines") or 1)
 
 

@@ -214,9 +214,13 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
                       strategy=p.strategy, gpus=gpus)
 
 
-# trainer.optim values whose optimizer is bitsandbytes': its kernels update plain tensors, not FSDP2's sharded
-# DTensor weights (seen on the GPU machine: "bitsandbytes.optimizer_update_32bit ... no sharding strategy").
-BITSANDBYTES_OPTIMIZERS = ("bnb", "8bit", "paged", "lion", "ademamix")
+# trainer.optim values (transformers' OptimizerNames) served by bitsandbytes: its kernels update plain tensors, not
+# FSDP2's sharded DTensor weights (seen on the GPU machine: "bitsandbytes.optimizer_update_32bit ... does not have
+# a sharding strategy registered").
+BITSANDBYTES_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
+    "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw_8bit", "galore_adamw_8bit_layerwise"})
 
 
 def check_strategy(cfg: DictConfig, gpus: int) -> None:
@@ -232,7 +236,7 @@ def check_strategy(cfg: DictConfig, gpus: int) -> None:
                           "its adapters, small enough to replicate; use placement.strategy=ddp")
     group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
     optim = str(training_group(cfg).get("optim", ""))
-    if any(mark in optim for mark in BITSANDBYTES_OPTIMIZERS):
+    if optim in BITSANDBYTES_OPTIMIZERS:
         raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
                           f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
                           "them) or use placement.strategy=ddp")

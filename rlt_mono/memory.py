@@ -441,14 +441,16 @@ def merge_buffer_bytes(s: Settings) -> int:
 
 
 def fsdp_gathered_bytes(s: Settings) -> int:
-    """A sharded teacher's (or reference's) pass all-gathers one FSDP unit at a time and prefetches the next: the
-    two largest units whole, in the dtype. The units (cfgs/accelerate/fsdp2.yaml) are each decoder layer and the
-    root (the embedding, final norm and an untied LM head): ``root + layer``, or ``2 x layer`` if a layer is larger."""
+    """What a sharded teacher's pass holds gathered, in the dtype. accelerate's FSDP2 units
+    (``fsdp2_prepare_model``, cfgs/accelerate/fsdp2.yaml): each decoder layer; an untied input embedding; and a
+    tail, the final norm and LM head (with the embedding when tied), kept gathered from the forward's end to the
+    backward's start. A pass holds the tail, the unit it runs and the next, prefetched:
+    ``tail + max(layer, untied embedding) + layer`` with ``tail = V x H (+ H)``."""
     arch = s.teacher
     embedding = arch.vocab_size * arch.hidden_size
-    root = embedding * (1 if arch.tie_word_embeddings else 2) + arch.hidden_size
+    tail = embedding + arch.hidden_size
     layer = arch.layer_params()
-    return (max(root, layer) + layer) * DTYPE_BYTES[s.teacher_dtype]
+    return (tail + max(layer, 0 if arch.tie_word_embeddings else embedding) + layer) * DTYPE_BYTES[s.teacher_dtype]
 
 
 def _shard(nbytes: int, s: Settings) -> int:
@@ -490,14 +492,16 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     if s.data_parallel_ranks > 1 and not s.sharded:
         resident.append(("DDP gradient buckets", gradient_bytes(s)))
     gathered = fsdp_gathered_bytes(s) if s.sharded else 0
+    # TRL shards the reference as one FSDP2 unit (trl.models.prepare_fsdp): each of its passes gathers it whole.
+    reference_gathered = vllm_weights if s.sharded and not s.lora_r else 0
     asleep_pool = [] if s.vllm_sleep else [("vLLM pool (no sleep mode)", pool)]
 
     length, completion = s.sequence_length, s.max_completion_length
     train_b, reward_b = s.per_device_train_batch_size, s.reward_micro_batch_size
     passes = {  # name -> (weights swapped in for it, its activations)
-        "reference pass": (reference_w if offload_reference else 0, gathered + dequantize_bytes(s) + no_grad_pass_bytes(
-            s.teacher, s.teacher_dtype, train_b, length, act, fused_head_bytes(s.teacher, train_b * completion, act,
-                                                                               backward=False))),
+        "reference pass": (reference_w if offload_reference else 0, reference_gathered + dequantize_bytes(s)
+                           + no_grad_pass_bytes(s.teacher, s.teacher_dtype, train_b, length, act, fused_head_bytes(
+                               s.teacher, train_b * completion, act, backward=False))),
         "student pass": (student_w if s.offload_student else 0, no_grad_pass_bytes(
             s.student, s.student_dtype, reward_b, length, act, reward_head_bytes(s.student, completion,
                                                                                 s.student_dtype))),

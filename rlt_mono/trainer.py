@@ -112,12 +112,16 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             logger.warning("trainer.offload_actor_in_generation is off for a 4-bit teacher: moving it aside freed no "
                            "GPU memory on the GPU machine (README_MONO_GPU.md, LoRA and QLoRA)")
             aside = False
+        def record_sync(seconds: float) -> None:
+            timer.add_metric("generate/weight_sync_seconds", seconds)
+
         if self.trl_surface.one_call_sync:
             trl_vllm.install_one_call_sync(
-                self.vllm_generation, swapper.empty_cache,
-                lambda seconds: timer.add_metric("generate/weight_sync_seconds", seconds),
+                self.vllm_generation, swapper.empty_cache, record_sync,
                 after_sync=self._step_actor_aside if aside else None,
                 named_params=(lambda: lora.merged_named_params(self.model)) if lora.is_peft(self.model) else None)
+        elif self.use_vllm and self.args.vllm_mode == "colocate":
+            trl_vllm.time_weight_sync(self.vllm_generation, record_sync)
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):

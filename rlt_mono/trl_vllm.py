@@ -173,11 +173,28 @@ def inspect_surface(trainer, reuse_policy_log_probs: bool) -> Surface:
 
 def holds_whole_model(accelerator) -> bool:
     """Whether this process holds every weight of the teacher: one process, or data parallel with the teacher
-    replicated (DDP); not when it is sharded (FSDP, DeepSpeed), where TRL gathers each weight collectively."""
+    replicated (DDP); not when it is sharded (FSDP, DeepSpeed, even on one rank: the same path as on N), where TRL
+    gathers each weight collectively."""
     from accelerate.utils import DistributedType
 
+    if accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        return False
     return accelerator.num_processes == 1 or accelerator.distributed_type in (DistributedType.MULTI_GPU,
                                                                               DistributedType.MULTI_CPU)
+
+
+def time_weight_sync(generation, record_seconds: Callable[[float], None]) -> None:
+    """Time TRL's own weight sync (where the one-call sync is not installed): ``record_seconds`` receives each
+    sync's duration, as ``install_one_call_sync`` reports its own."""
+    trl_sync = generation.sync_weights
+
+    def sync_weights() -> None:
+        start = time.perf_counter()
+        trl_sync()
+        torch.cuda.synchronize()
+        record_seconds(time.perf_counter() - start)
+
+    generation.sync_weights = sync_weights
 
 
 def _source(function) -> str:

@@ -144,6 +144,9 @@ def test_a_checkpoint_resumes_only_with_the_ranks_that_saved_it(tmp_path):
 def test_an_fsdp_checkpoint_keeps_its_optimizer_as_optimizer_bin(tmp_path):
     folder = _checkpoint(tmp_path / "checkpoint-2", 2)
     (folder / "optimizer.pt").rename(folder / checkpoints.FSDP_OPTIMIZER)  # accelerate's save_fsdp_optimizer
+    with pytest.raises(checkpoints.CheckpointError, match="pytorch_model_fsdp.bin missing"):
+        checkpoints.resolve_resume(tmp_path, str(folder), max_steps=4, world_size=2)
+    (folder / checkpoints.FSDP_MODEL).write_text("x")  # the model copy an FSDP resume loads
     assert checkpoints.resolve_resume(tmp_path, str(folder), max_steps=4, world_size=2) == str(folder)
     (folder / checkpoints.FSDP_OPTIMIZER).unlink()
     with pytest.raises(checkpoints.CheckpointError, match="optimizer.pt missing"):

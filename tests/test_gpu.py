@@ -303,6 +303,7 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
     assert all(r["generate/weight_sync_seconds"] > 0 for r in steps)
     checkpoint = out / "checkpoint-1"
     assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
+    assert (checkpoint / "pytorch_model_fsdp.bin").is_file()  # the model copy an FSDP resume loads
     name = "model.layers.0.mlp.down_proj.weight"
     with safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
         names, shape = set(initial.keys()), initial.get_tensor(name).shape

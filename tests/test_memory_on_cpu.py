@@ -316,31 +316,40 @@ def test_vllm_start_needs_its_pool_free_beside_the_teacher():
 
 def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
     """placement.strategy=fsdp2 over 2 ranks (tiny pair, float32, adamw_torch), by hand: the teacher's weights,
-    gradients and optimizer state and the reference (resident: FSDP keeps it on the GPU) are halved; a pass holds
-    the two largest FSDP units whole: a layer (608) and the root (tied embedding 256 + norm 8 = 264), so
-    max(264, 608) + 608 = 1216 parameters x 4 B = 4864 B (twice in TRAIN, with their unsharded gradients)."""
-    assert memory.fsdp_gathered_bytes(tiny_settings()) == 4864
+    gradients and optimizer state and the reference (resident: FSDP keeps it on the GPU) are halved; a teacher pass
+    holds accelerate's tail unit (tied embedding 256 + norm 8 = 264), the layer it runs and the next (608 each):
+    1480 parameters x 4 B = 5920 B (twice in TRAIN, with their unsharded gradients); a reference pass gathers the
+    whole reference (TRL shards it as one unit): 5920 B."""
+    assert memory.fsdp_gathered_bytes(tiny_settings()) == 5920
+    # Qwen2.5-1.5B (tied, bf16): tail 151936 x 1536 + 1536, layer 46,797,824 (q, o 1536^2; k, v 1536 x 256; biases
+    # 2048; MLP 3 x 1536 x 8960; norms 3072), twice.
+    big = Arch.from_config(QWEN25_ARCHS["1.5b"])
+    assert big.layer_params() == 46_797_824
+    assert memory.fsdp_gathered_bytes(Settings(teacher=big, student=big)) == (
+        151936 * 1536 + 1536 + 2 * 46_797_824) * 2
+    untied = dataclasses.replace(TINY, tie_word_embeddings=False)  # its embedding a unit of its own: 256 < 608
+    assert memory.fsdp_gathered_bytes(tiny_settings(teacher=untied)) == (264 + 608 + 608) * 4
     result = plan(tiny_settings(data_parallel_ranks=2, sharded=True))
     pool = GIB // 2
     assert dict(result.phases["GENERATE"].terms) == {
         "vLLM pool": pool, "vLLM beyond its pool": int(0.4 * 5920), "teacher weights (1/2 shard)": 2960,
         "optimizer state": 5920, "reference weights (resident)": 2960, "allocator slack": 0, "CUDA context": 0}
     train = dict(result.phases["TRAIN"].terms)
-    assert train["gradients"] == 2960 and train["FSDP gathered units and their gradients"] == 2 * 4864
+    assert train["gradients"] == 2960 and train["FSDP gathered units and their gradients"] == 2 * 5920
     assert "DDP gradient buckets" not in train
-    assert result.phases["TRAIN"].bytes == 2960 + 5920 + 2960 + 2960 + 46080 + 7936 + 2 * 4864 == 78544
-    score = dict(result.phases["SCORE"].terms)  # the reference pass: nothing swapped in, its layer gathered
-    assert score["reference pass activations"] == 4864 + 17408 and "reference weights (swapped in)" not in score
+    assert result.phases["TRAIN"].bytes == 2960 + 5920 + 2960 + 2960 + 46080 + 7936 + 2 * 5920 == 80656
+    score = dict(result.phases["SCORE"].terms)  # the reference pass: nothing swapped in, the reference gathered
+    assert score["reference pass activations"] == 5920 + 17408 and "reference weights (swapped in)" not in score
     # vLLM starts before accelerate shards the teacher: the whole teacher and reference beside its pool.
     assert memory.start_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == pool + 5920 + 5920
     # bf16: accelerate upcasts the trained weights to float32 masters (gradients and Adam states follow); the
     # reference stays bfloat16. Halved over 2 ranks: weights 1480 x 4 / 2, Adam 2 x 1480 x 4 / 2, reference
-    # 1480 x 2 / 2; the gathered units are bfloat16 (1216 x 2).
+    # 1480 x 2 / 2; the gathered units are bfloat16 (1480 x 2).
     bf16 = dict(plan(tiny_settings(data_parallel_ranks=2, sharded=True, bf16=True, teacher_dtype="bfloat16"))
                 .phases["TRAIN"].terms)
     assert (bf16["teacher weights (1/2 shard)"], bf16["optimizer state"], bf16["gradients"],
             bf16["reference weights (resident)"], bf16["FSDP gathered units and their gradients"]) == (
-        2960, 5920, 2960, 1480, 2 * 1216 * 2)
+        2960, 5920, 2960, 1480, 2 * 1480 * 2)
     with pytest.raises(UserError, match="a LoRA teacher is replicated"):
         tiny_settings(data_parallel_ranks=2, sharded=True, lora_r=4)
     sharded = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4",
@@ -360,5 +369,7 @@ def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatc
     # num_processes unset: one rank per GPU this machine shows (CUDA_VISIBLE_DEVICES here), as the launcher starts
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
     assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 3
+    assert fit.settings_from_config(compose_rl("placement=dp", "+trainer.use_cpu=true"), total_gib=80.0,
+                                    arch="0.5b").data_parallel_ranks == 1  # one CPU rank, as the launcher starts
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import trl
+from accelerate.utils import DistributedType
 
 from rlt_mono import trl_vllm
 from rlt_mono.outputs import METRICS_FILE, read_metrics
@@ -61,7 +62,8 @@ def _fake_trainer(generation=None, accumulation=2, steps_per_generation=2, use_v
     args = SimpleNamespace(gradient_accumulation_steps=accumulation, steps_per_generation=steps_per_generation,
                            vllm_mode="colocate", sync_ref_model=True)
     return SimpleNamespace(args=args, num_iterations=1, use_vllm=use_vllm, vllm_importance_sampling_correction=True,
-                           accelerator=SimpleNamespace(num_processes=1), vllm_generation=generation, model=model)
+                           accelerator=SimpleNamespace(num_processes=1, distributed_type=DistributedType.NO),
+                           vllm_generation=generation, model=model)
 
 
 def test_a_changed_call_order_turns_reuse_off_and_says_what_it_costs(monkeypatch, caplog):
@@ -124,6 +126,22 @@ def test_the_one_call_sync_hands_every_tensor_to_vllm_at_once(monkeypatch):
     assert emptied == [1] and len(seconds) == 1 and seconds[0] >= 0
     assert trl_vllm.weights_asleep(generation) is False
     assert trl_vllm.weights_asleep(SimpleNamespace()) is None
+
+
+def test_a_sharded_teacher_keeps_trls_sync_timed_even_on_one_rank(monkeypatch):
+    def accelerator(kind, processes):
+        return SimpleNamespace(distributed_type=kind, num_processes=processes)
+
+    assert trl_vllm.holds_whole_model(accelerator(DistributedType.NO, 1))
+    assert trl_vllm.holds_whole_model(accelerator(DistributedType.MULTI_GPU, 4))
+    assert not trl_vllm.holds_whole_model(accelerator(DistributedType.FSDP, 1))  # the path N ranks take
+    assert not trl_vllm.holds_whole_model(accelerator(DistributedType.DEEPSPEED, 2))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    synced, seconds = [], []
+    generation = SimpleNamespace(sync_weights=lambda: synced.append(1))
+    trl_vllm.time_weight_sync(generation, seconds.append)
+    generation.sync_weights()
+    assert synced == [1] and len(seconds) == 1 and seconds[0] >= 0
 
 
 def test_a_reference_mixup_that_trl_no_longer_adds_is_an_error():
