@@ -157,15 +157,18 @@ def test_user_mistakes_end_in_one_line_and_exit_code_2(args, tmp_path):
     assert last.startswith("error: ") and "Traceback" not in result.stderr
 
 
-def test_a_run_that_stops_before_writing_leaves_no_empty_folder(tmp_path):
+def test_a_run_that_stops_before_writing_leaves_no_empty_folder(tmp_path, monkeypatch):
     """output_dir unset: the run makes run_dir, and removes it again when it stops on a mistake before writing."""
     result = _cli("demo_tiny", "model.model_name_or_path=/nowhere/model", f"run_dir={tmp_path / 'runs' / 'a'}")
     assert result.returncode == 2 and "model.model_name_or_path=/nowhere/model" in result.stderr
     assert list((tmp_path / "runs").iterdir()) == []
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "config.yaml").write_text("x")
-    checkpoints._made_run_dirs.append(tmp_path / "kept")  # a folder the run wrote into stays
-    assert checkpoints.remove_unused_run_dirs() == [] and (tmp_path / "kept" / "config.yaml").is_file()
+    (tmp_path / "empty").mkdir()
+    # this process's own record: a folder the run wrote into stays, an empty one goes
+    monkeypatch.setattr(checkpoints, "_made_run_dirs", [tmp_path / "kept", tmp_path / "empty"])
+    assert checkpoints.remove_unused_run_dirs() == [tmp_path / "empty"]
+    assert (tmp_path / "kept" / "config.yaml").is_file() and not (tmp_path / "empty").exists()
 
 
 def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkeypatch):
