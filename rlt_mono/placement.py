@@ -13,7 +13,8 @@ critic, in verl's terms; an extra reward model would join it). Modes:
 - ``auto``: ``split`` when two GPUs are visible, else ``mono``.
 - ``dp``: data parallel, one process (rank) per GPU launched through ``accelerate launch``
   (``rlt_mono.launch``); each rank is a ``mono`` step on its own GPU ``cuda:<local rank>``: the actor (teacher,
-  replicated on every rank: DDP, ``cfgs/accelerate/ddp.yaml``), its own colocated vLLM engine, and its own
+  replicated on every rank: DDP, ``cfgs/accelerate/ddp.yaml``; or with ``placement.strategy=fsdp2`` sharded over
+  the ranks with TRL's reference, which then stays on the GPU), its own colocated vLLM engine, and its own
   reference and student in CPU memory between uses. Each rank generates and scores its share of the step's
   completions; gradients are reduced across ranks.
 
