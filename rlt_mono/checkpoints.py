@@ -194,10 +194,11 @@ def checkpoint_problem(folder: str | Path) -> str | None:
             if path.stat().st_size != size:
                 return f"{name} has {path.stat().st_size} bytes, {size} were written (truncated or changed)"
     world_size = saved_world_size(folder)
-    missing = [name for name in (*TRAINING_STATE_FILES, *rng_files(world_size or 1)) if not (folder / name).is_file()
-               and not (name == "optimizer.pt" and (folder / FSDP_OPTIMIZER).is_file())]
-    if (folder / FSDP_OPTIMIZER).is_file() and not (folder / FSDP_MODEL).is_file():
-        missing.append(FSDP_MODEL)
+    state_files = list(TRAINING_STATE_FILES)
+    if (folder / FSDP_OPTIMIZER).is_file():  # an FSDP checkpoint: accelerate's optimizer file and its model copy
+        state_files[state_files.index("optimizer.pt")] = FSDP_OPTIMIZER
+        state_files.append(FSDP_MODEL)
+    missing = [name for name in (*state_files, *rng_files(world_size or 1)) if not (folder / name).is_file()]
     if missing:
         return f"{', '.join(missing)} missing (a resume needs the optimizer, scheduler, RNG and trainer state)"
     if not any((folder / name).is_file() for name in WEIGHT_FILES):

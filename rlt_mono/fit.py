@@ -338,8 +338,7 @@ def data_parallel_ranks(cfg) -> int:
         return 1
     if launch.in_rank():
         return launch.world_size()
-    gpus = 0 if launch.training_group(cfg).get("use_cpu", False) else gpus_present()
-    processes = cfg.placement.get("num_processes") or max(gpus, 1)
+    processes = cfg.placement.get("num_processes") or max(launch.usable_gpus(cfg, gpus_present()), 1)
     return processes * (cfg.placement.get("num_machines") or 1)
 
 

@@ -158,6 +158,12 @@ def training_group(cfg: DictConfig) -> DictConfig:
     return cfg.trainer if cfg.stage == "teacher_rlt" else cfg.sft
 
 
+def usable_gpus(cfg: DictConfig, gpus_present: int) -> int:
+    """The GPUs a ``placement=dp`` run's ranks use on this machine: none with the training group's ``use_cpu``
+    (CPU ranks), else every one present."""
+    return 0 if training_group(cfg).get("use_cpu", False) else gpus_present
+
+
 def in_rank() -> bool:
     """Whether this process is a rank that ``launch`` started (it runs its stage instead of launching)."""
     return os.environ.get(LAUNCHED_ENV) == "1"
@@ -188,7 +194,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
-    gpus = 0 if training_group(cfg).get("use_cpu", False) else gpus_present
+    gpus = usable_gpus(cfg, gpus_present)
     check_strategy(cfg, gpus)
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")

@@ -322,11 +322,18 @@ def teacher_weight_bytes(s: Settings) -> int:
     return base + arch.lora_params(s.lora_r) * lora_dtype_bytes(s)
 
 
+def master_dtype(s: Settings) -> str:
+    """The dtype of the trained weights, their gradients and optimizer state: the model's, except a sharded teacher
+    under bf16, which accelerate upcasts to float32 before FSDP2 shards it (bf16 is then only the compute dtype)."""
+    return "float32" if s.sharded and s.bf16 else s.teacher_dtype
+
+
 def gradient_bytes(s: Settings) -> int:
-    """One gradient per trained parameter, like it: the adapters with LoRA, else every weight."""
+    """One gradient per trained parameter, like it: the adapters with LoRA, else every weight (in
+    ``master_dtype``)."""
     if s.lora_r:
         return s.teacher.lora_params(s.lora_r) * lora_dtype_bytes(s)
-    return weight_bytes(s.teacher, s.teacher_dtype)
+    return weight_bytes(s.teacher, master_dtype(s))
 
 
 def optimizer_bytes(arch: Arch, dtype: str, optim: str, lora: tuple[int, int] | None = None) -> int:
@@ -457,12 +464,6 @@ def _shard(nbytes: int, s: Settings) -> int:
     return math.ceil(nbytes / s.shards)
 
 
-def master_dtype(s: Settings) -> str:
-    """The dtype of the trained weights, their gradients and optimizer state: the model's, except a sharded teacher
-    under bf16, which accelerate upcasts to float32 before FSDP2 shards it (bf16 is then only the compute dtype)."""
-    return "float32" if s.sharded and s.bf16 else s.teacher_dtype
-
-
 def _total(terms: list[tuple[str, int]]) -> int:
     return sum(nbytes for _, nbytes in terms)
 
@@ -479,7 +480,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     student_w = weight_bytes(s.student, s.student_dtype)
     optimizer = _shard(optimizer_bytes(s.teacher, master_dtype(s), s.optim,
                                        (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None), s)
-    gradients = _shard(weight_bytes(s.teacher, master_dtype(s)) if s.sharded else gradient_bytes(s), s)
+    gradients = _shard(gradient_bytes(s), s)
     pool = pool_bytes(s)
     label = "teacher weights" + (" (NF4 base, adapters)" if s.load_in_4bit else " (adapters too)" if s.lora_r else "")
     if s.sharded:
@@ -493,7 +494,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
         resident.append(("DDP gradient buckets", gradient_bytes(s)))
     gathered = fsdp_gathered_bytes(s) if s.sharded else 0
     # TRL shards the reference as one FSDP2 unit (trl.models.prepare_fsdp): each of its passes gathers it whole.
-    reference_gathered = vllm_weights if s.sharded and not s.lora_r else 0
+    reference_gathered = vllm_weights if s.sharded else 0
     asleep_pool = [] if s.vllm_sleep else [("vLLM pool (no sleep mode)", pool)]
 
     length, completion = s.sequence_length, s.max_completion_length

@@ -112,6 +112,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             logger.warning("trainer.offload_actor_in_generation is off for a 4-bit teacher: moving it aside freed no "
                            "GPU memory on the GPU machine (README_MONO_GPU.md, LoRA and QLoRA)")
             aside = False
+
         def record_sync(seconds: float) -> None:
             timer.add_metric("generate/weight_sync_seconds", seconds)
 
@@ -269,16 +270,15 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = os.path.join(resume_from_checkpoint, REFERENCE_FILE)
-        if self.ref_model is not None and os.path.exists(path) and self.is_fsdp_enabled:
-            # Every rank reads the whole weights and keeps its shard.
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        if self.ref_model is not None and os.path.exists(path):
+            if self.is_fsdp_enabled:  # every rank reads the whole weights and keeps its shard
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            set_model_state_dict(self.ref_model, safetensors.torch.load_file(path),
-                                 options=StateDictOptions(full_state_dict=True))
-            logger.info("reference model restored from %s", path)
-        elif self.ref_model is not None and os.path.exists(path):
-            # Copies into the existing (pinned CPU or GPU) tensors.
-            safetensors.torch.load_model(self.ref_model, path, device=str(next(self.ref_model.parameters()).device))
+                set_model_state_dict(self.ref_model, safetensors.torch.load_file(path),
+                                     options=StateDictOptions(full_state_dict=True))
+            else:  # copies into the existing (pinned CPU or GPU) tensors
+                safetensors.torch.load_model(self.ref_model, path,
+                                             device=str(next(self.ref_model.parameters()).device))
             logger.info("reference model restored from %s", path)
         elif self._reference_is_mixed(checkpoints.saved_step(resume_from_checkpoint)):
             logger.warning("%s has no %s: the reference restarts from the initial weights, not the mixed ones",
