@@ -248,6 +248,21 @@ def check_strategy(cfg: DictConfig, gpus: int) -> None:
                           "them) or use placement.strategy=ddp")
 
 
+# placement=dp's own keys and their unset values (cfgs/placement/_base.yaml): another placement ignores them.
+DP_KEYS = {"strategy": "ddp", "num_processes": None, "num_machines": 1}
+
+
+def check_dp_keys_unused(cfg: DictConfig) -> None:
+    """A ``placement=dp`` key set for another placement would be ignored without a word: a one-line
+    ``ConfigError`` instead."""
+    found = [f"placement.{key}={cfg.placement.get(key)}" for key, unset in DP_KEYS.items()
+             if cfg.placement.get(key, unset) != unset]
+    if found:
+        them = "them" if len(found) > 1 else "it"
+        raise ConfigError(f"{', '.join(found)}: placement=dp's (one rank per GPU), ignored by "
+                          f"placement={cfg.placement.mode}; add placement=dp, or leave {them} out")
+
+
 def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int) -> int:
     """Start the ranks of a ``placement=dp`` run and wait for them; returns the exit code (2: a rank stopped on
     an error the user can fix, printed here in one line; 1: a bug, its traceback is in the rank's log above)."""

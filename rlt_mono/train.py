@@ -63,6 +63,8 @@ def _run(argv: list[str] | None) -> int:
         mode = cfg.placement.mode if "placement" in cfg else "mono"
         if mode == "dp" and not launch.in_rank():
             return launch.launch(cfg, args.config, args.overrides, gpus_present())
+        if mode != "dp" and "placement" in cfg:
+            launch.check_dp_keys_unused(cfg)
         if not launch.in_rank():  # a rank sees the GPUs its launcher exposed
             expose_gpus(mode)
         run(cfg)

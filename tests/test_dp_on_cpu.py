@@ -68,6 +68,16 @@ def test_launch_mistakes_are_one_line_errors(overrides, message):
         _plan(*overrides)
 
 
+def test_dp_keys_under_another_placement_are_an_error_not_ignored():
+    with pytest.raises(ConfigError, match=r"^placement.strategy=fsdp2: placement=dp's \(one rank per GPU\), ignored "
+                                          r"by placement=mono; add placement=dp, or leave it out$"):
+        launch.check_dp_keys_unused(compose("demo_tiny", ["placement.strategy=fsdp2"]))
+    with pytest.raises(ConfigError, match="placement.num_processes=2, placement.num_machines=2: .* leave them out"):
+        launch.check_dp_keys_unused(compose("demo_tiny", ["placement=split", "placement.num_processes=2",
+                                                          "placement.num_machines=2"]))
+    launch.check_dp_keys_unused(compose("demo_tiny", ["placement.strategy=ddp"]))  # the unset values pass
+
+
 def test_the_training_stages_run_data_parallel_and_the_others_do_not():
     with pytest.raises(ConfigError, match="stage distill runs in one process: leave placement=dp out"):
         launch.plan_launch(compose("distill_tiny", ["placement=dp"]), 2)

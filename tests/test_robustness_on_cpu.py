@@ -149,6 +149,7 @@ def test_help_lists_config_groups_and_how_to_list_keys():
     ("demo_tiny", "placement=split"),
     ("demo_tiny", "seed=abc"),
     ("demo_tiny", "trainer.max_completion_length=5000"),
+    ("demo_tiny", "placement.strategy=fsdp2"),
 ])
 def test_user_mistakes_end_in_one_line_and_exit_code_2(args, tmp_path):
     result = _cli(*args, f"output_dir={tmp_path / 'run'}" if args[0] != "nope" else "")
