@@ -319,3 +319,52 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()
             if json.loads(line)["event"] == "step"] == [1, 2]
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pair, tmp_path):
+    """teacher_sft with placement=dp placement.strategy=fsdp2 (one rank per GPU, up to two): transformers' own FSDP2
+    path trains, each checkpoint holds accelerate's optimizer.bin and model copy, a resume from the first
+    checkpoint finishes the run, and final/ holds whole weights that moved."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    ranks = min(2, torch.cuda.device_count())
+    out = tmp_path / "sft_fsdp2"
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+
+    def launch(*overrides):
+        return subprocess.run(
+            [str(root / "launch_mono.sh"), "teacher_sft_tiny", "placement=dp", "placement.strategy=fsdp2",
+             f"placement.num_processes={ranks}", f"output_dir={out}",
+             f"model.model_name_or_path={bf16_pair / 'teacher'}", "model.dtype=bfloat16", "sft.use_cpu=false",
+             "sft.bf16=true", "sft.max_steps=4", "sft.save_steps=2", *overrides],
+            env=env, capture_output=True, text=True)
+
+    done = launch()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "strategy fsdp2" in done.stderr and f"all {ranks} ranks finished" in done.stderr
+    for step in (2, 4):
+        checkpoint = out / f"checkpoint-{step}"
+        assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
+        assert (checkpoint / "pytorch_model_fsdp.bin").is_file()
+    name = "model.layers.0.mlp.down_proj.weight"
+    with safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
+        before = initial.get_tensor(name)
+    with safe_open(out / "final" / "model.safetensors", "pt") as final:
+        after = final.get_tensor(name)
+    assert after.shape == before.shape and not torch.equal(after.to(before.dtype), before)  # whole, and trained
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert summary["steps"] == 4 and summary["heldout_loss_after"] > 0  # the held-out pass ran on every rank
+    for name in ("checkpoint-4", "final", "sft_summary.json"):
+        path = out / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    resumed = launch("resume_from_checkpoint=true")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    resumed_summary = json.loads((out / "sft_summary.json").read_text())
+    assert resumed_summary["steps"] == 4
+    assert resumed_summary["heldout_loss_before"] == summary["heldout_loss_before"]  # read back, not measured again
+    assert (out / "checkpoint-4" / "optimizer.bin").is_file() and (out / "final" / "model.safetensors").is_file()
