@@ -51,6 +51,10 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     if placement.mode == "dp":
         launch.check_strategy(cfg, gpus=int(placement.device(Role.ACTOR).startswith("cuda")))
+    if placement.device(Role.ACTOR).startswith("cuda"):
+        # Before the trainer's config picks its device: without these variables transformers counts every visible
+        # GPU as nn.DataParallel's (split sees two), which TRL refuses; a dp rank keeps its launcher's values.
+        ensure_single_process_distributed_env()
     # ---- typed configs: every value checked before a model loads ---------------------------------------
     args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
@@ -59,8 +63,6 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
                                                    world_size=launch.world_size())
     if main_process:
         checkpoints.remove_stale_staging(output_dir)
-    if placement.use_vllm:
-        ensure_single_process_distributed_env()
     set_wandb_env(cfg.logging, args.report_to)
     timer = PhaseTimer(placement.device(Role.ACTOR))
     swapper = ModelSwapper(placement.device(Role.ACTOR), timer, pin_memory=cfg.placement.pin_memory)
@@ -328,7 +330,8 @@ def _first_line(err: BaseException) -> str:
 
 
 def ensure_single_process_distributed_env() -> None:
-    """TRL's colocated vLLM engine joins a torch.distributed group: give a lone process its variables."""
+    """A lone GPU process as a one-rank distributed run: TRL's colocated vLLM engine joins a torch.distributed
+    group, and transformers then gives the trainer one GPU, not every visible one."""
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

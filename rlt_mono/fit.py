@@ -99,6 +99,13 @@ class Plan:
         """Whether vLLM's engine can start beside the teacher (``memory.start_bytes``)."""
         return start_bytes(self.settings) / GIB <= self.settings.free
 
+    @property
+    def start_beside(self) -> str:
+        """What shares the GPU with vLLM's pool when its engine starts."""
+        if self.settings.sharded:
+            return "(the teacher still on the CPU, sharded later)"
+        return "beside the teacher's weights"
+
     def refusal(self) -> str:
         """One line: what does not fit and the advice (empty when the plan fits)."""
         if self.fits:
@@ -107,7 +114,7 @@ class Plan:
             problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
         elif not self.starts:
             problem = (f"vLLM's start needs {start_bytes(self.settings) / GIB:.1f} GiB free (its pool "
-                       f"{gib_text(pool_bytes(self.settings))} GiB beside the teacher's weights), the card has "
+                       f"{gib_text(pool_bytes(self.settings))} GiB {self.start_beside}), the card has "
                        f"{self.settings.free:.1f}")
         else:
             problem = (f"vLLM's pool ({gib_text(pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
@@ -124,8 +131,7 @@ class Plan:
         for phase in self.phases.values():
             terms = ", ".join(f"{what} {gib_text(nbytes)}" for what, nbytes in phase.terms)
             lines.append(f"  {phase.name:<9} {phase.gib:>7.2f}  {terms}")
-        lines.append(f"  {'start':<9} {start_bytes(s) / GIB:>7.2f}  vLLM's engine start: its pool beside the "
-                     "teacher's weights")
+        lines.append(f"  {'start':<9} {start_bytes(s) / GIB:>7.2f}  vLLM's engine start: its pool {self.start_beside}")
         verdict = "fits" if self.fits else f"does not fit: {self.refusal()}"
         lines.append(f"  peak: {self.peak.name} {self.peak.gib:.2f} GiB; {verdict}")
         return "\n".join(lines)

@@ -434,7 +434,10 @@ def start_bytes(s: Settings) -> int:
     student is not, and there is no optimizer state yet): the pool, those weights as loaded (no fragmentation
     yet) and ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``). Measured on the GPU machine: a 7B pair under a
     48 GiB card left 18.89 GiB free at vLLM's start, teacher and reference 2 x 14.19 GiB and 0.73 GiB besides.
-    A sharded teacher is whole then too: accelerate wraps it (and shards it) only when training starts."""
+    A sharded teacher and its reference are still on the CPU then: transformers leaves a model it trains under FSDP
+    where it is for accelerate to shard and move, and TRL shards the reference after vLLM has started."""
+    if s.sharded:
+        return pool_bytes(s) + int(s.startup_context_gib * GIB)
     weights = teacher_weight_bytes(s) + (0 if s.lora_r else weight_bytes(s.teacher, s.teacher_dtype))
     return pool_bytes(s) + weights + int(s.startup_context_gib * GIB)
 

@@ -51,7 +51,7 @@ from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
+from rlt_mono.outputs import RunFilesCallback
 from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
@@ -232,6 +232,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
     logger.info("%s: %d train rows, %d held-out rows from %s (%d skipped)", stage, len(train_rows),
                 len(heldout_rows), data_config.source, skipped)
+    # The held-out loss before training is TRL's evaluation at step 0 inside train(), once per run (a resume reads
+    # it back): under FSDP2 accelerate prepares the model only together with its optimizer, which train() does.
+    args.eval_on_start = bool(heldout_rows) and resume_checkpoint is None
     # ---- model ----------------------------------------------------------------------------------------------------
     group = STAGE_MODEL_GROUP[stage]
     key = f"{group}.model_name_or_path"
@@ -271,12 +274,11 @@ def run_sft(cfg: DictConfig) -> Path:
     run = build_sft(cfg)
     trainer, output_dir = run.trainer, run.output_dir
     measured = trainer.eval_dataset is not None
-    before = _heldout_loss_before(trainer, output_dir, resuming=run.resume_checkpoint is not None) if measured \
-        else None
     with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
         trainer.train(resume_from_checkpoint=run.resume_checkpoint)
         after = _heldout_loss_after(trainer) if measured else None
         final = checkpoints.save_final(trainer, output_dir)
+    before = _heldout_loss_before(trainer) if measured else None
     train_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     summary = {
         "stage": run.stage,
@@ -305,14 +307,11 @@ def count_truncated(dataset: datasets.Dataset, num_rows: int, eos_token_id: int)
     return num_rows - kept_whole
 
 
-def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path, resuming: bool) -> float:
-    """Held-out loss of the model before training. A resumed run takes the value its first start logged (the step-0
-    eval row of metrics.jsonl) rather than logging a second step-0 row."""
-    if resuming and (output_dir / METRICS_FILE).exists():
-        for row in read_metrics(output_dir / METRICS_FILE, EVAL_EVENT):
-            if row.get("step") == 0 and "eval_loss" in row:
-                return row["eval_loss"]
-    return trainer.evaluate()["eval_loss"]
+def _heldout_loss_before(trainer: trl.SFTTrainer) -> float | None:
+    """Held-out loss of the model before training: the step-0 evaluation ``eval_on_start`` ran inside ``train()``
+    (``build_sft``), kept in the trainer's history, which a resumed run reloads from its checkpoint."""
+    return next((row["eval_loss"] for row in trainer.state.log_history
+                 if row.get("step") == 0 and "eval_loss" in row), None)
 
 
 def _heldout_loss_after(trainer: trl.SFTTrainer) -> float:

@@ -89,6 +89,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         with trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext():
             super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
+        if self.is_fsdp_enabled:  # the reward's teacher passes gather the sharded teacher: every rank runs as many
+            teacher_reward.sharded_teacher = self._largest_over_ranks
         if quantized and self.use_vllm and not self.trl_surface.one_call_sync:
             raise trl_vllm.TRLSurfaceError("a 4-bit (QLoRA) teacher gives vLLM its merged weights through the one-call "
                                            "weight sync, unavailable here (see the warning above)")
@@ -202,6 +204,9 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self._record_overlap(self._actor_scoring_start, actor_end, student_start, student_end)
             inputs = [{**example, "student_scores": score} for example, score in zip(inputs, scores, strict=True)]
         return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _largest_over_ranks(self, count: int) -> int:
+        return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
 
     def _counting_teacher_passes(self, model_context):
         """The reward's ``model_context``, counting each time the reward enters it for the teacher."""

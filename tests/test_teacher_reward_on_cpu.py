@@ -108,6 +108,50 @@ def test_range_log_probs_is_padding_invariant(tokenizer, student):
         assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 1.0), atol=1e-5)
 
 
+def test_whole_forward_keeps_only_the_spanned_logits_and_matches_the_decoder_path(tokenizer, student):
+    seqs = [tokenizer(t)["input_ids"] for t in ("short one here", "a much longer sequence of several words here",
+                                                  "x y z")]
+    ranges = [(3, len(seqs[0])), (6, len(seqs[1]) - 2), (2, 2)]  # mid-sequence spans and an empty one
+    kept = []
+    hook = student.lm_head.register_forward_hook(lambda _m, args, _out: kept.append(args[0].shape[1]))
+    try:
+        whole = range_log_probs(student, seqs, ranges, temperature=0.7, micro_batch_size=3,
+                                pad_token_id=tokenizer.pad_token_id, whole_forward=True)
+    finally:
+        hook.remove()
+    # logits at positions 2 (predicting token 3, the first span's start) up to the last span end's predictor, not
+    # the whole padded width
+    assert kept == [max(len(seqs[0]), len(seqs[1]) - 2) - 1 - 2] and kept[0] < len(seqs[1])
+    for seq, (start, end), lp in zip(seqs, ranges, whole):
+        assert lp.shape == (end - start,)
+        assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 0.7), atol=1e-5)
+
+
+def test_sharded_teacher_runs_as_many_forwards_as_the_busiest_rank_with_the_same_rewards(tokenizer, student,
+                                                                                          teacher):
+    batch = _batch(tokenizer)
+    config = TeacherRewardConfig(micro_batch_size=2)
+    plain = TeacherKLReward(student, tokenizer, config, teacher_model=teacher)(**batch)
+    sharded = TeacherKLReward(student, tokenizer, config, teacher_model=teacher)
+    asked = []
+
+    def busiest_rank(count):  # another rank has 5 completions for the teacher pass
+        asked.append(count)
+        return 5
+
+    sharded.sharded_teacher = busiest_rank
+    forwards = []
+    hook = teacher.register_forward_hook(lambda _m, args, kwargs, _out: forwards.append(kwargs["input_ids"].shape[0]),
+                                         with_kwargs=True)
+    try:
+        rewards = sharded(**batch)
+    finally:
+        hook.remove()
+    assert asked == [3]
+    assert forwards == [2, 2, 1]  # 3 completions + 2 fillers in micro-batches of 2, through the model's forward
+    assert rewards == pytest.approx(plain, abs=1e-5)
+
+
 def test_student_with_another_vocabulary_is_rejected(tokenizer, student):
     other = copy.deepcopy(tokenizer)
     other.add_tokens(["<|not_in_teacher|>"])

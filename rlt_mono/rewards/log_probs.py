@@ -25,6 +25,7 @@ def range_log_probs(
     temperature: float,
     micro_batch_size: int,
     pad_token_id: int,
+    whole_forward: bool = False,
 ) -> list[torch.Tensor]:
     """Log-probs ``log p(x_t | x_<t)`` for ``t`` in ``ranges[i] = [start, end)`` of each sequence.
 
@@ -35,6 +36,9 @@ def range_log_probs(
         temperature: logits are divided by it before the softmax.
         micro_batch_size: sequences per forward.
         pad_token_id: id used to right-pad a micro-batch (masked out).
+        whole_forward: call the model itself, keeping only the logits of the positions the micro-batch's ranges
+            span (``logits_to_keep``), instead of its decoder and head apart: the model's own hooks then run, as
+            FSDP's, which gather a sharded model's weights around its forward.
 
     Returns:
         B float32 CPU tensors of shape ``(end - start,)``.
@@ -45,7 +49,7 @@ def range_log_probs(
         if not 1 <= start <= end <= len(seq):
             raise ValueError(f"range ({start}, {end}) is invalid for a sequence of {len(seq)} tokens")
     device = next(model.parameters()).device
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    decoder, head = (None, None) if whole_forward else (model.get_decoder(), model.get_output_embeddings())
     results: list[torch.Tensor | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]), reverse=True)
     for first in range(0, len(order), micro_batch_size):
@@ -58,15 +62,25 @@ def range_log_probs(
             attention_mask[row, : len(sequences[i])] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
-            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        # hidden: (b, T, H)
+            if whole_forward:
+                spans = [ranges[i] for i in chunk if ranges[i][0] < ranges[i][1]] or [(1, 1)]
+                first_pos = min(start for start, _ in spans) - 1  # logits at position t predict token t + 1
+                keep = torch.arange(first_pos, max(end for _, end in spans) - 1, device=device)
+                kept = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                             logits_to_keep=keep).logits  # (b, K, V)
+            else:
+                hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (b, T, H)
         for row, i in enumerate(chunk):
             start, end = ranges[i]
             parts = []
             for lo in range(start, end, _HEAD_CHUNK):
                 hi = min(lo + _HEAD_CHUNK, end)
-                logits = head(hidden[row, lo - 1 : hi - 1]).float() / temperature  # (L, V)
-                targets = input_ids[row, lo:hi]  # (L,)
-                parts.append(logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1))
+                if whole_forward:
+                    logits = kept[row, lo - 1 - first_pos : hi - 1 - first_pos]  # (L, V)
+                else:
+                    logits = head(hidden[row, lo - 1 : hi - 1])  # (L, V)
+                log_probs = (logits.float() / temperature).log_softmax(-1)
+                parts.append(log_probs.gather(-1, input_ids[row, lo:hi, None]).squeeze(-1))
             results[i] = torch.cat(parts).cpu() if parts else torch.zeros(0)
     return results  # type: ignore[return-value]

@@ -177,6 +177,10 @@ class TeacherKLReward:
         default_stops = {i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None}
         self.stop_ids = stop_token_ids if stop_token_ids is not None else default_stops
         self._logged_teacher_pass = False
+        # Set when the teacher is sharded over ranks (FSDP: each of its forwards gathers its weights, a collective
+        # every rank must join as often): maps this rank's count of sequences for a teacher pass to the largest
+        # count over the ranks (rlt_mono.trainer).
+        self.sharded_teacher: Callable[[int], int] | None = None
         self.last_scores: list[dict] = []
         token_bytes(tokenizer, [])  # build the id -> bytes table now, not inside the first step
 
@@ -294,7 +298,9 @@ class TeacherKLReward:
                 if not s.retokenized:
                     out[i] = torch.as_tensor(lp, dtype=torch.float32).flatten()[: len(s.explanation_ids)].cpu()
         missing = [i for i, lp in enumerate(out) if lp is None]
-        if missing:
+        # Retokenized samples leave a count that differs between ranks: a rank with fewer runs one-token fillers.
+        passes = self.sharded_teacher(len(missing)) if self.sharded_teacher is not None else len(missing)
+        if passes:
             if self.teacher_model is None:
                 raise ValueError(
                     f"TeacherKLReward needs teacher log-probs for {len(missing)} completions (none given, or "
@@ -307,14 +313,18 @@ class TeacherKLReward:
                              "steps are misaligned)", len(missing))
                 self._logged_teacher_pass = True
             prompt_ids = [self.tokenizer(prompts[i])["input_ids"] for i in missing]
+            sequences = [p + samples[i].explanation_ids for p, i in zip(prompt_ids, missing)]
+            ranges = [(len(p), len(p) + len(samples[i].explanation_ids)) for p, i in zip(prompt_ids, missing)]
+            fillers = passes - len(missing)
             with self.model_context(self.teacher_model):
                 computed = range_log_probs(
                     self.teacher_model,
-                    [p + samples[i].explanation_ids for p, i in zip(prompt_ids, missing)],
-                    [(len(p), len(p) + len(samples[i].explanation_ids)) for p, i in zip(prompt_ids, missing)],
+                    sequences + [[self.pad_token_id]] * fillers,
+                    ranges + [(1, 1)] * fillers,
                     temperature=self.teacher_temperature,
                     micro_batch_size=self.config.micro_batch_size,
                     pad_token_id=self.pad_token_id,
+                    whole_forward=self.sharded_teacher is not None,
                 )
             for i, lp in zip(missing, computed):
                 out[i] = lp
