@@ -479,11 +479,14 @@ def card_of(card_gib: float | None):
         yield 0.0
         return
     torch.cuda.empty_cache()  # what building the models left cached goes back to the device first
-    before = torch.cuda.device_memory_used(0)
+    from rlt_mono import launch
+
+    gpu = launch.local_rank()  # a dp rank's own GPU (0 outside a launch)
+    before = torch.cuda.device_memory_used(gpu)
     ready = Path(tempfile.mkdtemp()) / "ready"
     code = ("import sys, time, torch\n"
-            "free, _ = torch.cuda.mem_get_info()\n"
-            f"hold = torch.empty(free - int({card_gib} * 2**30), dtype=torch.uint8, device='cuda')\n"
+            f"free, _ = torch.cuda.mem_get_info({gpu})\n"
+            f"hold = torch.empty(free - int({card_gib} * 2**30), dtype=torch.uint8, device='cuda:{gpu}')\n"
             f"open({str(ready)!r}, 'w').close()\n"
             "time.sleep(86400)\n")
     blocker = subprocess.Popen([sys.executable, "-c", code])
@@ -492,8 +495,8 @@ def card_of(card_gib: float | None):
             if blocker.poll() is not None:
                 raise RuntimeError(f"the --card-gib blocker exited with code {blocker.returncode}")
             time.sleep(0.2)
-        held = (torch.cuda.device_memory_used(0) - before) / 2**30
-        free, _ = torch.cuda.mem_get_info()
+        held = (torch.cuda.device_memory_used(gpu) - before) / 2**30
+        free, _ = torch.cuda.mem_get_info(gpu)
         logger.info("--card-gib %s: %.2f GiB free for the run, %.2f GiB held by others", card_gib, free / 2**30, held)
         yield held
     finally:
