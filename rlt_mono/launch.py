@@ -229,6 +229,49 @@ BITSANDBYTES_OPTIMIZERS = frozenset({
     "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw_8bit", "galore_adamw_8bit_layerwise"})
 
 
+def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) -> str:
+    """What this machine's GPU ranks of the RL stage pin in CPU memory (``memory.host_pinned_terms``: each rank its
+    own offloaded reference and student, and its teacher aside), as a line for the log. ``ConfigError`` when that
+    alone is more than the ``available`` bytes (None: unknown, not checked): the ranks would be killed while loading.
+    """
+    from rlt_mono import fit, memory
+    from rlt_mono.build import load_config, model_path
+
+    if cfg.stage != "teacher_rlt" or plan.gpus == 0:  # SFT pins nothing; CPU ranks keep every model where it is
+        return ""
+    archs = {group: memory.Arch.from_config(load_config(model_path(cfg[group], cfg.seed, group),
+                                                        f"{group}.model_name_or_path").to_dict())
+             for group in ("model", "student")}
+    # The card's size plays no part in what a rank pins on the CPU.
+    settings = fit.settings_from_config(cfg, total_gib=0.0, teacher=archs["model"], student=archs["student"])
+    terms = memory.host_pinned_terms(settings)
+    per_rank = sum(nbytes for _, nbytes in terms)
+    need = per_rank * plan.processes
+    parts = ", ".join(f"{what} {nbytes / memory.GIB:.2f}" for what, nbytes in terms) or "nothing"
+    line = (f"CPU memory: {plan.processes} rank{'s' * (plan.processes > 1)} x {per_rank / memory.GIB:.2f} GiB "
+            f"pinned ({parts}) = {need / memory.GIB:.2f} GiB")
+    if available is None:
+        return line
+    line += f" of {available / memory.GIB:.2f} GiB available"
+    if need > available:
+        raise ConfigError(f"{line}: the ranks would run out of CPU memory while loading; use fewer ranks "
+                          "(placement.num_processes), placement.strategy=fsdp2 (the reference stays on the GPUs), "
+                          "or keep models on the GPU (placement.offload_student=false, "
+                          "trainer.offload_actor_in_generation=false)")
+    return line
+
+
+def available_host_memory() -> int | None:
+    """This machine's available memory in bytes (``MemAvailable`` of /proc/meminfo), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def check_strategy(cfg: DictConfig, gpus: int) -> None:
     """What ``placement.strategy`` cannot run with, as a one-line ``ConfigError`` (checked by the launcher and,
     for a rank started without it such as a benchmark's, when the trainer is built)."""
@@ -272,6 +315,7 @@ def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int
     for group in ("model", "student"):  # built or dequantized once, here, instead of by every rank at once
         if cfg.get(group) is not None:
             model_path(cfg[group], cfg.seed, group)
+    host = check_host_memory(cfg, plan, available_host_memory())
     resuming = cfg.resume_from_checkpoint not in (None, False)
     if plan.machine_rank == 0:
         output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
@@ -279,7 +323,7 @@ def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int
     else:  # machine 0 checks the shared folder; the others only need its name
         output_dir = Path(cfg.output_dir)
     overrides = [o for o in overrides if not o.startswith("output_dir=")] + [f"output_dir={output_dir}"]
-    logger.info("\n%s", plan.table(cfg))
+    logger.info("\n%s", plan.table(cfg) + (f"\n  {host}" if host else ""))
     command = plan.command(config, overrides)
     logger.info("starting the ranks: accelerate launch %s", " ".join(command[3:]))
     with tempfile.TemporaryDirectory(prefix="rlt_mono_ranks_") as errors_dir:

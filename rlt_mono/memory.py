@@ -442,6 +442,23 @@ def start_bytes(s: Settings) -> int:
     return pool_bytes(s) + weights + int(s.startup_context_gib * GIB)
 
 
+def host_pinned_terms(s: Settings) -> list[tuple[str, int]]:
+    """What one process pins in CPU memory for the whole run (``rlt_mono.swapper``): the offloaded reference (a
+    full fine-tune's copy; a sharded one stays on the GPU) and student, and with ``offload_actor_in_generation`` the
+    teacher's weights, gradients and optimizer state. A lower bound of its CPU memory: loading the models, the
+    libraries and vLLM's process come on top. Every ``placement=dp`` rank of a machine pins its own."""
+    terms = []
+    if s.offload_reference and not s.sharded and not s.lora_r:
+        terms.append(("reference", weight_bytes(s.teacher, s.teacher_dtype)))
+    if s.offload_student:
+        terms.append(("student", weight_bytes(s.student, s.student_dtype)))
+    if s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded:
+        optimizer = optimizer_bytes(s.teacher, master_dtype(s), s.optim,
+                                    (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None)
+        terms.append(("teacher aside", teacher_weight_bytes(s) + gradient_bytes(s) + optimizer))
+    return terms
+
+
 def merge_buffer_bytes(s: Settings) -> int:
     """A LoRA teacher's weight sync merges one layer at a time (``lora.merged_named_params``): the base weight in
     float32, the adapter's float32 update and the result in the dtype, ``max(in x out) x (4 + 4 + dtype bytes)``."""

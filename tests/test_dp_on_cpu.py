@@ -296,3 +296,21 @@ def test_sft_on_two_ranks_writes_one_run(tmp_path):
     assert summary["steps"] == 4 and summary["heldout_loss_after"] is not None
     assert {"rng_state_0.pth", "rng_state_1.pth", "optimizer.pt"} <= {p.name for p in (out / "checkpoint-4").iterdir()}
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_gpu_ranks_pinning_more_cpu_memory_than_the_machine_has_stop_before_starting():
+    # 4 GPU ranks of the tiny pair (141,568 float32 parameters each): each pins its reference and its student.
+    cfg = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny"])
+    plan = launch.plan_launch(cfg, 4)
+    per_rank = 2 * 141_568 * 4
+    line = launch.check_host_memory(cfg, plan, available=4 * per_rank)
+    assert line.startswith("CPU memory: 4 ranks x 0.00 GiB pinned (reference 0.00, student 0.00) = 0.00 GiB of")
+    with pytest.raises(ConfigError, match=r"CPU memory: 4 ranks .* the ranks would run out of CPU memory while "
+                                          r"loading; use fewer ranks \(placement.num_processes\)"):
+        launch.check_host_memory(cfg, plan, available=4 * per_rank - 1)
+    # the teacher set aside in generation is pinned too; SFT and CPU ranks pin nothing
+    aside = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny",
+                                         "trainer.offload_actor_in_generation=true", "trainer.optim=adamw_torch"])
+    with pytest.raises(ConfigError):
+        launch.check_host_memory(aside, plan, available=4 * per_rank)
+    assert launch.check_host_memory(cfg, launch.plan_launch(cfg, 0), available=0) == ""

@@ -373,3 +373,15 @@ def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatc
                                     arch="0.5b").data_parallel_ranks == 1  # one CPU rank, as the launcher starts
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1
+
+
+def test_what_a_process_pins_on_the_cpu_by_hand():
+    weights = 1480 * 4  # the tiny pair in float32
+    assert memory.host_pinned_terms(tiny_settings()) == [("reference", weights), ("student", weights)]
+    # the actor aside: weights, gradients and adamw_torch's two float32 states
+    aside = memory.host_pinned_terms(tiny_settings(offload_actor_in_generation=True, offload_student=False))
+    assert aside == [("reference", weights), ("teacher aside", weights + weights + 2 * weights)]
+    # a sharded reference stays on the GPU (and no aside); a LoRA teacher has no reference copy
+    assert memory.host_pinned_terms(tiny_settings(sharded=True, data_parallel_ranks=2,
+                                                  offload_actor_in_generation=True)) == [("student", weights)]
+    assert memory.host_pinned_terms(tiny_settings(lora_r=2, offload_reference=True)) == [("student", weights)]
