@@ -259,6 +259,9 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
         env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert f"all {ranks} ranks finished" in done.stderr
+    # each rank pins its reference and student (the bf16 pair: 2 x 283,136 bytes): the launcher logged the sum
+    pinned = f"CPU memory: {ranks} rank{'s' * (ranks > 1)} x 0.00 GiB pinned (reference 0.00, student 0.00)"
+    assert pinned in done.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["event"] == "step"]
     assert [r["step"] for r in steps] == [1, 2]
