@@ -10,7 +10,8 @@
 # Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log and $OUT/gpu_tests_<n>.log (n: GPUs the tests saw).
 set -euo pipefail
 arms=$1 tests=${2:-}
-eval "$(bash .gpu-stack/call-3/install_gpu_stack.sh | tail -1)"
+stack=$(bash .gpu-stack/call-3/install_gpu_stack.sh | tail -1)  # stops here (set -e) if the install fails
+eval "$stack"
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
 name=${arms//[:,]/_}

@@ -230,10 +230,13 @@ BITSANDBYTES_OPTIMIZERS = frozenset({
 
 
 def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) -> str:
-    """What this machine's GPU ranks of the RL stage pin in CPU memory (``memory.host_pinned_terms``: each rank its
-    own offloaded reference and student, and its teacher aside), as a line for the log. ``ConfigError`` when that
-    alone is more than the ``available`` bytes (None: unknown, not checked): the ranks would be killed while loading.
-    """
+    """What this machine's GPU ranks of the RL stage hold in CPU memory (``memory.host_memory_terms``: each rank its
+    own offloaded reference and student, its teacher aside, a sharded teacher's whole copies while loading), as a
+    line for the log. ``ConfigError`` when that alone is more than the ``available`` bytes (None: unknown, not
+    checked): the ranks would be killed while loading. Under ``memory=auto`` a rank may set its teacher aside: a
+    warning when that would not fit."""
+    import dataclasses
+
     from rlt_mono import fit, memory
     from rlt_mono.build import load_config, model_path
 
@@ -242,22 +245,30 @@ def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) 
     archs = {group: memory.Arch.from_config(load_config(model_path(cfg[group], cfg.seed, group),
                                                         f"{group}.model_name_or_path").to_dict())
              for group in ("model", "student")}
-    # The card's size plays no part in what a rank pins on the CPU.
+    # The card's size plays no part in what a rank holds on the CPU.
     settings = fit.settings_from_config(cfg, total_gib=0.0, teacher=archs["model"], student=archs["student"])
-    terms = memory.host_pinned_terms(settings)
-    per_rank = sum(nbytes for _, nbytes in terms)
-    need = per_rank * plan.processes
+    terms = memory.host_memory_terms(settings)
+    ranks = plan.processes
+    need = ranks * sum(nbytes for _, nbytes in terms)
     parts = ", ".join(f"{what} {nbytes / memory.GIB:.2f}" for what, nbytes in terms) or "nothing"
-    line = (f"CPU memory: {plan.processes} rank{'s' * (plan.processes > 1)} x {per_rank / memory.GIB:.2f} GiB "
-            f"pinned ({parts}) = {need / memory.GIB:.2f} GiB")
+    line = (f"CPU memory: {ranks} rank{'s' * (ranks > 1)} x {need / ranks / memory.GIB:.2f} GiB ({parts}) = "
+            f"{need / memory.GIB:.2f} GiB")
+    aside = ranks * sum(nbytes for _, nbytes in memory.host_memory_terms(
+        dataclasses.replace(settings, offload_actor_in_generation=True)))
+    may_aside = cfg.get("memory") == "auto" and aside > need
+    if may_aside:
+        line += f", {aside / memory.GIB:.2f} GiB if memory=auto sets the teacher aside"
     if available is None:
         return line
-    line += f" of {available / memory.GIB:.2f} GiB available"
+    line += f"; {available / memory.GIB:.2f} GiB available"
     if need > available:
+        advice = ", trainer.offload_actor_in_generation=false" if settings.offload_actor_in_generation else ""
         raise ConfigError(f"{line}: the ranks would run out of CPU memory while loading; use fewer ranks "
-                          "(placement.num_processes), placement.strategy=fsdp2 (the reference stays on the GPUs), "
-                          "or keep models on the GPU (placement.offload_student=false, "
-                          "trainer.offload_actor_in_generation=false)")
+                          f"(placement.num_processes) or keep the student on the GPU (placement.offload_student="
+                          f"false{advice})")
+    if may_aside and aside > available:
+        logger.warning("%s: if memory=auto sets the teacher aside on this card, the ranks run out of CPU memory; "
+                       "memory=manual keeps the configured settings", line)
     return line
 
 

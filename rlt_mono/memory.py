@@ -397,6 +397,16 @@ def reward_head_bytes(arch: Arch, length: int, dtype: str) -> int:
     return min(length, _REWARD_HEAD_CHUNK) * arch.vocab_size * (DTYPE_BYTES[dtype] + 8)
 
 
+def teacher_pass_logits_bytes(s: Settings) -> int:
+    """A sharded teacher's reward pass goes through the model's own forward (``range_log_probs(whole_forward=
+    True)``, so that FSDP gathers its weights), which returns the logits of every position the micro-batch's
+    explanations span, at most the completion: ``reward.micro_batch_size x max_completion_length x V`` in the
+    dtype, held while the head's chunks are taken from them."""
+    if not s.sharded:
+        return 0
+    return s.reward_micro_batch_size * s.max_completion_length * s.teacher.vocab_size * DTYPE_BYTES[s.teacher_dtype]
+
+
 def no_grad_pass_bytes(arch: Arch, dtype: str, batch: int, length: int, act: int, head: int) -> int:
     """A no-grad scoring forward of ``batch`` sequences of ``length`` tokens: the decoder's final hidden states
     ``batch x length x H`` (kept for the head), one layer's live activations
@@ -430,25 +440,29 @@ def beyond_pool_bytes(vllm_weights: int) -> int:
 
 def start_bytes(s: Settings) -> int:
     """What vLLM's engine start needs free: it refuses to start unless ``vllm_gpu_memory_utilization x total`` is
-    free, and the trainer's teacher is already on the GPU then, with the reference copy of a full fine-tune (the
-    student is not, and there is no optimizer state yet): the pool, those weights as loaded (no fragmentation
-    yet) and ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``). Measured on the GPU machine: a 7B pair under a
-    48 GiB card left 18.89 GiB free at vLLM's start, teacher and reference 2 x 14.19 GiB and 0.73 GiB besides.
-    A sharded teacher and its reference are still on the CPU then: transformers leaves a model it trains under FSDP
-    where it is for accelerate to shard and move, and TRL shards the reference after vLLM has started."""
+    free, and the trainer's teacher is already on the GPU then (the reference and student are not, and there is no
+    optimizer state yet): the pool, the teacher's weights as loaded (no fragmentation yet) and
+    ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``, measured on the GPU machine: 0.73 GiB beside a 7B pair's
+    weights). TRL loads the reference on the CPU in the one-rank distributed run rlt_mono sets up (a ``placement=dp``
+    rank's too) and moves it after vLLM has started (``tests/test_gpu.py``
+    ``test_vllm_starts_beside_the_teacher_alone``). A sharded teacher is still on the CPU then too: transformers
+    leaves a model it trains under FSDP where it is for accelerate to shard and move."""
     if s.sharded:
         return pool_bytes(s) + int(s.startup_context_gib * GIB)
-    weights = teacher_weight_bytes(s) + (0 if s.lora_r else weight_bytes(s.teacher, s.teacher_dtype))
-    return pool_bytes(s) + weights + int(s.startup_context_gib * GIB)
+    return pool_bytes(s) + teacher_weight_bytes(s) + int(s.startup_context_gib * GIB)
 
 
-def host_pinned_terms(s: Settings) -> list[tuple[str, int]]:
-    """What one process pins in CPU memory for the whole run (``rlt_mono.swapper``): the offloaded reference (a
-    full fine-tune's copy; a sharded one stays on the GPU) and student, and with ``offload_actor_in_generation`` the
-    teacher's weights, gradients and optimizer state. A lower bound of its CPU memory: loading the models, the
-    libraries and vLLM's process come on top. Every ``placement=dp`` rank of a machine pins its own."""
+def host_memory_terms(s: Settings) -> list[tuple[str, int]]:
+    """What one process holds in CPU memory at once, as far as the models' sizes tell: pinned for the whole run
+    (``rlt_mono.swapper``), the offloaded reference (a full fine-tune's copy) and student, and with
+    ``offload_actor_in_generation`` the teacher's weights, gradients and optimizer state. A sharded teacher and its
+    reference instead wait whole on the CPU until accelerate and TRL shard them (transformers leaves a model it
+    trains under FSDP where it is; TRL loads the reference on the CPU): two whole copies while the process loads.
+    A lower bound: the libraries and vLLM's process come on top. Every ``placement=dp`` rank holds its own."""
     terms = []
-    if s.offload_reference and not s.sharded and not s.lora_r:
+    if s.sharded:
+        terms.append(("teacher and reference while loading", 2 * weight_bytes(s.teacher, s.teacher_dtype)))
+    elif s.offload_reference and not s.lora_r:
         terms.append(("reference", weight_bytes(s.teacher, s.teacher_dtype)))
     if s.offload_student:
         terms.append(("student", weight_bytes(s.student, s.student_dtype)))
@@ -526,7 +540,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
         "student pass": (student_w if s.offload_student else 0, no_grad_pass_bytes(
             s.student, s.student_dtype, reward_b, length, act, reward_head_bytes(s.student, completion,
                                                                                 s.student_dtype))),
-        "teacher pass": (0, gathered + dequantize_bytes(s) + no_grad_pass_bytes(
+        "teacher pass": (0, gathered + dequantize_bytes(s) + teacher_pass_logits_bytes(s) + no_grad_pass_bytes(
             s.teacher, s.teacher_dtype, reward_b, length, act, reward_head_bytes(s.teacher, completion,
                                                                                 s.teacher_dtype))),
     }

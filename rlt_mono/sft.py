@@ -51,7 +51,7 @@ from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import RunFilesCallback
+from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
 from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def run_sft(cfg: DictConfig) -> Path:
         trainer.train(resume_from_checkpoint=run.resume_checkpoint)
         after = _heldout_loss_after(trainer) if measured else None
         final = checkpoints.save_final(trainer, output_dir)
-    before = _heldout_loss_before(trainer) if measured else None
+    before = _heldout_loss_before(trainer, output_dir) if measured else None
     train_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     summary = {
         "stage": run.stage,
@@ -307,11 +307,14 @@ def count_truncated(dataset: datasets.Dataset, num_rows: int, eos_token_id: int)
     return num_rows - kept_whole
 
 
-def _heldout_loss_before(trainer: trl.SFTTrainer) -> float | None:
+def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path) -> float | None:
     """Held-out loss of the model before training: the step-0 evaluation ``eval_on_start`` ran inside ``train()``
-    (``build_sft``), kept in the trainer's history, which a resumed run reloads from its checkpoint."""
-    return next((row["eval_loss"] for row in trainer.state.log_history
-                 if row.get("step") == 0 and "eval_loss" in row), None)
+    (``build_sft``), kept in the trainer's history, which a resumed run reloads from its checkpoint. A checkpoint
+    of an earlier rlt_mono, which measured it before ``train()``, has it only in the run's metrics.jsonl."""
+    rows = trainer.state.log_history
+    if not any(row.get("step") == 0 and "eval_loss" in row for row in rows) and (output_dir / METRICS_FILE).exists():
+        rows = read_metrics(output_dir / METRICS_FILE, EVAL_EVENT)
+    return next((row["eval_loss"] for row in rows if row.get("step") == 0 and "eval_loss" in row), None)
 
 
 def _heldout_loss_after(trainer: trl.SFTTrainer) -> float:

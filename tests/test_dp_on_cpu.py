@@ -298,19 +298,28 @@ def test_sft_on_two_ranks_writes_one_run(tmp_path):
     assert (out / "final" / "model.safetensors").is_file()
 
 
-def test_gpu_ranks_pinning_more_cpu_memory_than_the_machine_has_stop_before_starting():
+def test_gpu_ranks_holding_more_cpu_memory_than_the_machine_has_stop_before_starting(caplog):
     # 4 GPU ranks of the tiny pair (141,568 float32 parameters each): each pins its reference and its student.
-    cfg = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny"])
+    cfg = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny", "memory=manual"])
     plan = launch.plan_launch(cfg, 4)
     per_rank = 2 * 141_568 * 4
     line = launch.check_host_memory(cfg, plan, available=4 * per_rank)
-    assert line.startswith("CPU memory: 4 ranks x 0.00 GiB pinned (reference 0.00, student 0.00) = 0.00 GiB of")
+    assert line.startswith("CPU memory: 4 ranks x 0.00 GiB (reference 0.00, student 0.00) = 0.00 GiB; 0.00 GiB "
+                           "available")
     with pytest.raises(ConfigError, match=r"CPU memory: 4 ranks .* the ranks would run out of CPU memory while "
                                           r"loading; use fewer ranks \(placement.num_processes\)"):
         launch.check_host_memory(cfg, plan, available=4 * per_rank - 1)
-    # the teacher set aside in generation is pinned too; SFT and CPU ranks pin nothing
-    aside = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny",
+    # the teacher set aside in generation is held too (weights, gradients, two float32 Adam states: 4 copies)
+    aside = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny", "memory=manual",
                                          "trainer.offload_actor_in_generation=true", "trainer.optim=adamw_torch"])
-    with pytest.raises(ConfigError):
-        launch.check_host_memory(aside, plan, available=4 * per_rank)
+    with pytest.raises(ConfigError, match="trainer.offload_actor_in_generation=false"):
+        launch.check_host_memory(aside, plan, available=4 * per_rank * 3 - 1)
+    assert launch.check_host_memory(aside, plan, available=4 * per_rank * 3)
+    # memory=auto may set the teacher aside in each rank: the line says so, and a warning when that would not fit
+    auto = compose("teacher_rlt_mono", ["placement=dp", "model=tiny", "student=tiny", "memory=auto",
+                                        "trainer.optim=adamw_torch"])
+    with caplog.at_level("WARNING", logger="rlt_mono.launch"):
+        assert "GiB if memory=auto sets the teacher aside" in launch.check_host_memory(auto, plan, 4 * per_rank)
+    assert "the ranks run out of CPU memory" in caplog.text
+    # SFT and CPU ranks hold nothing on the CPU for the run
     assert launch.check_host_memory(cfg, launch.plan_launch(cfg, 0), available=0) == ""

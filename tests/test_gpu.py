@@ -45,7 +45,21 @@ def gpu_run(bf16_pair, tmp_path_factory):
         "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2", "trainer.learning_rate=5e-3",
         "trainer.sync_ref_model=false",
     ])
-    trainer = build_trainer(cfg)
+    import trl.trainer.grpo_trainer as grpo
+
+    at_vllm_start = []  # bytes torch had allocated on the GPU since before the build, when vLLM's engine started
+    engine, before = grpo.VLLMGeneration, torch.cuda.memory_allocated()
+
+    class Starting(engine):
+        def __init__(self, *args, **kwargs):
+            at_vllm_start.append(torch.cuda.memory_allocated() - before)
+            super().__init__(*args, **kwargs)
+
+    grpo.VLLMGeneration = Starting
+    try:
+        trainer = build_trainer(cfg)
+    finally:
+        grpo.VLLMGeneration = engine
     seen = []  # (model id, device while resident, bytes added to the GPU while resident)
 
     def spying(context):
@@ -64,7 +78,7 @@ def gpu_run(bf16_pair, tmp_path_factory):
     trainer.teacher_reward.model_context = spying(trainer.teacher_reward.model_context)
     greedy_before = _greedy(trainer)
     trainer.train()
-    yield trainer, out, seen, greedy_before
+    yield trainer, out, seen, greedy_before, at_vllm_start
 
 
 def _greedy(trainer):
@@ -87,7 +101,7 @@ def _all_on_cpu_pinned(model):
 
 
 def test_frozen_models_live_on_cpu_outside_their_phase(gpu_run):
-    trainer, _, seen, _ = gpu_run
+    trainer, _, seen, _, _ = gpu_run
     student, reference = trainer.teacher_reward.student_model, trainer.ref_model
     assert _all_on_cpu_pinned(student) and _all_on_cpu_pinned(reference)
     assert next(trainer.model.parameters()).device.type == "cuda"
@@ -103,7 +117,7 @@ def test_frozen_models_live_on_cpu_outside_their_phase(gpu_run):
 def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
     from rlt_mono.outputs import read_metrics
 
-    trainer, out, _, _ = gpu_run
+    trainer, out, _, _, _ = gpu_run
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -120,7 +134,7 @@ def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
 def test_colocated_vllm_gets_the_one_call_sync_and_the_reward_reuses_policy_log_probs(gpu_run):
     from rlt_mono.outputs import read_metrics
 
-    trainer, out, seen, _ = gpu_run
+    trainer, out, seen, _, _ = gpu_run
     # vLLM importance sampling (TRL's default) makes TRL compute its policy log-probs in every generation batch.
     assert trainer.trl_surface.one_call_sync and trainer.trl_surface.reuses_policy_log_probs
     assert trainer.trl_surface.expects_policy_log_probs
@@ -135,8 +149,16 @@ def test_colocated_vllm_gets_the_one_call_sync_and_the_reward_reuses_policy_log_
 
 
 def test_weight_sync_is_visible_in_vllm_greedy_output(gpu_run):
-    trainer, _, _, greedy_before = gpu_run
+    trainer, _, _, greedy_before, _ = gpu_run
     assert _greedy(trainer) != greedy_before
+
+
+def test_vllm_starts_beside_the_teacher_alone(gpu_run):
+    """What memory.start_bytes counts beside vLLM's pool when its engine starts: the teacher's weights, not the
+    reference (TRL loads it on the CPU in the one-rank distributed run rlt_mono sets up, and moves it after)."""
+    trainer, _, _, _, at_vllm_start = gpu_run
+    teacher = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert len(at_vllm_start) == 1 and teacher <= at_vllm_start[0] < 1.5 * teacher
 
 
 @pytest.mark.gpu2
@@ -260,7 +282,7 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert f"all {ranks} ranks finished" in done.stderr
     # each rank pins its reference and student (the bf16 pair: 2 x 283,136 bytes): the launcher logged the sum
-    pinned = f"CPU memory: {ranks} rank{'s' * (ranks > 1)} x 0.00 GiB pinned (reference 0.00, student 0.00)"
+    pinned = f"CPU memory: {ranks} rank{'s' * (ranks > 1)} x 0.00 GiB (reference 0.00, student 0.00)"
     assert pinned in done.stderr
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["event"] == "step"]

@@ -299,16 +299,16 @@ def test_placement_auto_is_planned_as_mono_and_split_is_refused():
 
 def test_vllm_start_needs_its_pool_free_beside_the_teacher():
     # With the actor aside, GENERATE holds the pool and vLLM's extra (0.4 x 5920 = 2368 bytes). vLLM starts while
-    # the teacher and its reference copy (2 x 5920 bytes) are on the GPU, and needs its pool free beside them.
+    # the teacher (5920 bytes; the reference is still on the CPU) is on the GPU, and needs its pool free beside it.
     pool = GIB // 2
-    free = (pool + 2 * 5920 - 1) / GIB
+    free = (pool + 5920 - 1) / GIB
     result = plan(tiny_settings(total_gib=1.0, free_gib=free, offload_actor_in_generation=True))
-    assert memory.start_bytes(result.settings) == pool + 2 * 5920
+    assert memory.start_bytes(result.settings) == pool + 5920
     assert result.phases["GENERATE"].bytes == pool + 2368 and result.peak.gib <= free
     assert not result.starts and not result.fits and not fit.fits(result.settings)
     assert result.refusal().startswith("vLLM's start needs 0.5 GiB free (its pool 0.50 GiB beside the teacher's")
     assert plan(tiny_settings(total_gib=1.0, free_gib=free + 1 / GIB, offload_actor_in_generation=True)).fits
-    # a LoRA teacher has no reference copy: its own weights (5920 + float32 adapters 512 x 4) are what vLLM meets;
+    # a LoRA teacher: its own weights (5920 + float32 adapters 512 x 4) are what vLLM meets;
     # the process's own 0.75 GiB (measured) is added by default
     lora = tiny_settings(total_gib=1.0, offload_actor_in_generation=True, lora_r=2, startup_context_gib=0.75)
     assert memory.start_bytes(lora) == pool + 5920 + 2048 + int(0.75 * GIB)
@@ -342,6 +342,9 @@ def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
     assert score["reference pass activations"] == 5920 + 17408 and "reference weights (swapped in)" not in score
     # vLLM starts while the teacher and reference wait on the CPU for accelerate and TRL to shard them.
     assert memory.start_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == pool
+    # the reward's pass on a sharded teacher keeps the logits of its micro-batch's completions (1 x 12 x 32 float32)
+    assert memory.teacher_pass_logits_bytes(tiny_settings(data_parallel_ranks=2, sharded=True)) == 12 * 32 * 4
+    assert memory.teacher_pass_logits_bytes(tiny_settings()) == 0
     # bf16: accelerate upcasts the trained weights to float32 masters (gradients and Adam states follow); the
     # reference stays bfloat16. Halved over 2 ranks: weights 1480 x 4 / 2, Adam 2 x 1480 x 4 / 2, reference
     # 1480 x 2 / 2; the gathered units are bfloat16 (1480 x 2).
@@ -375,13 +378,15 @@ def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatc
     assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1
 
 
-def test_what_a_process_pins_on_the_cpu_by_hand():
+def test_what_a_process_holds_on_the_cpu_by_hand():
     weights = 1480 * 4  # the tiny pair in float32
-    assert memory.host_pinned_terms(tiny_settings()) == [("reference", weights), ("student", weights)]
+    assert memory.host_memory_terms(tiny_settings()) == [("reference", weights), ("student", weights)]
     # the actor aside: weights, gradients and adamw_torch's two float32 states
-    aside = memory.host_pinned_terms(tiny_settings(offload_actor_in_generation=True, offload_student=False))
+    aside = memory.host_memory_terms(tiny_settings(offload_actor_in_generation=True, offload_student=False))
     assert aside == [("reference", weights), ("teacher aside", weights + weights + 2 * weights)]
-    # a sharded reference stays on the GPU (and no aside); a LoRA teacher has no reference copy
-    assert memory.host_pinned_terms(tiny_settings(sharded=True, data_parallel_ranks=2,
-                                                  offload_actor_in_generation=True)) == [("student", weights)]
-    assert memory.host_pinned_terms(tiny_settings(lora_r=2, offload_reference=True)) == [("student", weights)]
+    # sharded: the teacher and its reference wait whole on the CPU until they are sharded (and there is no aside)
+    assert memory.host_memory_terms(tiny_settings(sharded=True, data_parallel_ranks=2,
+                                                  offload_actor_in_generation=True)) == [
+        ("teacher and reference while loading", 2 * weights), ("student", weights)]
+    # a LoRA teacher has no reference copy
+    assert memory.host_memory_terms(tiny_settings(lora_r=2, offload_reference=True)) == [("student", weights)]

@@ -11,6 +11,7 @@ import torch
 import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlt_mono import checkpoints
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.data import DataConfig, load_split
 from rlt_mono.errors import UserError
@@ -114,6 +115,13 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     assert all(not torch.equal(p, start_weights[n]) for n, p in final.named_parameters())
 
     # resume from the step-4 checkpoint up to step 6: each step is logged once, the "before" loss is the first start's
+    # (the checkpoint's history stripped of it, as an earlier rlt_mono's was: read back from metrics.jsonl)
+    state_file = out / "checkpoint-4" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    state["log_history"] = [row for row in state["log_history"] if row.get("step") != 0]
+    state_file.write_text(json.dumps(state))
+    (state_file.parent / checkpoints.MANIFEST).unlink()
+    checkpoints.write_manifest(state_file.parent, 4)  # the checkpoint stays verified
     run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=6", "resume_from_checkpoint=true"]))
     resumed = json.loads((out / SUMMARY_FILE).read_text())
     assert resumed["steps"] == 6 and resumed["heldout_loss_before"] == summary["heldout_loss_before"]

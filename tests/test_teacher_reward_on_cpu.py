@@ -135,9 +135,9 @@ def test_sharded_teacher_runs_as_many_forwards_as_the_busiest_rank_with_the_same
     sharded = TeacherKLReward(student, tokenizer, config, teacher_model=teacher)
     asked = []
 
-    def busiest_rank(count):  # another rank has 5 completions for the teacher pass
-        asked.append(count)
-        return 5
+    def busiest_rank(forwards):  # another rank runs 3 teacher forwards
+        asked.append(forwards)
+        return 3
 
     sharded.sharded_teacher = busiest_rank
     forwards = []
@@ -147,8 +147,8 @@ def test_sharded_teacher_runs_as_many_forwards_as_the_busiest_rank_with_the_same
         rewards = sharded(**batch)
     finally:
         hook.remove()
-    assert asked == [3]
-    assert forwards == [2, 2, 1]  # 3 completions + 2 fillers in micro-batches of 2, through the model's forward
+    assert asked == [2]  # 3 completions in micro-batches of 2
+    assert forwards == [2, 2, 2]  # the 3 completions and 3 one-token fillers, through the model's forward
     assert rewards == pytest.approx(plain, abs=1e-5)
 
 

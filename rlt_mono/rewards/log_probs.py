@@ -2,7 +2,9 @@
 
 Sequences are sorted by length and run in right-padded micro-batches through the model's decoder; the
 language-model head is applied only to the hidden states that predict the requested tokens, in chunks, so
-a 4K-token completion with a 152K vocabulary never builds a ``(B, T, V)`` tensor.
+a 4K-token completion with a 152K vocabulary never builds a ``(B, T, V)`` tensor. The one exception is
+``whole_forward`` (a sharded teacher, whose own forward must run): it keeps the logits of the positions the
+micro-batch's ranges span (counted by ``rlt_mono.memory.teacher_pass_logits_bytes``).
 """
 
 from __future__ import annotations

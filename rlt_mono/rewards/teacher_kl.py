@@ -178,8 +178,8 @@ class TeacherKLReward:
         self.stop_ids = stop_token_ids if stop_token_ids is not None else default_stops
         self._logged_teacher_pass = False
         # Set when the teacher is sharded over ranks (FSDP: each of its forwards gathers its weights, a collective
-        # every rank must join as often): maps this rank's count of sequences for a teacher pass to the largest
-        # count over the ranks (rlt_mono.trainer).
+        # every rank must join as often): maps this rank's count of teacher forwards to the largest count over the
+        # ranks (rlt_mono.trainer).
         self.sharded_teacher: Callable[[int], int] | None = None
         self.last_scores: list[dict] = []
         token_bytes(tokenizer, [])  # build the id -> bytes table now, not inside the first step
@@ -298,9 +298,13 @@ class TeacherKLReward:
                 if not s.retokenized:
                     out[i] = torch.as_tensor(lp, dtype=torch.float32).flatten()[: len(s.explanation_ids)].cpu()
         missing = [i for i, lp in enumerate(out) if lp is None]
-        # Retokenized samples leave a count that differs between ranks: a rank with fewer runs one-token fillers.
-        passes = self.sharded_teacher(len(missing)) if self.sharded_teacher is not None else len(missing)
-        if passes:
+        # Retokenized samples leave a count that differs between ranks (and memory=auto may give ranks different
+        # micro-batches): a rank with fewer forwards fills them with one-token sequences.
+        micro_batch = self.config.micro_batch_size
+        forwards = -(-len(missing) // micro_batch)
+        if self.sharded_teacher is not None:
+            forwards = self.sharded_teacher(forwards)
+        if forwards:
             if self.teacher_model is None:
                 raise ValueError(
                     f"TeacherKLReward needs teacher log-probs for {len(missing)} completions (none given, or "
@@ -315,14 +319,14 @@ class TeacherKLReward:
             prompt_ids = [self.tokenizer(prompts[i])["input_ids"] for i in missing]
             sequences = [p + samples[i].explanation_ids for p, i in zip(prompt_ids, missing)]
             ranges = [(len(p), len(p) + len(samples[i].explanation_ids)) for p, i in zip(prompt_ids, missing)]
-            fillers = passes - len(missing)
+            fillers = forwards * micro_batch - len(missing) if self.sharded_teacher is not None else 0
             with self.model_context(self.teacher_model):
                 computed = range_log_probs(
                     self.teacher_model,
                     sequences + [[self.pad_token_id]] * fillers,
                     ranges + [(1, 1)] * fillers,
                     temperature=self.teacher_temperature,
-                    micro_batch_size=self.config.micro_batch_size,
+                    micro_batch_size=micro_batch,
                     pad_token_id=self.pad_token_id,
                     whole_forward=self.sharded_teacher is not None,
                 )
