@@ -9,7 +9,7 @@ run generates the same number of tokens. Each mode runs in its own process (its 
     python bench/bench_mono.py rlt|trl|vllm|vllm_inproc|pcie [options]           # one mode, one JSON line
     python bench/bench_mono.py envelope --arch 0.5b --cap-gib 12 --vllm-gib 4 --micro-batches 2,4,8,16
     python bench/bench_mono.py planner --pairs 0.5b:1024,1.5b:4096:2 --steps 2 --out planner.json
-    python bench/bench_mono.py scale --arch 1.5b --arms mono:1,dp:2,split:2,dp:4 --steps 4 --out scale.json
+    python bench/bench_mono.py scale --arch 1.5b --arms mono:1,dp:2,student_gpu:2,dp:4 --steps 4 --out scale.json
     python bench/bench_mono.py <sub-command> --help                               # the options it takes
 
 Modes: ``rlt`` rlt_mono step (teacher + student of the same architecture, reference and student offloaded);
@@ -44,9 +44,10 @@ process and allocator on the GPU included) and the planner's prediction for the 
 ``planner`` runs one such child per ``--pairs`` entry ``arch:completion_length[:micro_batch]`` and adds the
 ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
-``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``arm:gpus`` (``mono:1``, ``split:2``,
-``dp:<N>``, ``fsdp2:<N>``: dp with the teacher sharded), each with ``--completions`` per GPU rank (``dp`` generates,
-scores and trains ``--completions`` on every rank; ``split`` trains one actor, its student on the second GPU); each
+``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``arm:gpus`` (``mono:1``, ``student_gpu:2``,
+``dp:<N>``, ``split:2``: the same as dp:2, ``fsdp2:<N>``: dp with the teacher sharded), each with ``--completions``
+per GPU rank (``dp`` generates, scores and trains ``--completions`` on every rank; ``student_gpu`` trains one actor,
+its student on the second GPU); each
 result reports ``completions_per_s`` (completions per step over the median step, rank 0's wall time) and
 ``speedup`` over the first arm. A ``dp`` child is this script under ``accelerate launch`` (``rlt_mono.launch``),
 one rank per GPU; rank 0 writes its result.
@@ -106,14 +107,14 @@ OPTIONS = {
     "--detokenize": dict(choices=["true", "false"], help="trainer.vllm_detokenize, in both training arms "
                          "(default: rlt_mono's config)"),
     "--score-micro-batch": dict(type=int, default=4, help="reward.micro_batch_size"),
-    "--placement": dict(choices=["mono", "split", "dp"], default="mono", help="placement (dp: one rank per GPU of "
-                        "--gpus, through accelerate launch)"),
+    "--placement": dict(choices=["mono", "student_gpu", "dp"], default="mono", help="placement (dp: one rank per "
+                        "GPU of --gpus, through accelerate launch)"),
     "--gpus": dict(type=int, default=1, help="GPUs of the run: placement dp runs one rank per GPU, each with "
                    "--completions per step (so the step has completions x gpus)"),
     "--strategy": dict(choices=["ddp", "fsdp2"], help="placement dp: placement.strategy, how the ranks hold the "
                        "teacher (default: rlt_mono's config, ddp)"),
-    "--arms": dict(default="mono:1,dp:2,split:2,dp:4", help="scale: runs, comma-separated placement:gpus (fsdp2:<N>: "
-                   "dp with the teacher sharded)"),
+    "--arms": dict(default="mono:1,dp:2,student_gpu:2,dp:4", help="scale: runs, comma-separated placement:gpus "
+                   "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded)"),
     "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
                      "share and the batch sizes (rlt_mono/fit.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
@@ -506,13 +507,13 @@ def card_of(card_gib: float | None):
 
 def predicted_peaks(cfg, trainer, arch: str) -> dict:
     """The memory planner's per-phase prediction for this run (``predicted/<phase>`` in GiB, and its table),
-    from the card's total memory and the longest prompt of the trainer's data; none for ``split``, which the
+    from the card's total memory and the longest prompt of the trainer's data; none for ``student_gpu``, which the
     planner does not cover (two GPUs)."""
     import torch
 
     from rlt_mono import fit
 
-    if cfg.placement.mode == "split":
+    if cfg.placement.mode == "student_gpu":
         return {}
 
     prompts = list(trainer.train_dataset["prompt"])
@@ -749,18 +750,21 @@ def planner(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
         yield result
 
 
-GPUS_OF = {"mono": 1, "split": 2}  # GPUs each placement uses; dp uses --gpus
-# A scale arm's name -> (placement, placement.strategy); None: the placement has no strategy.
-ARMS = {"mono": ("mono", None), "split": ("split", None), "dp": ("dp", "ddp"), "fsdp2": ("dp", "fsdp2")}
+GPUS_OF = {"mono": 1, "student_gpu": 2, "split": 2}  # GPUs each placement or arm uses; dp uses --gpus
+# A scale arm's name -> (placement, placement.strategy); None: the placement has no strategy. split is
+# cfgs/placement/split.yaml: dp over two GPUs.
+ARMS = {"mono": ("mono", None), "student_gpu": ("student_gpu", None), "split": ("dp", "ddp"), "dp": ("dp", "ddp"),
+        "fsdp2": ("dp", "fsdp2")}
 
 
 def scale_arms(text: str) -> list[tuple[str, int]]:
-    """``arm:gpus`` entries, comma-separated (``ARMS``; mono and split take 1 and 2 GPUs)."""
+    """``arm:gpus`` entries, comma-separated (``ARMS``; mono takes 1 GPU, student_gpu and split 2)."""
     arms = []
     for entry in text.split(","):
         arm, _, gpus = entry.partition(":")
         if arm not in ARMS or not gpus.isdigit() or int(gpus) < 1 or int(gpus) != GPUS_OF.get(arm, int(gpus)):
-            raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, split:2, dp:<N> or fsdp2:<N>")
+            raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, student_gpu:2, split:2, dp:<N> or "
+                             "fsdp2:<N>")
         arms.append((arm, int(gpus)))
     return arms
 
@@ -805,7 +809,7 @@ def main(argv: list[str] | None = None) -> int:
         from rlt_mono import launch
 
         if a.command == "rlt" and a.gpus != GPUS_OF.get(a.placement, max(a.gpus, 1)):
-            parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, split 2, dp 1 or more")
+            parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, student_gpu 2, dp 1 or more")
         if a.command == "rlt" and a.strategy is not None and a.placement != "dp":
             parser.error(f"--strategy {a.strategy} is placement dp's (how its ranks hold the teacher): add "
                          "--placement dp")

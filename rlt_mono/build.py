@@ -53,7 +53,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         launch.check_strategy(cfg, gpus=int(placement.device(Role.ACTOR).startswith("cuda")))
     if placement.device(Role.ACTOR).startswith("cuda"):
         # Before the trainer's config picks its device: without these variables transformers counts every visible
-        # GPU as nn.DataParallel's (split sees two), which TRL refuses; a dp rank keeps its launcher's values.
+        # GPU as nn.DataParallel's (student_gpu sees two), which TRL refuses; a dp rank keeps its launcher's values.
         ensure_single_process_distributed_env()
     # ---- typed configs: every value checked before a model loads ---------------------------------------
     args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")

@@ -301,8 +301,8 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
     default to ``arch_for`` the model and student groups."""
     if cfg.get("stage") != "teacher_rlt":
         raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
-    if cfg.placement.mode == "split":  # placement=auto on one GPU is mono: planned as such
-        raise UserError("placement=split: the memory planner covers every role on one GPU (placement=mono)")
+    if cfg.placement.mode == "student_gpu":  # placement=auto in one process is mono: planned as such
+        raise UserError("placement=student_gpu: the memory planner covers every role on one GPU (placement=mono)")
     trainer = cfg.trainer
     return Settings(
         teacher=teacher or arch_for(cfg.model, "model", arch),

@@ -60,6 +60,12 @@ def _run(argv: list[str] | None) -> int:
             return 0
         check_run_keys(cfg)
         run = _stage_function(cfg.stage)
+        if auto_picks_split(cfg):
+            args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
+            args.overrides.append("placement=split")
+            logger.info("placement=auto: %d GPUs visible, placement=split (data parallel over two GPUs)",
+                        gpus_present())
+            cfg = compose(args.config, args.overrides)
         mode = cfg.placement.mode if "placement" in cfg else "mono"
         if mode == "dp" and not launch.in_rank():
             return launch.launch(cfg, args.config, args.overrides, gpus_present())
@@ -100,6 +106,13 @@ def check_run_keys(cfg) -> None:
     if cfg.stage in WITHOUT_CHECKPOINTS and cfg.get("resume_from_checkpoint") not in (None, False):
         raise UserError(f"stage {cfg.stage} keeps no checkpoints: drop resume_from_checkpoint (run it again with "
                         f"output_dir=<its folder> to continue it)")
+
+
+def auto_picks_split(cfg) -> bool:
+    """``placement=auto`` of an RL run on a GPU launcher that sees two or more GPUs: ``placement=split`` (the fastest
+    two-GPU placement measured, cfgs/placement/split.yaml); on one GPU (or the CPU) auto is ``mono``."""
+    return ("placement" in cfg and cfg.placement.mode == "auto" and cfg.stage == "teacher_rlt"
+            and not launch.in_rank() and not cfg.trainer.get("use_cpu", False) and gpus_present() >= 2)
 
 
 def _stage_function(stage: str):

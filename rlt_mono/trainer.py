@@ -18,7 +18,7 @@ trainer starts (missing required ones raise; missing optional ones warn with the
   the teacher's dtype; the reference is the teacher with its adapters disabled (TRL's), not a copy.
 - Data parallel (``placement=dp``): each step's log also has the slowest and fastest rank's seconds per phase
   (``dp/*``); the other phase metrics are rank 0's.
-- Every role is where the ``Placement`` puts it. When the student has a GPU of its own (split placement), the
+- Every role is where the ``Placement`` puts it. When the student has a GPU of its own (placement=student_gpu), the
   student half of the reward starts there right after generation and runs while TRL's policy and reference
   passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 """
@@ -222,7 +222,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
 
     def _record_overlap(self, actor_start: float, actor_end: float, student_start: float,
                         student_end: float) -> None:
-        """Timeline of the split SCORE phase, in seconds from the end of generation."""
+        """Timeline of the student_gpu SCORE phase, in seconds from the end of generation."""
         overlapped = max(0.0, min(actor_end, student_end) - max(actor_start, student_start))
         student_seconds = student_end - student_start
         for name, value in (("actor_logps_end", actor_end), ("student_start", student_start),

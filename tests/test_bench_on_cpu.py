@@ -61,7 +61,7 @@ def test_help_needs_no_torch_or_vllm():
 @pytest.mark.parametrize("argv", [
     ["pcie", "--arch", "0.5b"],  # pcie takes only --pcie-gib
     ["vllm", "--steps", "2"],  # vllm does not train
-    ["trl", "--placement", "split"],  # placement is rlt_mono's
+    ["trl", "--placement", "student_gpu"],  # placement is rlt_mono's
     ["envelope", "--micro-batch", "4"],  # envelope sets the micro-batch itself
     ["rlt", "--modes", "rlt"],
 ])
@@ -74,7 +74,7 @@ def test_each_subcommand_rejects_options_it_does_not_use(argv, capsys):
 
 def test_child_command_lines_carry_the_parents_values():
     options = parse("all", "--arch", "1.5b", "--completion-length", "64", "--steps", "3", "--detokenize", "true",
-                    "--pcie-gib", "0.5", "--placement", "split")
+                    "--pcie-gib", "0.5", "--placement", "student_gpu")
     assert bench.child_argv("pcie", options) == ["--pcie-gib", "0.5"]
     assert bench.child_argv("vllm", options) == ["--arch", "1.5b", "--models", "/tmp/bench_models",
                                                  "--completion-length", "64", "--completions", "32", "--util", "0.3"]
@@ -82,7 +82,7 @@ def test_child_command_lines_carry_the_parents_values():
         child = parse(mode, *bench.child_argv(mode, options))
         assert (child.arch, child.completion_length, child.steps, child.detokenize) == ("1.5b", 64, 3, "true")
         assert child.cap_gib is None and child.result_file is None
-    assert parse("rlt", *bench.child_argv("rlt", options)).placement == "split"
+    assert parse("rlt", *bench.child_argv("rlt", options)).placement == "student_gpu"
 
 
 @pytest.mark.parametrize("command", [  # the module docstring's and README_MONO_GPU.md's command lines
@@ -355,25 +355,28 @@ def test_scale_runs_each_arm_and_divides_throughput_by_the_first(tmp_path, monke
         return {"mode": "rlt", "status": "ok", "median_step_seconds": seconds, "completions_per_step": completions,
                 "completions_per_s": completions / seconds, "phase/generate/seconds": 1.0}
 
-    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), measured(5.0, 64), "out_of_memory")
+    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), measured(5.0, 64), "out_of_memory",
+                        measured(4.5, 64))
     monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
     out = tmp_path / "scale.json"
-    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,split:2,fsdp2:2,dp:4", "--out",
-                       str(out)]) == 1
+    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,student_gpu:2,fsdp2:2,dp:4,split:2",
+                       "--out", str(out)]) == 1
     results = json.loads(out.read_text())
     assert [r["speedup"] for r in results[:4]] == [1.0, (64 / 4.4) / 8.0, (32 / 5.0) / 8.0, (64 / 5.0) / 8.0]
     assert "speedup" not in results[4] and results[4]["gpus"] == 4
-    # fsdp2 is placement dp with the teacher sharded; dp arms say ddp; mono and split take no strategy.
+    assert results[5]["placement"] == "split" and results[5]["speedup"] == (64 / 4.5) / 8.0
+    # fsdp2 is placement dp with the teacher sharded; dp arms (split: dp over two GPUs) say ddp; mono and
+    # student_gpu take no strategy.
     assert [(option(argv, "--placement"), option(argv, "--gpus"), "--strategy" in argv and option(argv, "--strategy"))
-            for _, argv in runner.calls] == [("mono", "1", False), ("dp", "2", "ddp"), ("split", "2", False),
-                                             ("dp", "2", "fsdp2"), ("dp", "4", "ddp")]
+            for _, argv in runner.calls] == [("mono", "1", False), ("dp", "2", "ddp"), ("student_gpu", "2", False),
+                                             ("dp", "2", "fsdp2"), ("dp", "4", "ddp"), ("dp", "2", "ddp")]
     table = bench.scale_table(results)
     assert "| dp | 2 | 64 | 4.40 s | 14.55 | 1.82x | 1.00 / nan / nan s |" in table
     assert "| fsdp2 | 2 | 64 | 5.00 s | 12.80 | 1.60x |" in table
     assert "| dp | 4 | | out_of_memory:  | | | |" in table
 
 
-@pytest.mark.parametrize("arms", ["mono:2", "split:1", "dp:0", "ring:2", "dp", "fsdp2:x"])
+@pytest.mark.parametrize("arms", ["mono:2", "student_gpu:1", "split:4", "dp:0", "ring:2", "dp", "fsdp2:x"])
 def test_scale_rejects_a_malformed_arm(arms, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["scale", "--arms", arms])
@@ -404,14 +407,14 @@ def test_strategy_is_placement_dps_and_reaches_the_config(capsys):
     assert "placement.strategy=fsdp2" in overrides and "placement=dp" in overrides
 
 
-@pytest.mark.parametrize(("placement", "gpus"), [("dp", "0"), ("mono", "2"), ("split", "4")])
+@pytest.mark.parametrize(("placement", "gpus"), [("dp", "0"), ("mono", "2"), ("student_gpu", "4")])
 def test_rlt_gpus_must_match_the_placement(placement, gpus, capsys):
     with pytest.raises(SystemExit):
         bench.main(["rlt", "--placement", placement, "--gpus", gpus])
-    assert "mono takes 1, split 2, dp 1 or more" in capsys.readouterr().err
+    assert "mono takes 1, student_gpu 2, dp 1 or more" in capsys.readouterr().err
 
 
-def test_the_planner_predicts_mono_and_dp_runs_and_leaves_split_out(monkeypatch, tokenizer):
+def test_the_planner_predicts_mono_and_dp_runs_and_leaves_student_gpu_out(monkeypatch, tokenizer):
     from types import SimpleNamespace
 
     from rlt_mono.config import compose
@@ -419,7 +422,7 @@ def test_the_planner_predicts_mono_and_dp_runs_and_leaves_split_out(monkeypatch,
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: SimpleNamespace(total_memory=80 * 2**30))
     trainer = SimpleNamespace(train_dataset={"prompt": ["What is 2 + 2?", "What is 12 + 30?"]},
                               processing_class=tokenizer)
-    assert bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=split"]), trainer, "0.5b") == {}
+    assert bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=student_gpu"]), trainer, "0.5b") == {}
     mono = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=mono"]), trainer, "0.5b")
     dp = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=dp", "placement.num_processes=2"]), trainer,
                                "0.5b")

@@ -73,7 +73,7 @@ def test_dp_keys_under_another_placement_are_an_error_not_ignored():
                                           r"by placement=mono; add placement=dp, or leave it out$"):
         launch.check_dp_keys_unused(compose("demo_tiny", ["placement.strategy=fsdp2"]))
     with pytest.raises(ConfigError, match="placement.num_processes=2, placement.num_machines=2: .* leave them out"):
-        launch.check_dp_keys_unused(compose("demo_tiny", ["placement=split", "placement.num_processes=2",
+        launch.check_dp_keys_unused(compose("demo_tiny", ["placement=student_gpu", "placement.num_processes=2",
                                                           "placement.num_machines=2"]))
     launch.check_dp_keys_unused(compose("demo_tiny", ["placement.strategy=ddp"]))  # the unset values pass
 
@@ -323,3 +323,24 @@ def test_gpu_ranks_holding_more_cpu_memory_than_the_machine_has_stop_before_star
     assert "the ranks run out of CPU memory" in caplog.text
     # SFT and CPU ranks hold nothing on the CPU for the run
     assert launch.check_host_memory(cfg, launch.plan_launch(cfg, 0), available=0) == ""
+
+
+def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
+    from rlt_mono import train
+
+    launched = {}
+
+    def fake_launch(cfg, config, overrides, gpus):
+        launched.update(mode=cfg.placement.mode, processes=cfg.placement.num_processes, overrides=overrides)
+        return 0
+
+    monkeypatch.setattr(launch, "launch", fake_launch)
+    monkeypatch.setattr(train, "gpus_present", lambda: 2)
+    assert train.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3"]) == 0
+    assert launched == {"mode": "dp", "processes": 2, "overrides": ["trainer.max_steps=3", "placement=split"]}
+    # one GPU, the CPU, or a stage other than RL: auto stays in one process (mono)
+    for gpus, overrides in ((1, []), (2, ["+trainer.use_cpu=true"])):
+        monkeypatch.setattr(train, "gpus_present", lambda gpus=gpus: gpus)
+        assert not train.auto_picks_split(compose("teacher_rlt_mono", ["placement=auto", *overrides]))
+    monkeypatch.setattr(train, "gpus_present", lambda: 2)
+    assert not train.auto_picks_split(compose("distill_tiny", ["placement=auto"]))

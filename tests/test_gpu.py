@@ -169,7 +169,7 @@ def test_split_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_p
     cfg = compose("demo_tiny", [
         f"output_dir={tmp_path}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
         f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-        "trainer.use_cpu=false", "trainer.bf16=true", "placement=split", "placement.rollout=vllm",
+        "trainer.use_cpu=false", "trainer.bf16=true", "placement=student_gpu", "placement.rollout=vllm",
         "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
         "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
     ])
@@ -177,7 +177,7 @@ def test_split_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_p
     trainer.train()
     assert {p.device for p in trainer.teacher_reward.student_model.parameters()} == {torch.device("cuda", 1)}
     assert {p.device for p in trainer.model.parameters()} == {torch.device("cuda", 0)}
-    assert {p.device for p in trainer.ref_model.parameters()} == {torch.device("cuda", 0)}  # resident in split
+    assert {p.device for p in trainer.ref_model.parameters()} == {torch.device("cuda", 0)}  # resident in student_gpu
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["overlap/student_seconds"] > 0 and 0 <= r["overlap/fraction"] <= 1 for r in rows)

@@ -293,8 +293,8 @@ def test_cli_auto_prints_what_it_would_set():
 def test_placement_auto_is_planned_as_mono_and_split_is_refused():
     auto = fit.settings_from_config(compose_rl("placement=auto"), total_gib=80.0, arch="0.5b")
     assert auto == fit.settings_from_config(compose_rl(), total_gib=80.0, arch="0.5b")
-    with pytest.raises(UserError, match="placement=split: the memory planner covers every role on one GPU"):
-        fit.settings_from_config(compose_rl("placement=split"), total_gib=80.0, arch="0.5b")
+    with pytest.raises(UserError, match="placement=student_gpu: the memory planner covers every role on one GPU"):
+        fit.settings_from_config(compose_rl("placement=student_gpu"), total_gib=80.0, arch="0.5b")
 
 
 def test_vllm_start_needs_its_pool_free_beside_the_teacher():

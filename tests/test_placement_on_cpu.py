@@ -19,8 +19,8 @@ R, S = Role.REFERENCE, Role.STUDENT
         ("mono", 2, "mono", "cuda:0", {R, S}),
         ("auto", 0, "mono", "cpu", set()),
         ("auto", 1, "mono", "cuda:0", {R, S}),
-        ("auto", 2, "split", "cuda:1", {R}),
-        ("split", 2, "split", "cuda:1", {R}),
+        ("auto", 2, "mono", "cuda:0", {R, S}),  # in one process; the launcher makes auto on two GPUs split (dp)
+        ("student_gpu", 2, "student_gpu", "cuda:1", {R}),
     ],
 )
 def test_modes_by_gpu_count(mode, gpus, resolved, student_device, offloaded):
@@ -39,16 +39,16 @@ def test_modes_by_gpu_count(mode, gpus, resolved, student_device, offloaded):
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
-def test_split_without_a_second_gpu_says_what_is_missing(gpus):
-    with pytest.raises(PlacementError, match=f"placement=split needs 2 visible GPUs .*found {gpus}"):
-        resolve_placement("split", gpus)
+def test_student_gpu_without_a_second_gpu_says_what_is_missing(gpus):
+    with pytest.raises(PlacementError, match=f"placement=student_gpu needs 2 visible GPUs .*found {gpus}"):
+        resolve_placement("student_gpu", gpus)
 
 
 def test_unknown_mode_and_offload_switches():
     with pytest.raises(PlacementError, match="placement.mode must be one of"):
         resolve_placement("triple", 2)
     assert resolve_placement("mono", 1, offload_reference=False, offload_student=False).offloaded == frozenset()
-    assert resolve_placement("split", 2, offload_reference=True).offloaded == frozenset({R})
+    assert resolve_placement("student_gpu", 2, offload_reference=True).offloaded == frozenset({R})
 
 
 @pytest.mark.parametrize(
@@ -81,19 +81,21 @@ def test_vllm_rollout_without_gpu_or_package_says_what_is_missing(monkeypatch, g
 
 
 def test_every_placement_config_composes():
-    for name in ("mono", "split", "auto"):
+    for name in ("mono", "student_gpu", "auto", "dp"):
         assert compose("demo_tiny", [f"placement={name}"]).placement.mode == name
+    split = compose("demo_tiny", ["placement=split"]).placement  # data parallel over two GPUs
+    assert (split.mode, split.num_processes) == ("dp", 2)
 
 
-def test_split_is_rejected_before_any_model_loads(monkeypatch):
+def test_student_gpu_is_rejected_before_any_model_loads(monkeypatch):
     import transformers
 
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the placement was validated")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
-    with pytest.raises(ConfigError, match="placement=split needs 2 visible GPUs"):
-        build_trainer(compose("demo_tiny", ["placement=split"]))
+    with pytest.raises(ConfigError, match="placement=student_gpu needs 2 visible GPUs"):
+        build_trainer(compose("demo_tiny", ["placement=student_gpu"]))
     with pytest.raises(ConfigError, match="placement.rollout=vllm needs a CUDA GPU"):
         build_trainer(compose("demo_tiny", ["placement.rollout=vllm"]))
 
@@ -105,7 +107,8 @@ def test_build_places_every_role_from_the_table(monkeypatch, tmp_path, one_threa
     from rlt_mono.placement import Placement
 
     placed = {}
-    faked = Placement("split", {Role.ACTOR: "cpu", Role.ROLLOUT: "cpu", Role.REFERENCE: "cpu", Role.STUDENT: "meta"},
+    faked = Placement("student_gpu",
+                      {Role.ACTOR: "cpu", Role.ROLLOUT: "cpu", Role.REFERENCE: "cpu", Role.STUDENT: "meta"},
                       frozenset({R}), "transformers")
     monkeypatch.setattr(build, "resolve_placement_for", lambda *args, **kwargs: faked)
     monkeypatch.setattr(build.ModelSwapper, "place",

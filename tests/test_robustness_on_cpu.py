@@ -133,7 +133,7 @@ def _cli(*args, timeout=300):
 def test_help_lists_config_groups_and_how_to_list_keys():
     result = _cli("--help", timeout=60)
     assert result.returncode == 0
-    assert "placement  auto dp mono split" in result.stdout
+    assert "placement  auto dp mono split student_gpu" in result.stdout
     assert "--show-config" in result.stdout and "demo_tiny" in result.stdout
     shown = _cli("demo_tiny", "--show-config", "trainer.max_steps=7", timeout=60)
     assert shown.returncode == 0 and "max_steps: 7" in shown.stdout
@@ -146,7 +146,7 @@ def test_help_lists_config_groups_and_how_to_list_keys():
     ("demo_tiny", "data=custom"),
     ("demo_tiny", "data=custom", "data.source=/nowhere/rows.jsonl"),
     ("demo_tiny", "resume_from_checkpoint=true"),
-    ("demo_tiny", "placement=split"),
+    ("demo_tiny", "placement=student_gpu"),
     ("demo_tiny", "seed=abc"),
     ("demo_tiny", "trainer.max_completion_length=5000"),
     ("demo_tiny", "placement.strategy=fsdp2"),
