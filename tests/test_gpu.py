@@ -293,31 +293,45 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     assert (out / "final" / "model.safetensors").is_file()
 
 
+def _fsdp2_launcher(config: str, out, *fixed: str):
+    """``(ranks, launch)``: ``launch(*overrides)`` runs ``launch_mono.sh <config> placement=dp
+    placement.strategy=fsdp2`` on one rank per GPU (up to two) into ``out``, with ``fixed`` then ``overrides``."""
+    from pathlib import Path
+
+    ranks = min(2, torch.cuda.device_count())
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+
+    def launch(*overrides):
+        return subprocess.run(
+            [str(root / "launch_mono.sh"), config, "placement=dp", "placement.strategy=fsdp2",
+             f"placement.num_processes={ranks}", f"output_dir={out}", *fixed, *overrides],
+            env=env, capture_output=True, text=True)
+
+    return ranks, launch
+
+
+def _assert_fsdp_checkpoint(checkpoint) -> None:
+    assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
+    assert (checkpoint / "pytorch_model_fsdp.bin").is_file()  # the model copy an FSDP resume loads
+
+
 def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp_path):
     """placement=dp placement.strategy=fsdp2 (one rank per GPU, up to two): TRL syncs the sharded teacher into each
     rank's vLLM (no one-call sync), the mixed reference is gathered into each checkpoint beside accelerate's
     optimizer.bin, a resume restores it, and final/ holds whole weights."""
     import json
     import shutil
-    from pathlib import Path
 
     from safetensors import safe_open
 
-    ranks = min(2, torch.cuda.device_count())
     out = tmp_path / "fsdp2"
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-
-    def launch(*overrides):
-        return subprocess.run(
-            [str(root / "launch_mono.sh"), "demo_tiny", "placement=dp", "placement.strategy=fsdp2",
-             f"placement.num_processes={ranks}", f"output_dir={out}",
-             f"model.model_name_or_path={bf16_pair / 'teacher'}",
-             f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-             "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
-             "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true",
-             "trainer.max_steps=2", "trainer.save_steps=1", "trainer.ref_model_sync_steps=1", *overrides],
-            env=env, capture_output=True, text=True)
+    ranks, launch = _fsdp2_launcher(
+        "demo_tiny", out, f"model.model_name_or_path={bf16_pair / 'teacher'}",
+        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
+        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
+        "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
+        "trainer.save_steps=1", "trainer.ref_model_sync_steps=1")
 
     done = launch()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -327,8 +341,7 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
     assert [r["step"] for r in steps] == [1, 2]
     assert all(r["generate/weight_sync_seconds"] > 0 for r in steps)
     checkpoint = out / "checkpoint-1"
-    assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
-    assert (checkpoint / "pytorch_model_fsdp.bin").is_file()  # the model copy an FSDP resume loads
+    _assert_fsdp_checkpoint(checkpoint)
     name = "model.layers.0.mlp.down_proj.weight"
     with safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
         names, shape = set(initial.keys()), initial.get_tensor(name).shape
@@ -355,30 +368,19 @@ def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pai
     checkpoint finishes the run, and final/ holds whole weights that moved."""
     import json
     import shutil
-    from pathlib import Path
 
     from safetensors import safe_open
 
-    ranks = min(2, torch.cuda.device_count())
     out = tmp_path / "sft_fsdp2"
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
-
-    def launch(*overrides):
-        return subprocess.run(
-            [str(root / "launch_mono.sh"), "teacher_sft_tiny", "placement=dp", "placement.strategy=fsdp2",
-             f"placement.num_processes={ranks}", f"output_dir={out}",
-             f"model.model_name_or_path={bf16_pair / 'teacher'}", "model.dtype=bfloat16", "sft.use_cpu=false",
-             "sft.bf16=true", "sft.max_steps=4", "sft.save_steps=2", *overrides],
-            env=env, capture_output=True, text=True)
+    ranks, launch = _fsdp2_launcher(
+        "teacher_sft_tiny", out, f"model.model_name_or_path={bf16_pair / 'teacher'}", "model.dtype=bfloat16",
+        "sft.use_cpu=false", "sft.bf16=true", "sft.max_steps=4", "sft.save_steps=2")
 
     done = launch()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "strategy fsdp2" in done.stderr and f"all {ranks} ranks finished" in done.stderr
     for step in (2, 4):
-        checkpoint = out / f"checkpoint-{step}"
-        assert (checkpoint / "optimizer.bin").is_file() and not (checkpoint / "optimizer.pt").exists()
-        assert (checkpoint / "pytorch_model_fsdp.bin").is_file()
+        _assert_fsdp_checkpoint(out / f"checkpoint-{step}")
     name = "model.layers.0.mlp.down_proj.weight"
     with safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
         before = initial.get_tensor(name)
