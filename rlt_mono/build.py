@@ -49,9 +49,10 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     main_process = launch.rank() == 0
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
+    on_gpu = placement.device(Role.ACTOR).startswith("cuda")
     if placement.mode == "dp":
-        launch.check_strategy(cfg, gpus=int(placement.device(Role.ACTOR).startswith("cuda")))
-    if placement.device(Role.ACTOR).startswith("cuda"):
+        launch.check_strategy(cfg, gpus=int(on_gpu))
+    if on_gpu:
         # Before the trainer's config picks its device: without these variables transformers counts every visible
         # GPU as nn.DataParallel's (student_gpu sees two), which TRL refuses; a dp rank keeps its launcher's values.
         ensure_single_process_distributed_env()

@@ -351,6 +351,12 @@ def optimizer_bytes(arch: Arch, dtype: str, optim: str, lora: tuple[int, int] | 
     return embedding * 8 + math.ceil((arch.params() - embedding) * _BNB_BYTES_PER_PARAM)
 
 
+def teacher_optimizer_bytes(s: Settings) -> int:
+    """The optimizer state of what the teacher trains (the adapters with LoRA, else every weight, in
+    ``master_dtype``), whole: a sharded rank holds 1/N of it."""
+    return optimizer_bytes(s.teacher, master_dtype(s), s.optim, (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None)
+
+
 def dequantize_bytes(s: Settings) -> int:
     """A 4-bit teacher's forward and backward dequantize one linear layer's weight at a time into the compute
     dtype: two of the largest (``2 x max(in x out) x 2``), one being freed as the next is made."""
@@ -467,9 +473,7 @@ def host_memory_terms(s: Settings) -> list[tuple[str, int]]:
     if s.offload_student:
         terms.append(("student", weight_bytes(s.student, s.student_dtype)))
     if s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded:
-        optimizer = optimizer_bytes(s.teacher, master_dtype(s), s.optim,
-                                    (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None)
-        terms.append(("teacher aside", teacher_weight_bytes(s) + gradient_bytes(s) + optimizer))
+        terms.append(("teacher aside", teacher_weight_bytes(s) + gradient_bytes(s) + teacher_optimizer_bytes(s)))
     return terms
 
 
@@ -512,8 +516,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     reference_w = 0 if s.lora_r else _shard(vllm_weights, s)
     offload_reference = s.offload_reference and not s.sharded  # a sharded reference stays on the GPU
     student_w = weight_bytes(s.student, s.student_dtype)
-    optimizer = _shard(optimizer_bytes(s.teacher, master_dtype(s), s.optim,
-                                       (s.lora_r, lora_dtype_bytes(s)) if s.lora_r else None), s)
+    optimizer = _shard(teacher_optimizer_bytes(s), s)
     gradients = _shard(gradient_bytes(s), s)
     pool = pool_bytes(s)
     label = "teacher weights" + (" (NF4 base, adapters)" if s.load_in_4bit else " (adapters too)" if s.lora_r else "")

@@ -311,10 +311,13 @@ def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path) -> float | N
     """Held-out loss of the model before training: the step-0 evaluation ``eval_on_start`` ran inside ``train()``
     (``build_sft``), kept in the trainer's history, which a resumed run reloads from its checkpoint. A checkpoint
     of an earlier rlt_mono, which measured it before ``train()``, has it only in the run's metrics.jsonl."""
-    rows = trainer.state.log_history
-    if not any(row.get("step") == 0 and "eval_loss" in row for row in rows) and (output_dir / METRICS_FILE).exists():
-        rows = read_metrics(output_dir / METRICS_FILE, EVAL_EVENT)
-    return next((row["eval_loss"] for row in rows if row.get("step") == 0 and "eval_loss" in row), None)
+    def at_step_0(rows: list[dict]) -> float | None:
+        return next((row["eval_loss"] for row in rows if row.get("step") == 0 and "eval_loss" in row), None)
+
+    loss = at_step_0(trainer.state.log_history)
+    if loss is None and (output_dir / METRICS_FILE).exists():
+        loss = at_step_0(read_metrics(output_dir / METRICS_FILE, EVAL_EVENT))
+    return loss
 
 
 def _heldout_loss_after(trainer: trl.SFTTrainer) -> float:
