@@ -162,7 +162,7 @@ def test_vllm_starts_beside_the_teacher_alone(gpu_run):
 
 
 @pytest.mark.gpu2
-def test_split_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_path):
+def test_student_gpu_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_path):
     from rlt_mono import build_trainer, compose, release_trainer
     from rlt_mono.outputs import read_metrics
 
@@ -290,6 +290,34 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     assert all(r["generate/weight_sync_seconds"] > 0 and r["vllm/asleep"] == 1 for r in steps)
     rng = sorted(p.name for p in (out / "checkpoint-2").glob("rng_state*.pth"))
     assert rng == (["rng_state.pth"] if ranks == 1 else ["rng_state_0.pth", "rng_state_1.pth"])
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_path):
+    """placement=auto through launch_mono.sh: with two or more GPUs visible the RL stage relaunches as
+    placement=split (data parallel, two ranks, one per GPU); with one it runs mono in the launcher's process."""
+    from pathlib import Path
+
+    from rlt_mono.outputs import read_metrics
+
+    gpus = torch.cuda.device_count()
+    out = tmp_path / "auto"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [str(root / "launch_mono.sh"), "demo_tiny", "placement=auto", f"output_dir={out}",
+         f"model.model_name_or_path={bf16_pair / 'teacher'}", f"student.model_name_or_path={bf16_pair / 'student'}",
+         "model.dtype=bfloat16", "student.dtype=bfloat16", "trainer.use_cpu=false", "trainer.bf16=true",
+         "placement.rollout=vllm", "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
+         "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"],
+        env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    relaunched = f"placement=auto: {gpus} GPUs visible, placement=split"
+    if gpus >= 2:
+        assert relaunched in done.stderr and "all 2 ranks finished" in done.stderr
+    else:
+        assert "placement=split" not in done.stderr and "ranks finished" not in done.stderr
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2]
     assert (out / "final" / "model.safetensors").is_file()
 
 
