@@ -43,7 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0:  # a run that stopped before writing anything leaves no empty folder
         for folder in checkpoints.remove_unused_run_dirs():
             logger.info("removed the empty run folder %s", folder)
+    else:
+        close_process_group()
     return code
+
+
+def close_process_group() -> None:
+    """End the torch.distributed group a finished GPU run leaves (accelerate starts one for TRL's colocated vLLM
+    engine, or for each data-parallel rank), so the process exits without torch's warning that
+    destroy_process_group() was not called. Only after success: every rank has then passed the run's last
+    collective, whereas after a rank's error the others may still wait in one."""
+    if "torch" not in sys.modules:  # nothing imported torch (a config error, --show-config): no group
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _run(argv: list[str] | None) -> int:

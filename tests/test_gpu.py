@@ -281,6 +281,7 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
         env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert f"all {ranks} ranks finished" in done.stderr
+    assert "destroy_process_group() was not called" not in done.stderr  # each rank closed its NCCL group
     # each rank pins its reference and student (the bf16 pair: 2 x 283,136 bytes): the launcher logged the sum
     pinned = f"CPU memory: {ranks} rank{'s' * (ranks > 1)} x 0.00 GiB (reference 0.00, student 0.00)"
     assert pinned in done.stderr
@@ -311,6 +312,7 @@ def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_pa
          "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"],
         env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert "destroy_process_group() was not called" not in done.stderr  # the run closed its NCCL group
     relaunched = f"placement=auto: {gpus} GPUs visible, placement=split"
     if gpus >= 2:
         assert relaunched in done.stderr and "all 2 ranks finished" in done.stderr

@@ -106,6 +106,29 @@ def test_launcher_errors_are_one_clear_line():
                                       f"{available_run_configs()}")
 
 
+def test_a_finished_run_closes_its_process_group_and_a_failed_one_leaves_it(monkeypatch):
+    """The group a GPU run's accelerate starts (gloo here) is destroyed after a successful stage, so the process
+    exits without torch's destroy_process_group() warning; after an error another rank may still wait in it."""
+    import socket
+
+    import torch.distributed as dist
+
+    from rlt_mono import train
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    monkeypatch.setattr(train, "_run", lambda argv: 0)
+    assert train.main([]) == 0 and not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    monkeypatch.setattr(train, "_run", lambda argv: 2)
+    try:
+        assert train.main([]) == 2 and dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
 def test_resume_true_without_output_dir_is_a_config_error():
     from rlt_mono.config import ConfigError
 
