@@ -199,8 +199,11 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
     if gpus and processes > gpus:
+        split = ("; placement=split is two ranks, so on one GPU run placement=mono (placement=auto picks by the GPUs "
+                 "it sees)" if gpus == 1 and processes == 2 else "")
         raise ConfigError(f"placement.num_processes={processes} but this machine has {gpus} GPU"
-                          f"{'s' * (gpus > 1)} (one rank per GPU): lower it, or leave it unset for one rank per GPU")
+                          f"{'s' * (gpus > 1)} (one rank per GPU): lower it, or leave it unset for one rank per "
+                          f"GPU{split}")
     machines = _positive_int(p.num_machines, "placement.num_machines")
     machine_rank = p.machine_rank
     if not isinstance(machine_rank, int) or isinstance(machine_rank, bool) or not 0 <= machine_rank < machines:

@@ -56,6 +56,15 @@ def test_two_machines_number_their_ranks_and_need_an_address_a_port_and_a_shared
         _plan("placement.num_machines=2")
 
 
+def test_split_on_one_gpu_says_to_run_mono():
+    with pytest.raises(ConfigError, match=r"^placement.num_processes=2 but this machine has 1 GPU .*placement=split is "
+                                          r"two ranks, so on one GPU run placement=mono"):
+        launch.plan_launch(compose("teacher_rlt_mono", ["placement=split"]), 1)
+    with pytest.raises(ConfigError) as three_on_two:
+        _plan("placement.num_processes=3", gpus=2)
+    assert "placement=split" not in str(three_on_two.value)
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (["placement.num_processes=8"], "placement.num_processes=8 but this machine has 4 GPUs"),
     (["placement.num_processes=0"], "placement.num_processes=0: must be a whole number >= 1"),
