@@ -32,19 +32,32 @@ def bf16_pair(tiny_pair, tmp_path_factory):
     return root
 
 
+def _vllm_pair(bf16_pair) -> list[str]:
+    """The overrides every GPU run here starts from: the bf16 pair, trained on the GPU with vLLM colocated at 0.3
+    and asleep between generations, for two steps."""
+    return [f"model.model_name_or_path={bf16_pair / 'teacher'}", f"student.model_name_or_path={bf16_pair / 'student'}",
+            "model.dtype=bfloat16", "student.dtype=bfloat16", "trainer.use_cpu=false", "trainer.bf16=true",
+            "placement.rollout=vllm", "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
+            "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"]
+
+
+def _launch_mono(*args: str) -> subprocess.CompletedProcess:
+    """``launch_mono.sh <args>`` in a child process that picks its own distributed variables (this process set
+    its own for its vLLM engine)."""
+    from pathlib import Path
+
+    launcher = Path(__file__).resolve().parent.parent / "launch_mono.sh"
+    return subprocess.run([str(launcher), *args], capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES})
+
+
 @pytest.fixture(scope="module")
 def gpu_run(bf16_pair, tmp_path_factory):
     from rlt_mono import build_trainer, compose
 
     out = tmp_path_factory.mktemp("gpu_run")
-    cfg = compose("demo_tiny", [
-        f"output_dir={out}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
-        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm",
-        "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
-        "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2", "trainer.learning_rate=5e-3",
-        "trainer.sync_ref_model=false",
-    ])
+    cfg = compose("demo_tiny", [f"output_dir={out}", *_vllm_pair(bf16_pair), "trainer.learning_rate=5e-3",
+                                "trainer.sync_ref_model=false"])
     import trl.trainer.grpo_trainer as grpo
 
     at_vllm_start = []  # bytes torch had allocated on the GPU since before the build, when vLLM's engine started
@@ -166,13 +179,7 @@ def test_student_gpu_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair,
     from rlt_mono import build_trainer, compose, release_trainer
     from rlt_mono.outputs import read_metrics
 
-    cfg = compose("demo_tiny", [
-        f"output_dir={tmp_path}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
-        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-        "trainer.use_cpu=false", "trainer.bf16=true", "placement=student_gpu", "placement.rollout=vllm",
-        "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
-        "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
-    ])
+    cfg = compose("demo_tiny", [f"output_dir={tmp_path}", "placement=student_gpu", *_vllm_pair(bf16_pair)])
     trainer = build_trainer(cfg)
     trainer.train()
     assert {p.device for p in trainer.teacher_reward.student_model.parameters()} == {torch.device("cuda", 1)}
@@ -230,13 +237,8 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     from rlt_mono import build_trainer, checkpoints, compose, lora, release_trainer
     from rlt_mono.outputs import read_metrics
 
-    cfg = compose("demo_tiny", [
-        f"output_dir={tmp_path}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
-        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
-        "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
-        "trainer.learning_rate=5e-3", "model.lora_r=8", "model.load_in_4bit=true",
-    ])
+    cfg = compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair), "trainer.learning_rate=5e-3",
+                                "model.lora_r=8", "model.load_in_4bit=true"])
     trainer = build_trainer(cfg)
     assert trainer.model.is_loaded_in_4bit and trainer.ref_model is None and not trainer.args.sync_ref_model
     name = "model.layers.0.mlp.down_proj.weight"
@@ -266,19 +268,11 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     each with its own sleeping vLLM engine and the one-call weight sync; one metrics row per step, one RNG file
     per rank, one final teacher."""
     import json
-    from pathlib import Path
 
     ranks = min(2, torch.cuda.device_count())
     out = tmp_path / "dp"
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [str(root / "launch_mono.sh"), "demo_tiny", "placement=dp", f"placement.num_processes={ranks}",
-         f"output_dir={out}", f"model.model_name_or_path={bf16_pair / 'teacher'}",
-         f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-         "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
-         "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
-         "trainer.save_steps=2"],
-        env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
+    done = _launch_mono("demo_tiny", "placement=dp", f"placement.num_processes={ranks}", f"output_dir={out}",
+                        *_vllm_pair(bf16_pair), "trainer.save_steps=2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert f"all {ranks} ranks finished" in done.stderr
     assert "destroy_process_group() was not called" not in done.stderr  # each rank closed its NCCL group
@@ -297,20 +291,11 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
 def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_path):
     """placement=auto through launch_mono.sh: with two or more GPUs visible the RL stage relaunches as
     placement=split (data parallel, two ranks, one per GPU); with one it runs mono in the launcher's process."""
-    from pathlib import Path
-
     from rlt_mono.outputs import read_metrics
 
     gpus = torch.cuda.device_count()
     out = tmp_path / "auto"
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(
-        [str(root / "launch_mono.sh"), "demo_tiny", "placement=auto", f"output_dir={out}",
-         f"model.model_name_or_path={bf16_pair / 'teacher'}", f"student.model_name_or_path={bf16_pair / 'student'}",
-         "model.dtype=bfloat16", "student.dtype=bfloat16", "trainer.use_cpu=false", "trainer.bf16=true",
-         "placement.rollout=vllm", "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
-         "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"],
-        env={k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}, capture_output=True, text=True)
+    done = _launch_mono("demo_tiny", "placement=auto", f"output_dir={out}", *_vllm_pair(bf16_pair))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     assert "destroy_process_group() was not called" not in done.stderr  # the run closed its NCCL group
     relaunched = f"placement=auto: {gpus} GPUs visible, placement=split"
@@ -326,17 +311,11 @@ def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_pa
 def _fsdp2_launcher(config: str, out, *fixed: str):
     """``(ranks, launch)``: ``launch(*overrides)`` runs ``launch_mono.sh <config> placement=dp
     placement.strategy=fsdp2`` on one rank per GPU (up to two) into ``out``, with ``fixed`` then ``overrides``."""
-    from pathlib import Path
-
     ranks = min(2, torch.cuda.device_count())
-    root = Path(__file__).resolve().parent.parent
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
 
     def launch(*overrides):
-        return subprocess.run(
-            [str(root / "launch_mono.sh"), config, "placement=dp", "placement.strategy=fsdp2",
-             f"placement.num_processes={ranks}", f"output_dir={out}", *fixed, *overrides],
-            env=env, capture_output=True, text=True)
+        return _launch_mono(config, "placement=dp", "placement.strategy=fsdp2", f"placement.num_processes={ranks}",
+                            f"output_dir={out}", *fixed, *overrides)
 
     return ranks, launch
 
@@ -356,12 +335,8 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
     from safetensors import safe_open
 
     out = tmp_path / "fsdp2"
-    ranks, launch = _fsdp2_launcher(
-        "demo_tiny", out, f"model.model_name_or_path={bf16_pair / 'teacher'}",
-        f"student.model_name_or_path={bf16_pair / 'student'}", "model.dtype=bfloat16", "student.dtype=bfloat16",
-        "trainer.use_cpu=false", "trainer.bf16=true", "placement.rollout=vllm", "+trainer.vllm_mode=colocate",
-        "+trainer.vllm_gpu_memory_utilization=0.3", "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2",
-        "trainer.save_steps=1", "trainer.ref_model_sync_steps=1")
+    ranks, launch = _fsdp2_launcher("demo_tiny", out, *_vllm_pair(bf16_pair), "trainer.save_steps=1",
+                                    "trainer.ref_model_sync_steps=1")
 
     done = launch()
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
