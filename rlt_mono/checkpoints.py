@@ -318,6 +318,9 @@ class VerifiedCheckpoints:
             write_manifest(staging, self.state.global_step)
             publish(staging, run_dir / name)
             shutil.rmtree(staging_root)
+            # transformers recorded the best checkpoint (load_best_model_at_end) where it wrote it: the staging path.
+            if self.state.best_model_checkpoint == str(staging):
+                self.state.best_model_checkpoint = str(run_dir / name)
             # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)

@@ -49,6 +49,15 @@ class RLTConfig(trl.GRPOConfig):
             "gets their GPU memory, for two copies a step. Needs vLLM colocated with the one-call weight sync."
         },
     )
+    dynamic_sampling_rounds: int = field(
+        default=0,
+        metadata={
+            "help": "DAPO-style dynamic sampling (rlt_mono.dynamic_sampling): after a generation batch is scored, its "
+            "groups whose rewards all tie (zero advantages) are replaced by untied groups of fresh prompts, in at "
+            "most this many extra generations per batch. 0: off (tied groups are still counted, groups/tied_frac). "
+            "One rank only."
+        },
+    )
     vllm_detokenize: bool = field(
         default=False,
         metadata={
@@ -74,7 +83,7 @@ class RLTConfig(trl.GRPOConfig):
         numeric = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
                    "logging_steps", "save_steps", "ref_model_sync_steps", "num_generations", "steps_per_generation",
                    "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha",
-                   "eval_questions")
+                   "eval_questions", "dynamic_sampling_rounds")
         for name in numeric:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -90,7 +99,8 @@ class RLTConfig(trl.GRPOConfig):
                              f"got {self.num_generations}")
         if self.steps_per_generation is not None and self.steps_per_generation < 1:
             raise ValueError(f"steps_per_generation must be >= 1 or null, got {self.steps_per_generation}")
-        for name in ("beta", "learning_rate", "explanation_samples_per_step", "eval_questions"):
+        for name in ("beta", "learning_rate", "explanation_samples_per_step", "eval_questions",
+                     "dynamic_sampling_rounds"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:

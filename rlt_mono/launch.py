@@ -205,6 +205,10 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
                           f"{'s' * (gpus > 1)} (one rank per GPU): lower it, or leave it unset for one rank per "
                           f"GPU{split}")
     machines = _positive_int(p.num_machines, "placement.num_machines")
+    rounds = cfg.trainer.get("dynamic_sampling_rounds") if cfg.stage == "teacher_rlt" else None
+    if rounds and processes * machines > 1:
+        raise ConfigError(f"trainer.dynamic_sampling_rounds={rounds} needs one rank (a GRPO group may span ranks): "
+                          "set trainer.dynamic_sampling_rounds=0 with placement=dp or split")
     machine_rank = p.machine_rank
     if not isinstance(machine_rank, int) or isinstance(machine_rank, bool) or not 0 <= machine_rank < machines:
         raise ConfigError(f"placement.machine_rank={machine_rank!r}: this machine's rank, from 0 to "

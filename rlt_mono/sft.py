@@ -43,12 +43,12 @@ from pathlib import Path
 import datasets
 import trl
 from omegaconf import DictConfig, OmegaConf
-from transformers import PreTrainedTokenizerBase
+from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, launch
+from rlt_mono import checkpoints, diversity, launch
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
-from rlt_mono.config import instantiate
+from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
 from rlt_mono.errors import UserError
 from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
@@ -73,6 +73,32 @@ class SFTStageConfig(trl.SFTConfig):
             "help": "Data column holding the explanation trained on: reasoning_trace (the data's traces: the "
             "teacher warm-up, the raw-trace student baseline) or explanation (rows written by the distill stage)."
         },
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": "Stop when the held-out loss has not improved for this many evaluations (eval_strategy=steps, "
+            "every eval_steps) and keep the best checkpoint as final/ (transformers' EarlyStoppingCallback with "
+            "load_best_model_at_end). 0: off, train for max_steps / num_train_epochs."
+        },
+    )
+    diversity_prompts: int = field(
+        default=16,
+        metadata={
+            "help": "teacher_sft: held-out prompts on which the trained teacher samples explanations, to measure "
+            "how varied it still is (rlt_mono.diversity; sft_summary.json's diversity). 0: not measured."
+        },
+    )
+    diversity_samples: int = field(
+        default=4, metadata={"help": "Explanations sampled per held-out prompt for the diversity measurement."}
+    )
+    diversity_temperature: float = field(
+        default=0.7,
+        metadata={"help": "Sampling temperature of the diversity measurement: the RL stage's trainer.temperature."},
+    )
+    diversity_max_new_tokens: int = field(
+        default=256,
+        metadata={"help": "Longest explanation sampled for the diversity measurement, in tokens."},
     )
 
 
@@ -198,6 +224,8 @@ class SFTRun:
     model_path: str
     # Rows: "train", "heldout", "skipped" (bad rows dropped), "truncated" (train rows cut at max_length).
     rows: dict[str, int]
+    # teacher_sft: held-out teacher prompts the diversity measurement samples from (empty: not measured).
+    diversity_prompts: list[str] = field(default_factory=list)
 
 
 MEMORY_HINT = "sft.max_length or sft.per_device_train_batch_size (raise gradient_accumulation_steps to keep the batch)"
@@ -222,6 +250,10 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
                       report_to=list(cfg.logging.report_to))
     data_config = instantiate(DataConfig, cfg.data, "data")
+    if sft_kwargs.get("early_stopping_patience"):
+        check_early_stopping(sft_kwargs)
+        # The best checkpoint by held-out loss becomes final/ (transformers keeps it from save_total_limit).
+        sft_kwargs.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
     args = instantiate(SFTStageConfig, sft_kwargs, "sft")
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
@@ -235,6 +267,10 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     # The held-out loss before training is TRL's evaluation at step 0 inside train(), once per run (a resume reads
     # it back): under FSDP2 accelerate prepares the model only together with its optimizer, which train() does.
     args.eval_on_start = bool(heldout_rows) and resume_checkpoint is None
+    if args.early_stopping_patience and not heldout_rows:
+        raise UserError(f"sft.early_stopping_patience={args.early_stopping_patience} stops on the held-out loss, but "
+                        f"data.source={data_config.source} holds no question out: set data.eval_rows=N or "
+                        "data.eval_fraction=F, or sft.early_stopping_patience=0")
     # ---- model ----------------------------------------------------------------------------------------------------
     group = STAGE_MODEL_GROUP[stage]
     key = f"{group}.model_name_or_path"
@@ -245,6 +281,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         args.eos_token = end_of_turn_token(tokenizer, key)
     # ---- trainer --------------------------------------------------------------------------------------------------
     output_dir.mkdir(parents=True, exist_ok=True)
+    callbacks = [RunFilesCallback(output_dir, samples_per_step=0, plot=False)]
+    if args.early_stopping_patience:
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping_patience))
     trainer = StageSFTTrainer(
         model=model,
         args=args,
@@ -253,7 +292,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         if heldout_rows
         else None,
         processing_class=tokenizer,
-        callbacks=[RunFilesCallback(output_dir, samples_per_step=0, plot=False)],
+        callbacks=callbacks,
     )
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
@@ -263,7 +302,26 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                        "model does not learn to close them; raise sft.max_length", truncated, len(train_rows),
                        args.max_length)
     rows = {"train": len(train_rows), "heldout": len(heldout_rows), "skipped": skipped, "truncated": truncated}
-    return SFTRun(stage, trainer, output_dir, resume_checkpoint, model_path, rows)
+    diversity_prompts = [] if stage != "teacher_sft" else [
+        tokenizer.apply_chat_template(PromptFormat().teacher_messages(row["question"], row["solution"]), tokenize=False,
+                                      continue_final_message=True)
+        for row in heldout_rows[: args.diversity_prompts]]
+    return SFTRun(stage, trainer, output_dir, resume_checkpoint, model_path, rows, diversity_prompts)
+
+
+def check_early_stopping(sft: dict) -> None:
+    """What early stopping needs from the other ``sft`` keys, as a one-line ``ConfigError``: a held-out loss every
+    ``eval_steps`` and a checkpoint at each of those evaluations (the best one becomes final/)."""
+    patience = sft["early_stopping_patience"]
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 0:
+        raise ConfigError(f"sft.early_stopping_patience must be a whole number >= 0, got {patience!r}")
+    if sft.get("eval_strategy") != "steps":
+        raise ConfigError(f"sft.early_stopping_patience={patience} stops on the held-out loss measured every "
+                          f"sft.eval_steps: set sft.eval_strategy=steps (it is {sft.get('eval_strategy')!r})")
+    eval_steps, save_steps = sft.get("eval_steps") or sft.get("logging_steps"), sft.get("save_steps")  # as TRL
+    if not eval_steps or not save_steps or save_steps % eval_steps:
+        raise ConfigError(f"sft.early_stopping_patience keeps the best evaluated checkpoint: sft.save_steps "
+                          f"({save_steps}) must be a multiple of sft.eval_steps ({eval_steps})")
 
 
 def run_sft(cfg: DictConfig) -> Path:
@@ -278,7 +336,10 @@ def run_sft(cfg: DictConfig) -> Path:
         trainer.train(resume_from_checkpoint=run.resume_checkpoint)
         after = _heldout_loss_after(trainer) if measured else None
         final = checkpoints.save_final(trainer, output_dir)
+        teacher_diversity = _diversity(run) if run.diversity_prompts else None
     before = _heldout_loss_before(trainer, output_dir) if measured else None
+    curve = [{"step": row["step"], "eval_loss": row["eval_loss"]} for row in trainer.state.log_history
+             if "eval_loss" in row]
     train_losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     summary = {
         "stage": run.stage,
@@ -291,6 +352,11 @@ def run_sft(cfg: DictConfig) -> Path:
         # null when the data has no held-out rows
         "heldout_loss_before": before,
         "heldout_loss_after": after,
+        # every held-out loss measured, by step (the curve early stopping reads)
+        "heldout_curve": curve,
+        "early_stopping": _early_stopping_summary(trainer) if trainer.args.early_stopping_patience else None,
+        # teacher_sft: how varied the trained teacher's explanations are (rlt_mono.diversity); null: not measured
+        "diversity": teacher_diversity.as_dict() if teacher_diversity else None,
         "final": str(final),
     }
     if trainer.args.should_save:
@@ -298,6 +364,38 @@ def run_sft(cfg: DictConfig) -> Path:
     logger.info("%s done: %d steps, held-out loss %s -> %s; model in %s", run.stage, summary["steps"], before,
                 after, final)
     return output_dir
+
+
+def _diversity(run: SFTRun) -> diversity.Diversity | None:
+    """The trained teacher's explanation diversity on held-out prompts; a collapsed teacher is warned about loudly.
+    One process only: under data parallel the ranks would sample apart (logged, not measured)."""
+    args = run.trainer.args
+    if launch.world_size() > 1:
+        logger.info("teacher_sft: explanation diversity is measured in one-process runs only (this run has %d "
+                    "ranks)", launch.world_size())
+        return None
+    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
+    found = diversity.measure(model, run.trainer.processing_class, run.diversity_prompts, args.diversity_samples,
+                              args.diversity_temperature, args.diversity_max_new_tokens,
+                              PromptFormat().explanation_end, seed=args.seed)
+    logger.info("teacher_sft: explanation diversity on %d held-out prompts x %d samples at temperature %s: "
+                "%.2f distinct per prompt, %.0f%% of prompts with identical samples, mean token entropy %.3f nats",
+                found.prompts, found.samples, found.temperature, found.distinct_per_prompt,
+                100 * found.all_same_frac, found.mean_token_entropy)
+    if problem := diversity.collapse_problem(found):
+        logger.warning("!" * 100)
+        logger.warning(problem)
+        logger.warning("!" * 100)
+    return found
+
+
+def _early_stopping_summary(trainer: trl.SFTTrainer) -> dict:
+    """Whether early stopping ended the run before its step budget, and the best held-out loss it kept."""
+    best = trainer.state.best_model_checkpoint
+    return {"patience": trainer.args.early_stopping_patience,
+            "stopped_early": trainer.state.global_step < trainer.state.max_steps,
+            "best_step": int(Path(best).name.rsplit("-", 1)[-1]) if best else None,
+            "best_heldout_loss": trainer.state.best_metric}
 
 
 def count_truncated(dataset: datasets.Dataset, num_rows: int, eos_token_id: int) -> int:
@@ -321,7 +419,10 @@ def _heldout_loss_before(trainer: trl.SFTTrainer, output_dir: Path) -> float | N
 
 
 def _heldout_loss_after(trainer: trl.SFTTrainer) -> float:
-    """Held-out loss after training: the evaluation ``sft.eval_strategy`` ran at the last step, else a new one."""
+    """Held-out loss after training: of the best checkpoint, which early stopping loaded; else the evaluation
+    ``sft.eval_strategy`` ran at the last step, else a new one."""
+    if trainer.args.load_best_model_at_end and trainer.state.best_metric is not None:
+        return trainer.state.best_metric
     for row in reversed(trainer.state.log_history):
         if "eval_loss" in row and row.get("step") == trainer.state.global_step:
             return row["eval_loss"]

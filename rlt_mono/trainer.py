@@ -38,7 +38,8 @@ import trl
 from transformers import TrainerCallback
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, lora, trl_vllm
+from rlt_mono import checkpoints, dynamic_sampling, lora, trl_vllm
+from rlt_mono.config import ConfigError
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
@@ -75,6 +76,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     ):
         trl_vllm.check_required()
         self.timer, self.swapper = timer, swapper
+        self._last_rewards: torch.Tensor | None = None
         self.teacher_reward = teacher_reward
         # The reward's model_context is where it runs the teacher itself: count those passes.
         teacher_reward.model_context = self._counting_teacher_passes(teacher_reward.model_context)
@@ -89,6 +91,9 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         with trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext():
             super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
+        if self.args.dynamic_sampling_rounds and self.accelerator.num_processes > 1:
+            raise ConfigError(f"trainer.dynamic_sampling_rounds={self.args.dynamic_sampling_rounds} needs one rank (a "
+                              "GRPO group may span ranks): set it to 0 under placement=dp/split")
         if self.is_fsdp_enabled:  # the reward's teacher passes gather the sharded teacher: every rank runs as many
             teacher_reward.sharded_teacher = self._largest_over_ranks
         if quantized and self.use_vllm and not self.trl_surface.one_call_sync:
@@ -132,6 +137,31 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _generate_and_score_completions(self, inputs):
+        scored = self._generate_and_score_once(inputs)
+        if not self.model.training:
+            return scored
+        group_size, step = self.num_generations, self.state.global_step
+        if self.accelerator.num_processes > 1:  # a group may span ranks: count tied groups only (rewards are global)
+            tied = dynamic_sampling.tied_groups(self._last_rewards, group_size)
+            self._metrics["train"]["groups/tied_frac"].append(tied.float().mean().item())
+            return scored
+
+        def score(rows: list[int]):
+            extra = [self.train_dataset[row] for row in rows for _ in range(group_size)]
+            return self._generate_and_score_once(extra), self._last_rewards
+
+        def draw(count: int, round_: int) -> list[int]:
+            return dynamic_sampling.fresh_prompts(len(self.train_dataset), count, self.args.seed, step, round_)
+
+        scored, stats = dynamic_sampling.refill_tied_groups(
+            scored, self._last_rewards, group_size, self.args.dynamic_sampling_rounds, score, draw,
+            self.processing_class.pad_token_id)
+        for name, value in stats.metrics.items():
+            self._metrics["train"][name].append(value)
+        return scored
+
+    def _generate_and_score_once(self, inputs):
+        """TRL's generation and scoring of one batch of prompts, inside the SCORE phase (GENERATE nests in it)."""
         self._capturing_policy_log_probs = self.trl_surface.reuses_policy_log_probs
         self._batch_inputs = inputs
         try:
@@ -203,7 +233,11 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             scores, student_start, student_end = self._student_job.result()
             self._record_overlap(self._actor_scoring_start, actor_end, student_start, student_end)
             inputs = [{**example, "student_scores": score} for example, score in zip(inputs, scores, strict=True)]
-        return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        # The weighted total TRL normalises per group (NaN where no reward function scored), for tied_groups.
+        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        self._last_rewards = torch.where(torch.isnan(rewards_per_func).all(dim=1), torch.nan, weighted)
+        return rewards_per_func
 
     def _largest_over_ranks(self, count: int) -> int:
         return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
