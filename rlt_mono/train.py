@@ -17,7 +17,7 @@ import subprocess
 import sys
 import traceback
 
-from rlt_mono import checkpoints, launch
+from rlt_mono import checkpoints, launch, run_lock
 from rlt_mono.config import available_run_configs, compose, config_groups
 from rlt_mono.errors import UserError
 from rlt_mono.fit import MODES as MEMORY_MODES
@@ -86,6 +86,7 @@ def _run(argv: list[str] | None) -> int:
             return launch.launch(cfg, args.config, args.overrides, gpus_present())
         if mode != "dp" and "placement" in cfg:
             launch.check_dp_keys_unused(cfg)
+        hold_run_folder(cfg)
         if not launch.in_rank():  # a rank sees the GPUs its launcher exposed
             expose_gpus(mode)
         run(cfg)
@@ -102,7 +103,24 @@ def _run(argv: list[str] | None) -> int:
                          f"below): {type(err).__name__}: {first}\n")
         traceback.print_exc()
         return 1
+    finally:
+        run_lock.release_all()
     return 0
+
+
+def hold_run_folder(cfg) -> None:
+    """Name the run's folder before its stage starts (``output_dir``, or a new ``run_dir`` when it is unset, which
+    the stage then uses) and hold its lock (``rlt_mono.run_lock``) until the stage ends, so no second run writes
+    into it. Not in a data-parallel rank (its launcher holds the lock), nor on any but the first machine of a
+    multi-machine run (the first holds the shared folder), nor for resume_from_checkpoint=true with output_dir unset
+    (the stage says to set it)."""
+    if launch.in_rank() or ("placement" in cfg and cfg.placement.get("machine_rank", 0) != 0):
+        return
+    if cfg.output_dir is None:
+        if cfg.get("resume_from_checkpoint") in (True, "true"):
+            return
+        cfg.output_dir = str(checkpoints.new_run_dir(cfg.run_dir))
+    run_lock.acquire(checkpoints.ensure_output_dir(cfg.output_dir))
 
 
 def check_run_keys(cfg) -> None:

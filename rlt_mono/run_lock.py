@@ -1,0 +1,109 @@
+"""One writer per run folder: an OS file lock on ``<run folder>/.lock``, held for the whole run.
+
+``rlt_mono.train`` takes it once it knows the run's folder, before the stage starts, and gives it back when the
+stage ends. A second process asking for the same folder stops at once with one line naming the holder (its pid,
+host, start time and command, written into the lock file). The lock is ``fcntl.flock``: the kernel releases it
+when its process ends, however it ends (``kill -9`` included), so a ``.lock`` left by a dead run is taken over
+(the lock succeeds; its old content is logged). Each folder has its own lock, not inherited by subfolders: a
+pipeline holds its root, each stage it launches its own stage folder; a data-parallel run's launcher holds it for
+all its ranks. The lock file is removed when the run ends.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from rlt_mono.atomic_write import write_error
+from rlt_mono.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+LOCK_FILE = ".lock"
+
+# Folders this process holds (resolved path -> the open lock file's descriptor), until release_all.
+_held: dict[Path, int] = {}
+
+
+class FolderInUse(UserError):
+    """Another live process writes into the folder."""
+
+
+def acquire(folder: str | Path) -> None:
+    """Hold ``folder``'s lock for this process (again: nothing to do). Raises ``FolderInUse`` naming the holder
+    when another live process holds it, ``DiskError`` when the folder cannot be written."""
+    folder = Path(folder).resolve()
+    if folder in _held:
+        return
+    path = folder / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise (write_error(path, err) or err) from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd)
+            os.close(fd)
+            raise FolderInUse(f"output_dir={folder} is in use by another run ({describe(holder)}): wait for it to "
+                              f"end{_stop_hint(holder)}, or choose another output_dir") from None
+        # The previous holder removes the file as it ends: if it did so between our open and our lock, we hold a
+        # file no one else will open; lock the one now at the path instead.
+        if _same_file(fd, path):
+            break
+        os.close(fd)
+    previous = _read(fd)
+    if previous:
+        logger.warning("%s: taking over the lock of a run that has ended (%s)", folder, describe(previous))
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    _held[folder] = fd
+
+
+def release_all() -> None:
+    """Give back every lock this process holds, removing the lock files (removed while still held, so no other
+    process can lock a file that is about to disappear)."""
+    for folder, fd in list(_held.items()):
+        try:
+            os.unlink(folder / LOCK_FILE)
+        except OSError:  # gone with its folder (a test's temporary folder, an aside move): nothing to remove
+            pass
+        os.close(fd)
+        del _held[folder]
+
+
+def describe(record: dict | None) -> str:
+    """``pid 123 on host gpu1 since 2026-01-02 03:04:05: python -m rlt_mono.train ...``."""
+    if not record:
+        return "it has not written its details yet"
+    return (f"pid {record.get('pid')} on host {record.get('host')} since {record.get('since')}: "
+            f"{record.get('command', '?')}")
+
+
+def _stop_hint(record: dict | None) -> str:
+    if record and record.get("host") == socket.gethostname():
+        return f" or stop it (kill {record.get('pid')})"
+    return " or stop it"
+
+
+def _read(fd: int) -> dict | None:
+    try:
+        return json.loads(os.pread(fd, 65536, 0).decode())
+    except (ValueError, UnicodeDecodeError):  # empty (its holder is writing it) or not ours
+        return None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False

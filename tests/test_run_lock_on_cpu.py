@@ -1,0 +1,98 @@
+"""One writer per run folder (rlt_mono.run_lock): a live holder stops a second writer in one line naming it, a lock
+left by a killed run is taken over, and the dispatcher holds the lock for the whole stage (not in a rank)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlt_mono import run_lock, train
+from rlt_mono.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+HOLD = ("import sys, time\nfrom rlt_mono import run_lock\nrun_lock.acquire(sys.argv[1])\nprint('held', flush=True)\n"
+        "time.sleep(120)\n")
+TRY = ("import sys\nfrom rlt_mono import run_lock\ntry:\n    run_lock.acquire(sys.argv[1])\n"
+       "except run_lock.FolderInUse as err:\n    print(err)\n")
+
+
+@pytest.fixture(autouse=True)
+def _release():
+    yield
+    run_lock.release_all()
+
+
+def _holder(folder: Path) -> subprocess.Popen:
+    """Another process holding ``folder``'s lock (it says 'held' once it does)."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_a_second_writer_stops_naming_the_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
+    holder = _holder(tmp_path)
+    try:
+        with pytest.raises(run_lock.FolderInUse, match=rf"^output_dir={tmp_path} is in use by another run \(pid "
+                           rf"{holder.pid} on host {socket.gethostname()} since .*: wait for it to end or stop it "
+                           rf"\(kill {holder.pid}\), or choose another output_dir$"):
+            run_lock.acquire(tmp_path)
+    finally:
+        holder.send_signal(signal.SIGKILL)  # a killed run leaves its .lock file behind, its flock released
+        holder.wait()
+    assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == holder.pid
+    run_lock.acquire(tmp_path)
+    assert f"taking over the lock of a run that has ended (pid {holder.pid}" in caplog.text
+    assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+    run_lock.release_all()
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+
+
+def test_the_dispatcher_refuses_a_folder_in_use_before_the_stage_starts(tmp_path, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr(train, "_stage_function", lambda stage: started.append)
+    holder = _holder(tmp_path)
+    try:
+        assert train.main(["distill_tiny", f"output_dir={tmp_path}"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not started
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: output_dir={tmp_path} is in use by another run (pid {holder.pid} on host")
+
+
+def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stage(tmp_path, monkeypatch):
+    seen = {}
+
+    def stage(cfg):  # what the stage sees: its folder named and locked by this process
+        seen["folder"] = Path(cfg.output_dir)
+        seen["holder"] = json.loads((seen["folder"] / run_lock.LOCK_FILE).read_text())["pid"]
+        second = subprocess.run([sys.executable, "-c", TRY, cfg.output_dir], cwd=ROOT, capture_output=True, text=True)
+        seen["second writer"] = second.stdout.strip()
+        raise UserError("stopped before writing anything")
+
+    monkeypatch.setattr(train, "_stage_function", lambda name: stage)
+    assert train.main(["distill_tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
+    assert seen["folder"] == tmp_path / "new" and seen["holder"] == os.getpid()
+    assert seen["second writer"].startswith(f"output_dir={tmp_path}/new is in use by another run (pid {os.getpid()}")
+    assert not (tmp_path / "new").exists()  # lock released, so the unused new folder was removed
+
+
+def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_launcher(tmp_path, monkeypatch):
+    from rlt_mono.config import compose
+
+    cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path}"])
+    monkeypatch.setenv("RLT_MONO_LAUNCHED", "1")
+    train.hold_run_folder(cfg)
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+    monkeypatch.delenv("RLT_MONO_LAUNCHED")
+    train.hold_run_folder(compose("teacher_sft_tiny", [f"output_dir={tmp_path}", "placement=dp",
+                                                       "placement.num_machines=2", "placement.machine_rank=1"]))
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+    train.hold_run_folder(cfg)
+    assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
