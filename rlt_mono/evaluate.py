@@ -9,10 +9,11 @@ On the held-out rows, for the teacher ``model.model_name_or_path`` and the stude
   log-prob of the solution given the question and that explanation (temperature 1, mean over the solution's
   tokens; the reward's ``r_ss`` uses the reward's temperature instead);
 - student half (``eval.student_accuracy``): the student answers from the question alone (its chat with system
-  and user turns only, greedy); a row is checkable when its solution says "The answer is N" (the embedded
-  arithmetic: compared with the number after the student's last "The answer is", or in its last ``\boxed{}``
-  when it never says that) or it has an
-  ``answer`` column (``math-verify`` against the student's solution section).
+  and user turns only, greedy); a row is checkable when it has an ``answer`` column or its solution says "The
+  answer is N". math-verify parses and compares the answers (``check_answer``): the student's stated answer (after
+  its last "The answer is", the format student SFT teaches; else its solution section; else its whole output,
+  where math-verify takes a ``\boxed{}`` first). An output with no answer math-verify can parse counts as wrong
+  and is counted apart (``student/unparsed_frac``).
 
 Each figure is a mean over questions with a percentile-bootstrap interval (``eval.confidence``, resampling
 questions ``eval.bootstrap_resamples`` times with the run's seed). Output: ``eval.json`` (the figures) and
@@ -66,10 +67,12 @@ METRICS = {
     "unmatched": "teacher/unmatched_frac",
     "solution_log_prob": "student/solution_log_prob",
     "correct": "student/accuracy",
+    "unparsed": "student/unparsed_frac",
 }
-_THE_ANSWER_IS = re.compile(r"The answer is\s*\$?(-?[\d,]*\.?\d+)")
-# An instruct model's own way of stating a result (Qwen2.5: "the final number of trees is \boxed{51}").
-_BOXED_NUMBER = re.compile(r"\\boxed\{\s*\$?(-?[\d,]*\.?\d+)\s*\}")
+# Where a stated answer starts: the sentence the embedded and GSM-Symbolic solutions end with.
+THE_ANSWER_IS = "The answer is"
+# A full stop that ends a sentence (not the point of 3.5), or a line break.
+_SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
 
 
 @dataclass
@@ -92,23 +95,27 @@ class EvalConfig(SamplingOptions):
 
 
 # ---- statistics and answer checks -------------------------------------------------------------------------
-def check_answer(row: dict, student_output: str) -> bool | None:
-    """Whether the student's output answers ``row`` correctly; None when the row has no checkable answer."""
-    gold = _THE_ANSWER_IS.findall(row["solution"])
-    if gold:  # the student's last "The answer is N", else its last \boxed{N} (a student not trained on the format)
-        said = _THE_ANSWER_IS.findall(student_output) or _BOXED_NUMBER.findall(student_output)
-        return bool(said) and _number(said[-1]) == _number(gold[-1])
-    if row.get("answer"):
-        from math_verify import parse, verify
-
-        answer = row["answer"] if "$" in row["answer"] else f"${row['answer']}$"  # parse LaTeX, not the first number
-        solution_part = student_output.rsplit(begin_tag("solution"), 1)[-1]
-        return bool(verify(parse(answer), parse(solution_part)))
-    return None
+def stated_answer(text: str) -> str:
+    """The part of a text that states its answer: after its last "The answer is", else after its last solution
+    tag, else all of it (math-verify then prefers a ``\\boxed{}``, an instruct model's own way)."""
+    if THE_ANSWER_IS in text:  # that sentence only: up to the first full stop that ends it, or the line's end
+        return _SENTENCE_END.split(text.rsplit(THE_ANSWER_IS, 1)[1].lstrip(), maxsplit=1)[0]
+    return text.rsplit(begin_tag("solution"), 1)[-1]
 
 
-def _number(text: str) -> float:
-    return float(text.replace(",", ""))
+def check_answer(row: dict, student_output: str) -> tuple[bool | None, bool]:
+    """``(correct, parsed)``: whether the student's output answers ``row`` correctly (None when the row has no
+    checkable answer) and whether math-verify found an answer in it at all (an unparsed answer is wrong)."""
+    from math_verify import parse, verify
+
+    said = parse(stated_answer(student_output))
+    if row.get("answer"):  # LaTeX-delimited, so that math-verify reads the whole expression, not its first number
+        gold = parse(row["answer"] if "$" in row["answer"] else f"${row['answer']}$")
+    elif THE_ANSWER_IS in row["solution"]:
+        gold = parse(stated_answer(row["solution"]))
+    else:
+        return None, bool(said)
+    return bool(gold) and bool(said) and bool(verify(gold, said)), bool(said)
 
 
 # ---- the two halves ---------------------------------------------------------------------------------------
@@ -161,7 +168,31 @@ def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows
     finally:
         generator.close()
     texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
-    return [{"student_output": text, "correct": check_answer(row, text)} for row, text in zip(rows, texts)]
+    return [answer_record(row, text) for row, text in zip(rows, texts)]
+
+
+def answer_record(row: dict, student_output: str) -> dict:
+    """The student half's fields of one eval row: its output, whether it is right, whether it parsed."""
+    correct, parsed = check_answer(row, student_output)
+    return {"student_output": student_output, "correct": correct, "unparsed": None if correct is None else not parsed}
+
+
+def summarize_records(records: list[dict], confidence: float, resamples: int, seed: int) -> dict:
+    """``{"metrics": ...}``: every figure of ``METRICS`` the rows carry, as ``summarize`` gives it; with
+    ``"by_heldout": {set: metrics}`` beside it when rows say which held-out set they are in (``heldout``:
+    held-out instances of the training templates, held-out templates)."""
+    def figures(subset: list[dict]) -> dict:
+        return {name: summarize([float(r[field]) for r in subset if r.get(field) is not None], confidence,
+                                resamples, seed)
+                for field, name in METRICS.items() if any(field in r for r in subset)}
+
+    summary = {"metrics": figures(records)}
+    sets = sorted({r["heldout"] for r in records if r.get("heldout")})
+    if sets:
+        summary["by_heldout"] = {name: {"questions": sum(r.get("heldout") == name for r in records),
+                                        "metrics": figures([r for r in records if r.get("heldout") == name])}
+                                 for name in sets}
+    return summary
 
 
 # ---- the stage --------------------------------------------------------------------------------------------
@@ -174,8 +205,7 @@ def run_eval(cfg: DictConfig) -> Path:
         raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
                           "set a teacher, or eval.student_accuracy=true")
     rows, source = stage_rows(cfg, "eval")
-    needs_math_verify = any(r.get("answer") and not _THE_ANSWER_IS.search(r["solution"]) for r in rows)
-    if options.student_accuracy and needs_math_verify and importlib.util.find_spec("math_verify") is None:
+    if options.student_accuracy and importlib.util.find_spec("math_verify") is None:
         raise UserError("the held-out rows' answers are checked with math-verify, which is not installed: "
                         "pip install math-verify, or set eval.student_accuracy=false")
     output_dir = stage_output_dir(cfg)
@@ -184,7 +214,7 @@ def run_eval(cfg: DictConfig) -> Path:
     logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)
-    records = [{k: row[k] for k in ("question", "solution", "answer") if k in row} for row in rows]
+    records = [{k: row[k] for k in ("question", "solution", "answer", "heldout") if k in row} for row in rows]
     try:
         if with_teacher:
             for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
@@ -195,12 +225,6 @@ def run_eval(cfg: DictConfig) -> Path:
     except torch.OutOfMemoryError as err:
         raise UserError("out of GPU memory: lower reward.micro_batch_size, eval.rows_per_batch or "
                         "eval.vllm_gpu_memory_utilization") from err
-    metrics = {
-        name: summarize([float(r[field]) for r in records if r.get(field) is not None], options.confidence,
-                        options.bootstrap_resamples, cfg.seed)
-        for field, name in METRICS.items()
-        if any(field in r for r in records)
-    }
     result = {
         "teacher": cfg.model.model_name_or_path,
         "student": cfg.student.model_name_or_path,
@@ -208,7 +232,7 @@ def run_eval(cfg: DictConfig) -> Path:
         "questions": len(rows),
         "confidence": options.confidence,
         "seed": cfg.seed,
-        "metrics": metrics,
+        **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
     }
     with open(output_dir / ROWS_FILE, "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in records)
@@ -235,6 +259,11 @@ def compare_table(paths: list[str | Path]) -> str:
     metric_names = [m for m in METRICS.values() if any(m in r["metrics"] for r in results)]
     for name in metric_names:
         lines.append(f"| {name} | " + " | ".join(_cell(r["metrics"].get(name)) for r in results) + " |")
+    sets = sorted({name for r in results for name in r.get("by_heldout", {})})
+    for held_out in sets:  # each held-out set apart (gsm_symbolic: instances, templates)
+        parts = [r.get("by_heldout", {}).get(held_out, {}).get("metrics", {}) for r in results]
+        for name in metric_names:
+            lines.append(f"| {name} [{held_out}] | " + " | ".join(_cell(p.get(name)) for p in parts) + " |")
     return "\n".join(lines)
 
 
@@ -253,10 +282,9 @@ def rescore(folder: Path, resamples: int = 2000) -> dict:
         raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
     for row in rows:
         if "student_output" in row:
-            row["correct"] = check_answer(row, row["student_output"])
+            row.update(answer_record(row, row["student_output"]))
     result = json.loads((folder / EVAL_FILE).read_text())
-    checked = [float(r["correct"]) for r in rows if r.get("correct") is not None]
-    result["metrics"][METRICS["correct"]] = summarize(checked, result["confidence"], resamples, result["seed"])
+    result.update(summarize_records(rows, result["confidence"], resamples, result["seed"]))
     result["rescored"] = True
     (folder / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")

@@ -165,10 +165,12 @@ def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_co
         UserError: unreadable source, no row with ``explanation_column``, a bad row (with ``on_bad_row=error``),
             no train row.
     """
-    heldout_questions = {_question_key(row["question"])
-                         for row in load_split(replace(data_config, max_rows=None), seed, "eval")}
+    every = replace(data_config, max_rows=None)
+    train_questions, heldout_questions = ({_question_key(row["question"]) for row in load_split(every, seed, split)}
+                                          for split in ("train", "eval"))
     rows, skipped = _usable_rows(load_rows(data_config, seed=seed), data_config, stage, explanation_column)
-    train = [row for row in rows if _question_key(row["question"]) not in heldout_questions]
+    # A row of a held-out template that the eval split did not sample is in neither: no stage trains on it.
+    train = [row for row in rows if _question_key(row["question"]) in train_questions]
     heldout = [row for row in rows if _question_key(row["question"]) in heldout_questions]
     if data_config.max_rows is not None:
         train, heldout = train[: data_config.max_rows], heldout[: data_config.max_rows]

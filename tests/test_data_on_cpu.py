@@ -3,6 +3,7 @@
 import json
 import socket
 import time
+from dataclasses import MISSING as MISSING_FIELD
 from dataclasses import fields
 
 import datasets
@@ -378,6 +379,8 @@ DATA_OPTIONS = {
     "champ": {"source": "champ", "embedded_rows": 0},
     "custom": {"source": MISSING, "embedded_rows": 0},
     "bespoke_stratos": {"source": "bespokelabs/Bespoke-Stratos-17k", "row_format": "stratos", "embedded_rows": 0},
+    "gsm_symbolic": {"source": "gsm_symbolic", "embedded_rows": 0, "seed": 0, "eval_rows": 200,
+                     "heldout_templates": [0, 11, 19, 29, 40, 48, 56, 67, 80, 91], "heldout_template_rows": 200},
 }
 
 
@@ -389,5 +392,5 @@ def test_every_data_option_is_tested():
 def test_data_option_composes_to_the_dataclass_defaults_but_what_it_sets(option):
     composed = compose("demo_tiny", [f"data={option}"]).data
     values = OmegaConf.to_container(composed)  # ??? stays the string "???"
-    defaults = {f.name: f.default for f in fields(DataConfig)}
+    defaults = {f.name: f.default_factory() if f.default is MISSING_FIELD else f.default for f in fields(DataConfig)}
     assert values == {**defaults, **DATA_OPTIONS[option]}

@@ -93,10 +93,15 @@ def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_th
     row = {"question": "q", "solution": "The answer is 51.", "answer": "51"}
     # Qwen2.5-Coder-0.5B-Instruct's own answer to a held-out question (GPU eval, 2026-11-22), shortened
     qwen = "3. **New Trees Planted:** \\(39 + 12 = 51\\) trees now.\n\nSo the number is \\(\\boxed{51}\\)."
-    assert check_answer(row, qwen) is True
-    assert check_answer(row, "\\boxed{50}") is False
-    assert check_answer(row, "The answer is 51. Check: \\boxed{3}") is True  # the stated format wins
-    assert check_answer(row, "no number at all") is False
+    assert check_answer(row, qwen) == (True, True)
+    assert check_answer(row, "\\boxed{50}") == (False, True)
+    assert check_answer(row, "The answer is 51. Check: \\boxed{3}") == (True, True)  # the stated format wins
+    assert check_answer(row, "no number at all") == (False, False)  # wrong, and counted as unparsed
+    assert check_answer(row, "The answer is 51.0") == (True, True)  # math-verify compares values, not strings
+    assert check_answer({**row, "answer": "1234"}, "so \\boxed{1,234}") == (True, True)  # a thousands comma
+    assert check_answer({**row, "answer": "3.5"}, "The answer is 3.5.\nThen 7.") == (True, True)
+    assert check_answer({"question": "q", "solution": "The answer is 7."}, "The answer is 7") == (True, True)
+    assert check_answer({"question": "q", "solution": "no stated answer"}, "The answer is 7") == (None, True)
 
     folder = tmp_path / "6_eval_student"
     rows = [{**row, "question": "a", "student_output": qwen, "correct": False},
@@ -109,6 +114,7 @@ def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_th
     result = json.loads((folder / "eval.json").read_text())
     assert result["rescored"] is True and result["metrics"]["student/accuracy"]["mean"] == 0.5
     assert result["metrics"]["student/accuracy"]["n"] == 2  # the uncheckable row stays out
+    assert result["metrics"]["student/unparsed_frac"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 2}
     assert [json.loads(line)["correct"] for line in (folder / "eval_rows.jsonl").open()] == [True, False, None]
 
 
