@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlt_mono.atomic_write import check_free_space, write_error
 from rlt_mono.errors import RunInterrupted, UserError
 
 logger = logging.getLogger(__name__)
@@ -303,6 +304,10 @@ class VerifiedCheckpoints:
         staging = staging_root / name
         # Data parallel: rank 0 writes the model, optimizer and extra files, every rank its RNG file; the folder
         # is made before any rank writes and published after every rank wrote.
+        previous = _newest_checkpoint_size(run_dir)
+        if previous:  # every rank checks (the same disk), so none waits below for one that stopped
+            check_free_space(run_dir, previous, f"{name} (as large as the last checkpoint)",
+                             then=f"resume with {_resume_hint(run_dir)}")
         if self.args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
@@ -354,9 +359,13 @@ FINAL_DIR = "final"
 
 def save_final(trainer, output_dir: Path) -> Path:
     """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete. A LoRA
-    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.lora``)."""
+    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.lora``). Stops first, in
+    one line, when the disk has less free than the weights need."""
     from rlt_mono import lora
 
+    weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    check_free_space(output_dir, weights, f"{FINAL_DIR}/ (the model's weights)",
+                     then=f"resume with {_resume_hint(output_dir)}")
     staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
     main_process = trainer.args.should_save  # data parallel: rank 0 writes, the other ranks wait
     if main_process:
@@ -385,21 +394,37 @@ def training_failures(trainer, output_dir: Path, memory_hint: str) -> Iterator[N
         raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with "
                              f"{_resume_hint(output_dir)}") from err
     except Exception as err:
-        if is_disk_full(err):
-            raise UserError(f"disk full while writing {getattr(err, 'filename', None) or output_dir}: free space, "
-                            f"then resume with {_resume_hint(output_dir)}") from err
+        if isinstance(err, OSError) or is_disk_full(err):  # full, read-only or not ours: one line (write_error)
+            as_os_error = err if isinstance(err, OSError) else OSError(errno.ENOSPC, str(err))
+            error = write_error(getattr(err, "filename", None) or output_dir, as_os_error,
+                                then=f"resume with {_resume_hint(output_dir)}")
+            if error is not None:
+                raise error from err
         if type(err).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
             raise
         raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; resume "
                         f"with {_resume_hint(output_dir)}") from err
 
 
+# What libraries say when a write runs out of disk: safetensors' writer (Rust) "No space left on device (os error
+# 28)"; torch.save's zip writer (caffe2 inline_container.cc) "file write failed" or "unexpected pos" (the bytes it
+# wrote are fewer than it meant to).
+DISK_FULL_TEXTS = ("No space left on device", "file write failed", "unexpected pos")
+
+
 def is_disk_full(err: BaseException) -> bool:
-    """An ``OSError`` with ``ENOSPC``, or a library error carrying its text: safetensors' writer (Rust) raises
-    ``SafetensorError: ... No space left on device (os error 28)`` for a full disk."""
+    """An ``OSError`` with ``ENOSPC`` / ``EDQUOT``, or a library error carrying one of ``DISK_FULL_TEXTS``."""
     if isinstance(err, OSError):
-        return err.errno == errno.ENOSPC
-    return "No space left on device" in str(err)
+        return err.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(text in str(err) for text in DISK_FULL_TEXTS)
+
+
+def _newest_checkpoint_size(run_dir: Path) -> int:
+    """Bytes of the newest ``checkpoint-N`` in ``run_dir`` (0: none yet): what the next one will about need."""
+    if not run_dir.is_dir():
+        return 0
+    steps = sorted((p for p in run_dir.iterdir() if checkpoint_step(p) is not None), key=checkpoint_step)
+    return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file()) if steps else 0
 
 
 def _resume_hint(output_dir: Path) -> str:

@@ -11,7 +11,8 @@
 
 ``RunFilesCallback`` writes them all during training. A resumed run first drops the rows of the steps it is about
 to run again, and a last line cut short by a killed process (``drop_rows_after``); any other unreadable line stops
-it with a ``UserError`` naming the file and line.
+it with a ``UserError`` naming the file and line. Rows are appended whole (``rlt_mono.atomic_write.append_text``):
+on a full or read-only disk the file is cut back to its last complete row and the run stops with one line.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from rlt_mono.atomic_write import append_text, write_text
 from rlt_mono.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -82,13 +84,12 @@ class RunFilesCallback(TrainerCallback):
         event = (SUMMARY_EVENT if is_summary_log(logs) else
                  EVAL_EVENT if any(key.startswith("eval_") for key in logs) else STEP_EVENT)
         row = {"event": event, "step": state.global_step, **{k: _jsonable(v) for k, v in logs.items()}}
-        with open(self.output_dir / METRICS_FILE, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        then = f"resume with output_dir={self.output_dir} resume_from_checkpoint=true"
+        append_text(self.output_dir / METRICS_FILE, json.dumps(row) + "\n", then)
         scores = getattr(self.reward, "last_scores", None) or []
         if self.samples_per_step and scores and event == STEP_EVENT and "reward" in logs:
-            with open(self.output_dir / SAMPLES_FILE, "a") as f:
-                for sample in scores[: self.samples_per_step]:
-                    f.write(json.dumps(sample_row(state.global_step, sample)) + "\n")
+            append_text(self.output_dir / SAMPLES_FILE, "".join(json.dumps(sample_row(state.global_step, sample)) + "\n"
+                                                                for sample in scores[: self.samples_per_step]), then)
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
@@ -163,9 +164,7 @@ def drop_rows_after(path: str | Path, step: int) -> None:
     text = "".join(line + "\n" for line in kept)
     if text == original:
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    write_text(path, text)
     if dropped:
         logger.info("resuming at step %d: dropped %d rows of later steps from %s", step, dropped, path)
 
