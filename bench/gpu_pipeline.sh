@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The whole RLT pipeline (or its "Does it teach?" study) on the GPU machine, which has no network: run from the
 # repository root there.
-#   bash bench/gpu_pipeline.sh stash <carried folder>     copy a part (GPU stack or model) to /root/parts
+#   bash bench/gpu_pipeline.sh stash <carried folder>     copy a part (GPU stack, model, wheel) to /root/parts
 #   bash bench/gpu_pipeline.sh run <run config> <seconds> [overrides]
 #       install the GPU stack (../shared/device bundle) and every GGUF whose parts are stashed, if not yet done;
 #       run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its results to $OUT.
-# Calls back to back on a warm machine: stash the two stack parts, stash the model parts, then `run` as often as
-# needed (a rerun continues where the last stopped: rlt_mono.pipeline). Model parts are the .gguf that
-# `python -m rlt_mono.pretrained fetch <name>` caches, cut with `split -b 62000000 -d` and named <prefix>.partNN
-# (prefixes below); each is carried in its own call (a call carries at most 64 MiB).
+#   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2>
+#       the same set-up, then bench/study_gsm.sh in the background (it outlives the call): one teacher SFT, then
+#       one study pipeline per seed side by side on the GPU, then rlt_mono.study's aggregate; returns at once.
+#   bash bench/gpu_pipeline.sh wait <seconds>
+#       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz, logs).
+# Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
+# needed (a rerun continues where the last stopped: rlt_mono.pipeline), or `study` then `wait` until it is done.
+# Model parts are the .gguf that `python -m rlt_mono.pretrained fetch <name>` caches, cut with
+# `split -b 62000000 -d` and named <prefix>.partNN (prefixes below); each is carried in its own call (a call
+# carries at most 64 MiB). The reasoning-gym wheel (data=gsm_symbolic) travels beside a stack part.
 set -euo pipefail
 parts=/root/parts
 cache=/root/rltcache
@@ -18,26 +24,32 @@ models=(
   "qwen05 qwen2.5_coder_0.5b_instruct-1d9614638d18.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 )
 
+# The GPU stack, the carried wheels (gguf, math-verify), the stashed GGUF models and the reasoning-gym wheel.
+setup() {
+  bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1   # skips a bundle already unpacked
+  eval "$(tail -1 "$OUT/install.log")"
+  # gguf and math-verify (pure Python) travel as wheels in the carried .whl folder (see the README's GPU section).
+  [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
+  export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
+  mkdir -p "$cache/pypi" "$cache/reasoning-gym"
+  for model in "${models[@]}"; do
+    read -r prefix file sha <<< "$model"
+    if [ ! -f "$cache/pypi/$file" ] && compgen -G "$parts/$prefix.part*" > /dev/null; then
+      cat "$parts/$prefix".part* > "$cache/pypi/$file.tmp"
+      echo "$sha  $cache/pypi/$file.tmp" | sha256sum -c -
+      mv "$cache/pypi/$file.tmp" "$cache/pypi/$file"
+    fi
+  done
+  cp -n "$parts"/reasoning_gym-*.whl "$cache/reasoning-gym/" 2>/dev/null || true
+  export RLT_MONO_CACHE=$cache PYTHONUNBUFFERED=1
+}
+
 case "${1:-}" in
   stash)
     mkdir -p "$parts" && cp -f "$2"/* "$parts"/ && ls -la "$parts" ;;
   run)
     config=$2 seconds=$3; shift 3
-    bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1   # skips a bundle already unpacked
-    eval "$(tail -1 "$OUT/install.log")"
-    # gguf (pure Python) travels as a wheel in the carried .whl folder (see the README's GPU section).
-    [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
-    export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
-    mkdir -p "$cache/pypi"
-    for model in "${models[@]}"; do
-      read -r prefix file sha <<< "$model"
-      if [ ! -f "$cache/pypi/$file" ] && compgen -G "$parts/$prefix.part*" > /dev/null; then
-        cat "$parts/$prefix".part* > "$cache/pypi/$file.tmp"
-        echo "$sha  $cache/pypi/$file.tmp" | sha256sum -c -
-        mv "$cache/pypi/$file.tmp" "$cache/pypi/$file"
-      fi
-    done
-    export RLT_MONO_CACHE=$cache PYTHONUNBUFFERED=1
+    setup
     status=0
     timeout "$seconds" ./launch_mono.sh "$config" output_dir=/root/pipeline "$@" 2>&1 | tee -a "$OUT/pipeline.log" \
       | grep -v "it/s\]\|s/it\]" || status=$?
@@ -45,6 +57,21 @@ case "${1:-}" in
     tar czf "$OUT/pipeline_results.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' . || true
     for f in */eval.json */sft_summary.json pipeline.json study.json study_table.md; do [ -f "$f" ] && cp "$f" "$OUT/${f//\//__}"; done
     exit $status ;;
+  study)
+    setup
+    mkdir -p /root/study
+    setsid nohup bash bench/study_gsm.sh /root/study "$2" > /root/study/orchestrator.log 2>&1 < /dev/null &
+    sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+  wait)
+    end=$((SECONDS + $2))
+    while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
+    nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h /root | tail -1
+    tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
+    cd /root/study
+    tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
+      --exclude='1_teacher_sft' --exclude='*.partial-*' seed* aggregate logs orchestrator.log 2>/dev/null || true
+    tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
+    ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
     sed -n 2,11p "$0"; exit 2 ;;
 esac

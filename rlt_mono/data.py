@@ -13,7 +13,7 @@ a function of the seed and the rows only, so a training run never sees an evalua
 ``template`` (``gsm_symbolic``) can also be held out by whole templates (``data.heldout_templates``): no row of
 those templates is ever a training row, ``data.heldout_template_rows`` of them join the eval split, and each eval
 row then says which held-out set it belongs to (``heldout``: ``instances`` of training templates, or
-``templates``). Each row
+``templates``; the two alternate in the split). Each row
 then becomes a TRL example whose ``prompt`` is the teacher chat rendered with the teacher's chat template
 up to the prefilled ``<|begin_of_explanation|>`` (a plain string, so TRL tokenizes it as is and generation
 continues the assistant turn), plus the columns the reward reads. The method is described in docs/METHOD.md.
@@ -22,6 +22,7 @@ continues the assistant turn), plus the columns the reward reads. The method is 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import math
 from collections.abc import Iterable
@@ -240,8 +241,11 @@ def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[i
         count = len(template_questions) if config.heldout_template_rows is None else \
             min(config.heldout_template_rows, len(template_questions))
         by_template = held_out_questions(template_questions, seed, count)
-        chosen = [(i, {**row, "heldout": "instances"}) for i, row in chosen] + [
-            (i, {**row, "heldout": "templates"}) for i, row in indexed if _question_key(row["question"]) in by_template]
+        instances = [(i, {**row, "heldout": "instances"}) for i, row in chosen]
+        templates = [(i, {**row, "heldout": "templates"}) for i, row in indexed
+                     if _question_key(row["question"]) in by_template]
+        # Alternated, so that any first N rows (max_rows, trainer.eval_questions) hold both sets.
+        chosen = [pair for both in itertools.zip_longest(instances, templates) for pair in both if pair is not None]
     if config.max_rows is not None:
         chosen = chosen[: config.max_rows]
     logger.info("data: %d %s rows from %s (%d of %d questions held out for eval; %d more questions of %d held-out "
