@@ -18,7 +18,9 @@ file is written (filter on ``matched`` or ``total`` there if wanted).
 
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
-written are skipped. Generation uses vLLM on a GPU (asleep while the reward's models score) and
+written are skipped. Appends are keyed by question (``DistillFile``): each batch first reads what is in the file
+(under a lock of the file) and writes only the questions not there yet, so no path writes a question twice.
+Generation uses vLLM on a GPU (asleep while the reward's models score) and
 ``transformers`` ``generate`` on CPU (``placement.rollout``).
 
 Run::
@@ -29,9 +31,9 @@ Run::
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +42,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from rlt_mono.checkpoints import is_disk_full
+from rlt_mono.atomic_write import append_to, write_text, writing
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.explanations import (
@@ -103,10 +105,55 @@ def completed_keys(path: Path, per_question: int) -> set[tuple[str, str]]:
     if len(kept) < len(lines):
         logger.warning("%s: dropping %d incomplete lines (a run stopped while writing); their questions run again",
                        path, len(lines) - len(kept))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(kept))
-        tmp.replace(path)
+        write_text(path, "".join(kept))
     return done
+
+
+class DistillFile:
+    """``distill.jsonl`` open for appending, keyed by question (``row_key``). Each ``append`` holds an exclusive
+    lock of the file while it reads the lines written since its last look (by this run or any other) and writes
+    only the rows of questions not in the file yet, so neither a resumed run nor a second writer repeats a question.
+    A write that fails is cut back to the last complete line; a full or read-only disk is one ``DiskError`` line
+    saying ``then`` (how to resume)."""
+
+    def __init__(self, path: Path, then: str):
+        self.path = path
+        self.then = then
+        self.keys: set[tuple[str, str]] = set()
+        self.read_to = 0  # bytes of the file already read into keys
+        with writing(path, then=then):
+            self.file = open(path, "ab+")  # closed by close()
+
+    def append(self, rows: list[dict]) -> int:
+        """Append ``rows`` (every row of a question at once) but those of questions already in the file; returns
+        how many questions were written."""
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        try:
+            self._read_new_lines()
+            new = [row for row in rows if row_key(row) not in self.keys]
+            data = "".join(json.dumps(row) + "\n" for row in new).encode()
+            with writing(self.path, len(data), self.then):
+                append_to(self.file, data, sync=True)
+            self.read_to = self.file.tell()
+            keys = {row_key(row) for row in new}
+            self.keys |= keys
+            return len(keys)
+        finally:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def _read_new_lines(self) -> None:
+        self.file.seek(self.read_to)
+        data = self.file.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        for line in complete.splitlines():
+            try:
+                self.keys.add(row_key(json.loads(line)))
+            except (ValueError, KeyError, TypeError):  # not a row: completed_keys dropped such lines at start
+                continue
+        self.read_to += len(complete)
 
 
 # ---- the stage --------------------------------------------------------------------------------------------
@@ -139,32 +186,29 @@ def run_distill(cfg: DictConfig) -> Path:
                                stop_strings=(models.prompt_format.explanation_end,))
     # ---- explain, score, append -----------------------------------------------------------------------
     written = 0
+    out = DistillFile(out_path, then=f"resume with output_dir={output_dir}")
     try:
-        with open(out_path, "a") as out, tqdm(total=len(rows), initial=len(rows) - len(todo), desc="distill",
-                                              unit="question") as bar:
+        with tqdm(total=len(rows), initial=len(rows) - len(todo), desc="distill", unit="question") as bar:
             for first in range(0, len(todo), options.rows_per_batch):
                 batch = todo[first : first + options.rows_per_batch]
                 samples = explain(models, generator, batch, options.samples_per_question, options.temperature)
-                lines = [json.dumps(_distill_row(row, s, cfg.model.model_name_or_path)) + "\n"
-                         for row, per_row in zip(batch, samples) for s in _select(per_row, options.selection)]
-                out.write("".join(lines))
-                out.flush()
-                os.fsync(out.fileno())
-                written += len(batch)
+                kept = [_distill_row(row, s, cfg.model.model_name_or_path)
+                        for row, per_row in zip(batch, samples) for s in _select(per_row, options.selection)]
+                appended = out.append(kept)
+                if appended < len(batch):
+                    logger.warning("distill: %d questions of this batch were in %s already (written by another "
+                                   "run), not written again", len(batch) - appended, out_path)
+                written += appended
                 bar.update(len(batch))
     except KeyboardInterrupt as err:
         raise RunInterrupted(f"distill interrupted after {written} of {len(todo)} questions; resume with "
                              f"output_dir={output_dir}") from err
-    except OSError as err:
-        if not is_disk_full(err):
-            raise
-        raise UserError(f"disk full while writing {out_path}: free space, then resume with output_dir={output_dir}"
-                        ) from err
     except torch.OutOfMemoryError as err:
         raise UserError(f"out of GPU memory after {written} of {len(todo)} questions: lower reward.micro_batch_size, "
                         "distill.rows_per_batch or distill.vllm_gpu_memory_utilization; resume with "
                         f"output_dir={output_dir}") from err
     finally:
+        out.close()
         generator.close()
     logger.info("distill: wrote %d questions to %s (%s)", written, out_path,
                 ", ".join(f"{k} {v:.1f}" for k, v in models.phases.pop_metrics().items() if k.endswith("seconds")))

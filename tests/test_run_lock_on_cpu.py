@@ -96,3 +96,31 @@ def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_la
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
     train.hold_run_folder(cfg)
     assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
+
+
+# ---- distill.jsonl: keyed by question ----------------------------------------------------------------------
+APPEND = ("import sys, time\nfrom pathlib import Path\nfrom rlt_mono.distill import DistillFile\n"
+          "out = DistillFile(Path(sys.argv[1]), then='resume')\n"
+          "while not Path(sys.argv[2]).exists():\n    time.sleep(0.01)\n"
+          "for i in range(100):\n"
+          "    out.append([{'question': f'q{i}', 'solution': 's', 'sample_index': k} for k in range(2)])\n")
+
+
+def _questions(path: Path) -> list[str]:
+    return [json.loads(line)["question"] for line in path.read_text().splitlines()]
+
+
+def test_two_writers_of_one_distill_file_never_write_a_question_twice(tmp_path):
+    from rlt_mono.distill import DistillFile
+
+    path, go = tmp_path / "distill.jsonl", tmp_path / "go"
+    writers = [subprocess.Popen([sys.executable, "-c", APPEND, str(path), str(go)], cwd=ROOT) for _ in range(2)]
+    go.touch()  # both start appending the same 100 questions at once
+    assert [writer.wait(timeout=120) for writer in writers] == [0, 0]
+    questions = _questions(path)
+    assert len(questions) == 200 and sorted(set(questions)) == sorted(f"q{i}" for i in range(100))
+    assert all(questions[i] == questions[i + 1] for i in range(0, 200, 2))  # a question's rows stay together
+    resumed = DistillFile(path, then="resume")  # a resumed run: what is in the file is not written again
+    assert resumed.append([{"question": "q7", "solution": "s"}, {"question": "new", "solution": "s"}]) == 1
+    resumed.close()
+    assert _questions(path)[200:] == ["new"]
