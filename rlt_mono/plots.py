@@ -4,6 +4,10 @@ Three panels stacked over the optimizer step: the reward and its RLT components,
 clipped) explanations, and seconds per phase. Each metric is drawn as light per-step points and a running mean
 whose window grows like sqrt(steps) (``smoothing_window``). ``metric_series`` picks the series from the rows,
 ``draw_metric_series`` draws them (a notebook shows the figure), ``plot_metrics`` writes the PNG.
+
+The "Does it teach?" study over seeds (``rlt_mono.study.aggregate``) draws three more: the held-out reward per RL
+step (``plot_heldout_reward_by_seed``), the tied-group share before and after refill
+(``plot_tied_groups_by_seed``) and the students' accuracy by arm (``plot_arms_accuracy``).
 """
 
 from __future__ import annotations
@@ -165,3 +169,118 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path) -> dict[str, li
     fig.savefig(out_path, dpi=100, bbox_inches="tight")
     logger.info("wrote %s", out_path)
     return panels
+
+
+# ---- the "Does it teach?" study over seeds (rlt_mono.study.aggregate) -----------------------------------------
+# A curve: [[step, value], ...] in step order, as study.json's "rl" entries hold it.
+Curve = Sequence[Sequence[float]]
+
+
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """Mean of each value and the ``window - 1`` before it (fewer at the start): a rolling mean that, unlike
+    ``running_mean``, reads no later step."""
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1): i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _study_figure(height: float = 4.0):
+    """An empty figure on an Agg canvas of its own (pyplot's state and backend left alone) and its one axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
+
+
+def _save(fig, out_path: str | Path) -> None:
+    fig.tight_layout()
+    fig.savefig(Path(out_path), dpi=100, bbox_inches="tight")
+    logger.info("wrote %s", out_path)
+
+
+def plot_heldout_reward_by_seed(curves: Mapping[int, Curve], out_path: str | Path) -> bool:
+    """The RL teacher's held-out reward (``eval_reward``) against the optimizer step, one line per seed, into the
+    PNG ``out_path``. Returns whether it was drawn (False, logged, when no seed has a point)."""
+    curves = {seed: curve for seed, curve in curves.items() if curve}
+    if not curves:
+        logger.info("no held-out reward curve in any seed: no %s", out_path)
+        return False
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = _study_figure()
+    for i, (seed, curve) in enumerate(sorted(curves.items())):
+        ax.plot([step for step, _ in curve], [value for _, value in curve], marker="o", markersize=3,
+                color=f"C{i}", label=f"seed {seed}")
+    ax.set_title("RL teacher: held-out reward (frozen student) by optimizer step", fontsize=10, loc="left")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out reward")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    _save(fig, out_path)
+    return True
+
+
+def plot_tied_groups_by_seed(before: Mapping[int, Curve], after: Mapping[int, Curve], out_path: str | Path,
+                             window: int = 10) -> bool:
+    """The share of GRPO groups whose completions all got the same reward, per step, before the refill (solid)
+    and after it (dashed), one colour per seed, each a ``trailing_mean`` over ``window`` steps, into the PNG
+    ``out_path``. Returns whether it was drawn (False, logged, when no seed has a point)."""
+    seeds = sorted(seed for seed in {*before, *after} if before.get(seed) or after.get(seed))
+    if not seeds:
+        logger.info("no tied-group fractions in any seed: no %s", out_path)
+        return False
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    fig, ax = _study_figure()
+    for i, seed in enumerate(seeds):
+        for curve, when, style in ((before.get(seed), "before refill", "-"), (after.get(seed), "after refill", "--")):
+            if curve:
+                ax.plot([step for step, _ in curve], [100 * v for v in trailing_mean([v for _, v in curve], window)],
+                        color=f"C{i}", linestyle=style, label=f"seed {seed}, {when}")
+    ax.set_title(f"RL: share of tied groups (all completions rewarded alike); rolling mean over {window} steps",
+                 fontsize=10, loc="left")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylim(-4, 104)
+    ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    _save(fig, out_path)
+    return True
+
+
+def plot_arms_accuracy(accuracy: Mapping[str, Mapping[str, tuple[float, float, float] | None]],
+                       out_path: str | Path) -> bool:
+    """Grouped bars of student accuracy: one group per held-out set, one bar per arm, error bars from each
+    ``(accuracy, low, high)`` interval, into the PNG ``out_path``. ``accuracy`` is arm -> held-out set -> that
+    triple, or None for an arm that did not run (no bar). Returns whether it was drawn (False, logged, when no
+    arm has a figure)."""
+    sets = list(dict.fromkeys(name for by_set in accuracy.values() for name in by_set))
+    if not any(cell is not None for by_set in accuracy.values() for cell in by_set.values()):
+        logger.info("no arm has an accuracy: no %s", out_path)
+        return False
+    from matplotlib.ticker import PercentFormatter
+
+    fig, ax = _study_figure()
+    width = 0.8 / len(accuracy)
+    for i, (arm, by_set) in enumerate(accuracy.items()):
+        drawn = [(j, cell) for j, name in enumerate(sets) if (cell := by_set.get(name)) is not None]
+        if not drawn:  # an arm that did not run keeps its slot and colour, with no bar nor legend entry
+            continue
+        ax.bar([j - 0.4 + width * (i + 0.5) for j, _ in drawn], [100 * mean for _, (mean, _, _) in drawn], width,
+               yerr=[[100 * (mean - low) for _, (mean, low, _) in drawn],
+                     [100 * (high - mean) for _, (mean, _, high) in drawn]],
+               capsize=3, color=f"C{i}", label=arm)
+    ax.set_xticks(range(len(sets)), sets)
+    ax.set_title("student accuracy on held-out questions (pooled over seeds; bars: 95% bootstrap interval)",
+                 fontsize=10, loc="left")
+    ax.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    _save(fig, out_path)
+    return True
