@@ -172,7 +172,7 @@ def run_distill(cfg: DictConfig) -> Path:
     rows, source = stage_rows(cfg, "train")
     done = completed_keys(out_path, per_question)
     todo = [row for row in rows if row_key(row) not in done]
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("distill: %s; %d already written, %d to explain (%d samples each, keep %s) -> %s",
                 source, len(rows) - len(todo), len(todo), options.samples_per_question, options.selection, out_path)
     if not todo:

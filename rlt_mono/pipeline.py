@@ -34,15 +34,25 @@ differences RL - SFT teacher and between students, over the same held-out questi
 exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
 distill skips the rows it wrote.
 
+What a continued pipeline trusts: ``pipeline.json`` records each step's resolved config as it launched it (paths
+inside the pipeline folder relative to it, so a moved folder still compares equal). A step whose recorded config
+(or, without a record, its folder's ``config.yaml``) differs from the one it would run now stops the pipeline with
+the changed keys named; ``+rerun_changed=true`` moves that step's folder aside (``<folder>.changed-<time>``) and
+runs it again, and so every later step that reads it. A folder that holds another kind of run is refused. Each
+stage runs in its own process group and dies with the pipeline (``run_stage``): a killed pipeline leaves no stage
+writing beside its rerun.
+
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml                      # CPU, embedded pair
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml output_dir=outputs/pipeline_tiny/<time>   # continue
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,8 +60,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono import checkpoints
+from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.errors import UserError
 
@@ -69,16 +81,23 @@ SUMMARY_FILE = "pipeline.json"
 # and the distilled student's accuracy.
 TABLE_FILE = "eval_table.md"
 DISTILL_FILE = "distill.jsonl"  # rlt_mono.distill.DISTILL_FILE (not imported: it pulls in torch)
+# Keys that differ between two launches of one step without changing what it runs: the new-folder time, the
+# folder itself (the pipeline names it) and the resume the pipeline adds.
+UNCOMPARED = ("run_dir", "output_dir", "resume_from_checkpoint")
+# Linux prctl(2) option: the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One stage of a pipeline run: its run config, every override (its own, then the wiring) and its folder."""
+    """One stage of a pipeline run: its run config, every override (its own, then the wiring), its folder and
+    its resolved config as dotted keys (``stage_settings``)."""
 
     stage: str
     config: str
     overrides: tuple[str, ...]
     folder: Path
+    settings: dict
 
 
 def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
@@ -127,8 +146,115 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         if composed.get("stage") != stage:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
-        plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step]))
+        plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step],
+                               stage_settings(composed, root)))
     return plans
+
+
+def stage_settings(config: DictConfig, root: Path) -> dict:
+    """A step's resolved config as ``{dotted key: value}``, without ``UNCOMPARED`` and with every path inside the
+    pipeline folder ``root`` written relative to it (``<root>/1_teacher_sft/final`` -> ``1_teacher_sft/final``)."""
+    bases = {str(root), str(root.resolve())}
+
+    def relative(value):
+        if isinstance(value, list):
+            return [relative(item) for item in value]
+        if isinstance(value, str):
+            for base in bases:
+                if value == base or value.startswith(base + "/"):
+                    return value[len(base) + 1:] or "."
+        return value
+
+    flat = {}
+
+    def walk(node, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}{key}.")
+        else:
+            flat[prefix[:-1]] = relative(node)
+
+    walk(OmegaConf.to_container(config, resolve=True), "")
+    return {key: value for key, value in flat.items() if key not in UNCOMPARED}
+
+
+def changed_settings(recorded: dict, now: dict) -> list[str]:
+    """``key: before -> now`` for each key whose value differs (or that only one side has)."""
+    def short(key: str, side: dict) -> str:
+        if key not in side:
+            return "(unset)"
+        text = json.dumps(side[key])
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    return [f"{key}: {short(key, recorded)} -> {short(key, now)}" for key in sorted(set(recorded) | set(now))
+            if key not in recorded or key not in now or recorded[key] != now[key]]
+
+
+def recorded_settings(plan_: StagePlan, record: dict | None, root: Path) -> dict | None:
+    """What a step last ran with: the config the pipeline recorded when it launched it, else the one its folder's
+    ``config.yaml`` holds (a step run before records existed); None when it never ran."""
+    if record and "config" in record:
+        return record["config"]
+    saved = plan_.folder / "config.yaml"
+    if not saved.is_file():
+        return None
+    try:
+        return stage_settings(OmegaConf.load(saved), root)
+    except (OSError, OmegaConfBaseException) as err:
+        raise UserError(f"{saved}: unreadable ({err}); move {plan_.folder} aside to run the step again") from err
+
+
+def stale_reasons(plan_: StagePlan, record: dict | None, root: Path, launched: list[Path]) -> list[str]:
+    """Why a step's folder no longer matches what the step would run now: its changed settings
+    (``changed_settings``), or an input folder that a step launched by this run wrote again. Empty: it matches (or
+    the step never ran)."""
+    if not plan_.folder.exists():
+        return []
+    recorded = recorded_settings(plan_, record, root)
+    reasons = changed_settings(recorded, plan_.settings) if recorded is not None else []
+    reasons += [f"reads {folder.name}, which ran again" for folder in launched
+                if any(f"={folder}/" in override or override.endswith(f"={folder}") for override in plan_.overrides)]
+    return reasons
+
+
+def check_pipeline_folder(root: Path) -> None:
+    """Refuse an ``output_dir`` that holds another kind of run (its ``config.yaml`` names another stage, or it has
+    a run's files without one): the pipeline would overwrite its config and mix its files with ours."""
+    saved = root / "config.yaml"
+    if saved.is_file():
+        try:
+            stage = OmegaConf.load(saved).get("stage")
+        except (OSError, OmegaConfBaseException) as err:
+            raise UserError(f"output_dir={root}: its config.yaml is unreadable ({err}); choose another output_dir"
+                            ) from err
+        if stage != "pipeline":
+            raise UserError(f"output_dir={root} holds a {stage} run, not a pipeline: choose another output_dir (or "
+                            "leave it unset for a new folder)")
+    elif checkpoints.previous_run_files(root):
+        raise UserError(f"output_dir={root} holds another run ({', '.join(checkpoints.previous_run_files(root))}), "
+                        "not a pipeline: choose another output_dir (or leave it unset for a new folder)")
+
+
+def run_stage(command: list[str]) -> int:
+    """Run one stage's command and return its exit code. The stage runs in its own process group and gets SIGTERM
+    if the pipeline dies (Linux parent-death signal), so killing the pipeline, even with ``kill -9``, stops the
+    stage rather than leaving it writing beside a rerun. Ctrl-C (delivered to the pipeline only, the stage being
+    in another group) is passed on to the stage, which stops as its own Ctrl-C says, and the pipeline then stops."""
+    pipeline_pid = os.getpid()
+
+    def die_with_pipeline() -> None:  # runs in the child, between fork and exec
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != pipeline_pid:  # the pipeline died before the signal was armed
+            os._exit(1)
+
+    stage = subprocess.Popen(command, env=os.environ.copy(), process_group=0,
+                             preexec_fn=die_with_pipeline if sys.platform == "linux" else None)
+    try:
+        return stage.wait()
+    except BaseException:
+        os.killpg(stage.pid, signal.SIGINT)
+        stage.wait()
+        raise
 
 
 def steps_of(cfg: DictConfig) -> tuple[str, ...]:
@@ -162,6 +288,13 @@ def stage_done(plan_: StagePlan) -> bool:
     return (plan_.folder / "final" / "config.json").is_file()
 
 
+def distilled_bytes(plan_: StagePlan) -> int:
+    """Size of a distill step's ``distill.jsonl`` (0 when absent): a distill rerun that finds every row written
+    leaves it as it was, and what was made from it stays valid."""
+    path = plan_.folder / DISTILL_FILE
+    return path.stat().st_size if path.is_file() else 0
+
+
 def resume_overrides(plan_: StagePlan) -> list[str]:
     """A training stage whose folder holds a complete checkpoint continues from it."""
     if stage_of(plan_.stage) in ("distill", "eval") or not plan_.folder.is_dir():
@@ -181,31 +314,47 @@ def run_pipeline(cfg: DictConfig) -> Path:
     """Run (or continue) every stage in order; returns the pipeline folder (``pipeline.json`` sums it up)."""
     root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
+    check_pipeline_folder(root)
     plans = plan(cfg, root)
     selected = selected_steps(cfg, [p.stage for p in plans])
-    OmegaConf.save(cfg, root / "config.yaml", resolve=True)
-    summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the timings of the stages it skips
+    write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the records of the stages it skips
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"stages": {}}
+    launched: list[Path] = []  # folders of the steps this run launched: a step reading one is stale
     for i, stage in enumerate(plans, start=1):
         if stage.stage not in selected:
             logger.info("[%d/%d] %s: not in steps=%s, left as it is", i, len(plans), stage.stage, sorted(selected))
             continue
-        if stage_done(stage):
+        changed = stale_reasons(stage, summary["stages"].get(stage.stage), root, launched)
+        if changed:
+            if not cfg.get("rerun_changed", False):
+                raise UserError(f"pipeline step {stage.stage} in {stage.folder} ran with other settings than now "
+                                f"({'; '.join(changed[:6])}{'; ...' if len(changed) > 6 else ''}): set them back to "
+                                f"continue it, or add +rerun_changed=true to run it again (its folder is moved aside)")
+            aside = stage.folder.with_name(f"{stage.folder.name}.changed-{time.strftime('%Y%m%d-%H%M%S')}")
+            stage.folder.rename(aside)
+            logger.warning("%s: %s; moved aside to %s, running it again", stage.stage, "; ".join(changed), aside)
+        elif stage_done(stage):
             logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)
-            summary["stages"].setdefault(stage.stage, {"folder": str(stage.folder)})
+            summary["stages"].setdefault(stage.stage, {"folder": str(stage.folder.relative_to(root))})
             continue
         overrides = [*stage.overrides, *resume_overrides(stage)]
         logger.info("[%d/%d] %s: ./launch_mono.sh %s %s", i, len(plans), stage.stage, stage.config,
                     " ".join(overrides))
+        # recorded before it starts: a stage stopped half-way is checked against what it started with
+        summary["stages"][stage.stage] = {"folder": str(stage.folder.relative_to(root)), "config": stage.settings}
+        write_json(summary_path, summary)
+        distilled = distilled_bytes(stage)
         start = time.perf_counter()
-        code = subprocess.run([sys.executable, "-m", "rlt_mono.train", stage.config, *overrides],
-                              env=os.environ.copy(), check=False).returncode
+        code = run_stage([sys.executable, "-m", "rlt_mono.train", stage.config, *overrides])
         seconds = time.perf_counter() - start
         if code != 0:
             raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "
                             f"same command with output_dir={root} to continue from this stage")
-        summary["stages"][stage.stage] = {"folder": str(stage.folder), "seconds": round(seconds, 1)}
-        summary_path.write_text(json.dumps(summary, indent=1))
+        if stage_of(stage.stage) != "distill" or distilled_bytes(stage) != distilled:
+            launched.append(stage.folder)  # its output is new: what a later step made from the old one is stale
+        summary["stages"][stage.stage]["seconds"] = round(seconds, 1)
+        write_json(summary_path, summary)
     from rlt_mono.evaluate import compare_table
 
     folders = {p.stage: p.folder for p in plans}
@@ -214,7 +363,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
         logger.info("pipeline done: %s (no %s: eval_teacher and eval_student have not both run)", root, TABLE_FILE)
         return root
     table = compare_table(evals)
-    (root / TABLE_FILE).write_text(table + "\n")
+    write_text(root / TABLE_FILE, table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
     if cfg.get("study", False):
         from rlt_mono.study import write_study

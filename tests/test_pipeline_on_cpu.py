@@ -86,14 +86,14 @@ def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
 
     launched = []
 
-    def fake_run(command, **kwargs):  # an eval step writes its eval.json, as the real stage does
+    def fake_run(command):  # an eval step writes its eval.json, as the real stage does
         out = Path(next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1])
         launched.append(out.name)
         out.mkdir(parents=True)
         (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1, "metrics": {}}))
-        return subprocess.CompletedProcess(command, 0)
+        return 0
 
-    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
+    monkeypatch.setattr(pipeline, "run_stage", fake_run)
     root = tmp_path / "p"
     (root / "5_eval_teacher").mkdir(parents=True)
     (root / "5_eval_teacher" / "eval.json").write_text(json.dumps({"questions": 1, "metrics": {}}))

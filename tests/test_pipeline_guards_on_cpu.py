@@ -1,0 +1,116 @@
+"""What a continued pipeline trusts (rlt_mono.pipeline): a step ran with other settings is refused with the keys
+named (or run again, with what reads it, on +rerun_changed=true); a moved folder continues; a folder of another
+kind of run is refused; a stage dies with its pipeline, even one killed with SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlt_mono import pipeline
+from rlt_mono.config import compose
+from rlt_mono.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """Stages run as fakes that leave the output a real stage leaves; the list names the folders launched."""
+    names = []
+
+    def fake_stage(command):
+        out = Path(next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1])
+        names.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        if "eval" in out.name:
+            (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1,
+                                                       "metrics": {}}))
+        elif "distill" in out.name:  # every row written: a distill rerun finds nothing left to write
+            (out / "distill.jsonl").write_text('{"question": "q", "solution": "s"}\n')
+        else:
+            (out / "final").mkdir(exist_ok=True)
+            (out / "final" / "config.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
+    return names
+
+
+def _run(root: Path, *overrides: str) -> Path:
+    return pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", *overrides]))
+
+
+def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_request(tmp_path, launched):
+    root = tmp_path / "p"
+    _run(root)
+    assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]
+    summary = json.loads((root / pipeline.SUMMARY_FILE).read_text())["stages"]
+    assert summary["teacher_rlt"]["folder"] == "2_teacher_rlt"  # relative to the pipeline folder
+    assert summary["teacher_rlt"]["config"]["model.model_name_or_path"] == "1_teacher_sft/final"
+    launched.clear()
+    changed = "pipeline.eval.overrides=['data.max_rows=2']"
+    with pytest.raises(UserError, match=r"^pipeline step eval_teacher in .*5_eval_teacher ran with other settings "
+                                        r"than now \(data.max_rows: 6 -> 2\): set them back to continue it, or add "
+                                        r"\+rerun_changed=true"):
+        _run(root, changed)
+    assert launched == ["3_distill"]  # distill always runs (it skips the rows it wrote); eval was refused
+    launched.clear()
+    _run(root, changed, "+rerun_changed=true")
+    assert launched == ["3_distill", "5_eval_teacher", "6_eval_student"]
+    assert len(list(root.glob("5_eval_teacher.changed-*"))) == 1
+    launched.clear()
+    _run(root, "pipeline.teacher_sft.overrides=['sft.max_steps=3']", changed, "+rerun_changed=true")
+    assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]  # all read teacher_sft
+
+
+def test_a_moved_pipeline_folder_continues_and_another_kind_of_run_is_refused(tmp_path, launched):
+    _run(tmp_path / "p")
+    (tmp_path / "p").rename(tmp_path / "moved")
+    launched.clear()
+    _run(tmp_path / "moved")
+    assert launched == ["3_distill"]  # every other step is done with the same settings, relative to its folder
+    sft_run = tmp_path / "sft"
+    sft_run.mkdir()
+    (sft_run / "config.yaml").write_text("stage: teacher_sft\n")
+    with pytest.raises(UserError, match=rf"^output_dir={sft_run} holds a teacher_sft run, not a pipeline: choose "
+                                        "another output_dir"):
+        _run(sft_run)
+    assert (sft_run / "config.yaml").read_text() == "stage: teacher_sft\n"
+
+
+PARENT = """
+import sys
+from rlt_mono.pipeline import run_stage
+run_stage([sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)",
+           sys.argv[1]])
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_a_stage_dies_with_its_pipeline_even_when_the_pipeline_is_killed(tmp_path):
+    pid_file = tmp_path / "stage.pid"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pid_file)], cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stage = int(pid_file.read_text())
+    assert _alive(stage) and os.getpgid(stage) == stage != os.getpgid(parent.pid)  # in its own process group
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(stage) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(stage)
