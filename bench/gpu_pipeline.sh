@@ -62,6 +62,15 @@ case "${1:-}" in
     mkdir -p /root/study
     setsid nohup bash bench/study_gsm.sh /root/study "$2" > /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+  seed)  # (re)start seeds' study pipelines in the background: each continues where it stopped; a step whose settings
+    # changed since it ran is run again (+rerun_changed=true)
+    setup
+    for seed in ${2//,/ }; do
+      setsid nohup bash -c "./launch_mono.sh cfgs/run_cfg/study_gsm_symbolic.yaml seed=$seed output_dir=/root/study/seed$seed \
+        +rerun_changed=true '+steps=[$(sed -n 's/^after_sft+\{0,1\}=//p' bench/study_gsm.sh | tr -d '\n')]'" \
+        > "/root/study/logs/seed$seed.restart.log" 2>&1 < /dev/null &
+    done
+    sleep 8; tail -n 2 /root/study/logs/seed*.restart.log | cut -c1-300 ;;
   wait)
     end=$((SECONDS + $2))
     while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
