@@ -295,6 +295,18 @@ def distilled_bytes(plan_: StagePlan) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
+def move_aside(folder: Path, why: str) -> Path:
+    """Rename ``folder`` to ``<folder>.<why>-<time>`` (``_2``, ``_3``, ... when that exists) and return the name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = folder.with_name(f"{folder.name}.{why}-{stamp}")
+    attempt = 1
+    while aside.exists():
+        attempt += 1
+        aside = folder.with_name(f"{folder.name}.{why}-{stamp}_{attempt}")
+    folder.rename(aside)
+    return aside
+
+
 def resume_overrides(plan_: StagePlan) -> list[str]:
     """A training stage whose folder holds a complete checkpoint continues from it."""
     if stage_of(plan_.stage) in ("distill", "eval") or not plan_.folder.is_dir():
@@ -303,8 +315,7 @@ def resume_overrides(plan_: StagePlan) -> list[str]:
         checkpoints.newest_complete_checkpoint(plan_.folder)
     except checkpoints.CheckpointError:
         if checkpoints.previous_run_files(plan_.folder):  # started, no checkpoint yet: start the stage again
-            aside = plan_.folder.with_name(f"{plan_.folder.name}.incomplete-{time.strftime('%Y%m%d-%H%M%S')}")
-            plan_.folder.rename(aside)
+            aside = move_aside(plan_.folder, "incomplete")
             logger.warning("%s stopped before its first checkpoint; moved aside to %s", plan_.folder, aside)
         return []
     return ["resume_from_checkpoint=true"]
@@ -331,8 +342,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
                 raise UserError(f"pipeline step {stage.stage} in {stage.folder} ran with other settings than now "
                                 f"({'; '.join(changed[:6])}{'; ...' if len(changed) > 6 else ''}): set them back to "
                                 f"continue it, or add +rerun_changed=true to run it again (its folder is moved aside)")
-            aside = stage.folder.with_name(f"{stage.folder.name}.changed-{time.strftime('%Y%m%d-%H%M%S')}")
-            stage.folder.rename(aside)
+            aside = move_aside(stage.folder, "changed")
             logger.warning("%s: %s; moved aside to %s, running it again", stage.stage, "; ".join(changed), aside)
         elif stage_done(stage):
             logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)

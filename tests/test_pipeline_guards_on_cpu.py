@@ -87,8 +87,8 @@ def test_a_moved_pipeline_folder_continues_and_another_kind_of_run_is_refused(tm
 PARENT = """
 import sys
 from rlt_mono.pipeline import run_stage
-run_stage([sys.executable, "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)",
-           sys.argv[1]])
+stage = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+run_stage([sys.executable, "-c", stage, sys.argv[1]])
 """
 
 
