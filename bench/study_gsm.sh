@@ -29,6 +29,7 @@ if [ $sft -eq 0 ]; then
     ./launch_mono.sh "$config" seed="$seed" output_dir="$root/seed$seed" "+steps=[$after_sft]" \
       > "$root/logs/seed$seed.log" 2>&1 &
     pids+=($!)
+    sleep 40  # one vLLM start at a time: a start profiles device memory, which another start would change
   done
   for pid in "${pids[@]}"; do wait "$pid"; codes+=($?); done
   echo "seeds $seeds exit ${codes[*]} after $((SECONDS - start)) s"
