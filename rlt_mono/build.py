@@ -20,6 +20,7 @@ from peft.utils.error import NoMatchingPeftModuleError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono import checkpoints, fit, launch, lora
+from rlt_mono.atomic_write import write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
@@ -145,7 +146,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         check_ranks_agree(trainer)
     if main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("output dir: %s", output_dir)
     return trainer
 

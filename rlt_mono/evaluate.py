@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
 from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, read_rows, summarize
@@ -210,7 +211,7 @@ def run_eval(cfg: DictConfig) -> Path:
                         "pip install math-verify, or set eval.student_accuracy=false")
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
-    OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+    write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)
@@ -234,10 +235,9 @@ def run_eval(cfg: DictConfig) -> Path:
         "seed": cfg.seed,
         **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
     }
-    with open(output_dir / ROWS_FILE, "w") as f:
-        f.writelines(json.dumps(record) + "\n" for record in records)
+    write_text(output_dir / ROWS_FILE, "".join(json.dumps(record) + "\n" for record in records))
     eval_path = output_dir / EVAL_FILE
-    eval_path.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(eval_path, result, indent=2)
     logger.info("eval: wrote %s\n%s", eval_path, compare_table([eval_path]))
     return output_dir
 
@@ -286,8 +286,8 @@ def rescore(folder: Path, resamples: int = 2000) -> dict:
     result = json.loads((folder / EVAL_FILE).read_text())
     result.update(summarize_records(rows, result["confidence"], resamples, result["seed"]))
     result["rescored"] = True
-    (folder / ROWS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (folder / EVAL_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    write_text(folder / ROWS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_json(folder / EVAL_FILE, result, indent=2)
     return result["metrics"][METRICS["correct"]]
 
 

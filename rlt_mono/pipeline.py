@@ -17,6 +17,10 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
 with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
 distilled explanation can be empty).
 
+A ``data=<option>`` (or ``data.<key>=...``) given to the pipeline reaches every stage that reads the dataset
+(teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.DataConfig``'s defaults go first in
+those stages' overrides, so a stage's own ``data.*`` overrides (e.g. ``data.max_rows``) still apply.
+
 ``steps=[...]`` (``+steps=[...]`` where the config has no ``steps`` key) launches only the named steps and
 leaves the others as they are, their outputs read where a later step needs them.
 
@@ -49,9 +53,11 @@ writing beside its rerun.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,17 +71,13 @@ from omegaconf.errors import OmegaConfBaseException
 from rlt_mono import checkpoints
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, compose
+from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
+from rlt_mono.pipeline_steps import DATA_STAGES, ORDER, STEP_FOLDER_NAMES, STEPS, STUDY_STEPS
+from rlt_mono.study import write_study
 
 logger = logging.getLogger(__name__)
 
-ORDER = ("teacher_sft", "teacher_rlt", "distill", "student_sft", "eval")
-# The eval config runs twice: the RL teacher scored by the frozen student the RL reward used (its reward, r_ss,
-# r_kl, unmatched fraction, solution log-prob), then the distilled student alone (its held-out accuracy).
-STEPS = (*ORDER[:-1], "eval_teacher", "eval_student")
-# With ``study: true``, the controls (module docstring), after the main steps so their folders keep their numbers.
-STUDY_STEPS = ("distill_sft_teacher", "student_sft_sft_teacher", "student_sft_raw_traces", "eval_sft_teacher",
-               "eval_student_sft_teacher", "eval_student_raw_traces")
 SUMMARY_FILE = "pipeline.json"
 # The two evaluations side by side: the RL teacher (scored by the frozen student; the frozen student's accuracy)
 # and the distilled student's accuracy.
@@ -108,7 +110,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     if unknown:
         raise ConfigError(f"pipeline: unknown stages {unknown}; the stages are {list(ORDER)}")
     # Numbered in the order of STEPS then STUDY_STEPS (a study's main folders are named as without it).
-    folders = {step: root / f"{i}_{step}" for i, step in enumerate((*STEPS, *STUDY_STEPS), start=1)}
+    folders = {step: root / name for step, name in STEP_FOLDER_NAMES.items()}
     def load(group: str, folder: Path) -> list[str]:  # a trained folder replaces the group's model (and GGUF)
         return [f"{group}.model_name_or_path={folder / 'final'}", f"{group}.gguf_file=null"]
 
@@ -137,11 +139,13 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     for stage in ORDER:
         if stage not in stages:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
+    data = data_overrides(cfg)
     plans = []
     for step in steps_of(cfg):
         stage = stage_of(step)
         own = [str(o) for o in stages[stage].get("overrides") or []]
-        overrides = (*own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
+        forwarded = data if stage in DATA_STAGES else []
+        overrides = (*forwarded, *own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))
         if composed.get("stage") != stage:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
@@ -149,6 +153,28 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step],
                                stage_settings(composed, root)))
     return plans
+
+
+def data_overrides(cfg: DictConfig) -> list[str]:
+    """The pipeline's own ``data`` keys that differ from ``DataConfig``'s defaults, as stage overrides."""
+    if cfg.get("data") is None:
+        return []
+    defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(DataConfig)}
+    values = OmegaConf.to_container(cfg.data, resolve=True)
+    return [f"data.{key}={_override_value(value)}" for key, value in values.items()
+            if key not in defaults or value != defaults[key]]
+
+
+def _override_value(value) -> str:
+    """A value as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    if isinstance(value, str) and not re.fullmatch(r"[\w./~:+-]+", value):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def stage_settings(config: DictConfig, root: Path) -> dict:
@@ -376,7 +402,5 @@ def run_pipeline(cfg: DictConfig) -> Path:
     write_text(root / TABLE_FILE, table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
     if cfg.get("study", False):
-        from rlt_mono.study import write_study
-
         logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed))
     return root

@@ -34,7 +34,6 @@ Run::
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from dataclasses import dataclass, field, replace
@@ -46,6 +45,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints, diversity, launch
+from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import ConfigError, instantiate
@@ -297,7 +297,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         callbacks=callbacks,
     )
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
-        OmegaConf.save(cfg, output_dir / "config.yaml", resolve=True)
+        write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
     if truncated:
         logger.warning("%d of %d train rows are longer than sft.max_length=%s tokens: their ends are cut, so the "
@@ -362,7 +362,7 @@ def run_sft(cfg: DictConfig) -> Path:
         "final": str(final),
     }
     if trainer.args.should_save:
-        (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+        write_json(output_dir / SUMMARY_FILE, summary)
     logger.info("%s done: %d steps, held-out loss %s -> %s; model in %s", run.stage, summary["steps"], before,
                 after, final)
     return output_dir

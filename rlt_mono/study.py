@@ -44,7 +44,7 @@ from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.errors import UserError
 from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, read_rows, summarize
 from rlt_mono.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
-from rlt_mono.pipeline import STEPS, STUDY_STEPS
+from rlt_mono.pipeline_steps import STEP_FOLDER_NAMES
 from rlt_mono.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
 
 logger = logging.getLogger(__name__)
@@ -189,10 +189,6 @@ CORRELATION_NOTE = (
     "rl_teacher). The points are few and not independent (both held-out sets share each teacher): descriptive "
     "only; null with fewer than 3 points or a constant side.")
 
-
-# step -> its folder's name in a pipeline folder, numbered as rlt_mono.pipeline.plan numbers them (STEPS then
-# STUDY_STEPS): teacher_sft -> 1_teacher_sft, eval_student_raw_traces -> 12_eval_student_raw_traces.
-STEP_FOLDER_NAMES = {step: f"{i}_{step}" for i, step in enumerate((*STEPS, *STUDY_STEPS), start=1)}
 
 
 def step_folders(root: Path) -> dict[str, Path]:

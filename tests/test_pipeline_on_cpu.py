@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.pipeline import STEPS, STUDY_STEPS, plan
+from rlt_mono.pipeline import plan
+from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stage's own overrides, from the command line: a Hydra list of quoted strings.
