@@ -320,12 +320,14 @@ class VerifiedCheckpoints:
             self._staging_root = None
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
+            # transformers recorded the best checkpoint (load_best_model_at_end) where it wrote it, the staging path:
+            # the state, in memory and in the checkpoint (a resume reads it), names the published folder instead.
+            if self.state.best_model_checkpoint == str(staging):
+                self.state.best_model_checkpoint = str(run_dir / name)
+                self.state.save_to_json(str(staging / "trainer_state.json"))
             write_manifest(staging, self.state.global_step)
             publish(staging, run_dir / name)
             shutil.rmtree(staging_root)
-            # transformers recorded the best checkpoint (load_best_model_at_end) where it wrote it: the staging path.
-            if self.state.best_model_checkpoint == str(staging):
-                self.state.best_model_checkpoint = str(run_dir / name)
             # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
             rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)

@@ -86,6 +86,9 @@ def test_sft_stops_on_a_rising_heldout_loss_and_keeps_the_best_checkpoint(tmp_pa
                                          "best_heldout_loss": summary["heldout_curve"][2]["eval_loss"]}
     assert [point["step"] for point in summary["heldout_curve"]] == [0, 1, 2, 3, 4]
     assert summary["heldout_loss_after"] == summary["early_stopping"]["best_heldout_loss"]
+    # the published checkpoint, not its staging folder, is the best one in the state a resume reads
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert state["best_model_checkpoint"] == str(out / "checkpoint-2")
     best = load_file(out / "checkpoint-2" / "model.safetensors")
     final = load_file(out / "final" / "model.safetensors")
     assert best.keys() == final.keys() and all(torch.equal(best[k], final[k]) for k in best)
