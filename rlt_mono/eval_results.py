@@ -10,6 +10,11 @@ import numpy as np
 
 EVAL_FILE = "eval.json"
 ROWS_FILE = "eval_rows.jsonl"
+# Below this many questions a percentile-bootstrap interval of a mean is too narrow to trust: the resampled
+# means' spread is biased low by sqrt((n-1)/n) and, for 0/1 figures such as accuracy, takes only n + 1 values,
+# so its nominal 95% covers far less often (the usual n >= 30 rule for a normal-ish mean). Such an interval is
+# still computed (from 2 rows) but carried with ``too_few: true``; one row gets none.
+MIN_ROWS_FOR_INTERVAL = 30
 
 
 def read_rows(folder: Path) -> list[dict]:
@@ -30,8 +35,18 @@ def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples:
 
 
 def summarize(values: list[float], confidence: float, resamples: int, seed: int) -> dict:
-    """``{"mean", "low", "high", "n"}`` of a list of per-question values (all None for an empty list)."""
-    if not values:
-        return {"mean": None, "low": None, "high": None, "n": 0}
+    """``{"mean", "low", "high", "n", "too_few"}`` of a list of per-question values: ``too_few`` when ``n`` is
+    below ``MIN_ROWS_FOR_INTERVAL``; ``low``/``high`` None with fewer than 2 values (mean too for none)."""
+    too_few = len(values) < MIN_ROWS_FOR_INTERVAL
+    if len(values) < 2:
+        mean = float(np.mean(values)) if values else None
+        return {"mean": mean, "low": None, "high": None, "n": len(values), "too_few": too_few}
     low, high = bootstrap_interval(values, confidence, resamples, seed)
-    return {"mean": float(np.mean(values)), "low": low, "high": high, "n": len(values)}
+    return {"mean": float(np.mean(values)), "low": low, "high": high, "n": len(values), "too_few": too_few}
+
+
+def interval_text(figure: dict) -> str:
+    """``[low, high]`` of a ``summarize`` figure, ``[no interval]`` without one, and a note when it rests on
+    too few rows (``too_few``)."""
+    text = "[no interval]" if figure.get("low") is None else f"[{figure['low']:.3f}, {figure['high']:.3f}]"
+    return text + (" (too few rows)" if figure.get("too_few") else "")

@@ -27,6 +27,7 @@ Run::
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import logging
@@ -41,7 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
-from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, read_rows, summarize
+from rlt_mono.eval_results import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, interval_text, read_rows, summarize
 from rlt_mono.explanations import (
     SamplingOptions,
     StageModels,
@@ -196,6 +197,17 @@ def summarize_records(records: list[dict], confidence: float, resamples: int, se
     return summary
 
 
+def warn_too_few(summary: dict) -> None:
+    """One warning naming every figure of ``summarize_records``' output whose interval rests on too few rows."""
+    sets = {"": summary["metrics"], **{f" [{name}]": held["metrics"]
+                                       for name, held in summary.get("by_heldout", {}).items()}}
+    few = [f"{name}{label} (n={figure['n']})" for label, metrics in sets.items()
+           for name, figure in metrics.items() if figure["too_few"]]
+    if few:
+        logger.warning("eval: %s rest on fewer than %d questions: their intervals are not to be trusted (marked "
+                       "too_few in %s); evaluate more held-out rows", ", ".join(few), MIN_ROWS_FOR_INTERVAL, EVAL_FILE)
+
+
 # ---- the stage --------------------------------------------------------------------------------------------
 def run_eval(cfg: DictConfig) -> Path:
     """Evaluate the configured teacher and student on the held-out rows; returns ``output_dir`` (``eval.json``)."""
@@ -231,10 +243,12 @@ def run_eval(cfg: DictConfig) -> Path:
         "student": cfg.student.model_name_or_path,
         "rows": source,
         "questions": len(rows),
+        "questions_sha256": questions_fingerprint([row["question"] for row in rows]),
         "confidence": options.confidence,
         "seed": cfg.seed,
         **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
     }
+    warn_too_few(result)
     write_text(output_dir / ROWS_FILE, "".join(json.dumps(record) + "\n" for record in records))
     eval_path = output_dir / EVAL_FILE
     write_json(eval_path, result, indent=2)
@@ -243,17 +257,59 @@ def run_eval(cfg: DictConfig) -> Path:
 
 
 # ---- compare ----------------------------------------------------------------------------------------------
-def compare_table(paths: list[str | Path]) -> str:
+def read_eval(path: Path) -> dict:
+    """An ``eval.json``, checked for the shape ``compare`` reads: a mapping whose ``metrics`` map each figure to
+    a mapping with ``mean`` and ``n``; anything else is a ``ConfigError`` naming the file and what it expected."""
+    expected = 'an eval.json (a JSON object whose "metrics" map each figure to its "mean", "low", "high", "n")'
+    try:
+        result = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except FileNotFoundError as err:
+        raise ConfigError(f"{path}: no such file; expected {expected}, e.g. outputs/eval/<run>/eval.json") from err
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror}); expected {expected}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not text (a binary file?); expected {expected}") from err
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not JSON ({err}); expected {expected}") from err
+    if not isinstance(result, dict) or not isinstance(result.get("metrics"), dict):
+        raise ConfigError(f'{path}: a JSON {type(result).__name__} without "metrics"; expected {expected}')
+    for name, figure in result["metrics"].items():
+        if not isinstance(figure, dict) or not {"mean", "n"} <= figure.keys():
+            raise ConfigError(f'{path}: metrics.{name} has no "mean" and "n"; expected {expected}')
+    return result
+
+
+def questions_fingerprint(questions: list[str]) -> str:
+    """sha256 of the sorted, distinct question texts: equal for two evals over the same held-out set."""
+    return hashlib.sha256("\n".join(sorted(set(questions))).encode()).hexdigest()
+
+
+def held_out_fingerprint(path: Path, result: dict) -> str | None:
+    """The held-out set's fingerprint of an ``eval.json``: stored as ``questions_sha256``, else from the
+    ``eval_rows.jsonl`` beside it (an eval written before the field); None when neither is there."""
+    if "questions_sha256" in result:
+        return result["questions_sha256"]
+    try:
+        return questions_fingerprint([row["question"] for row in read_rows(Path(path).parent)])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def compare_table(paths: list[str | Path], allow_different_questions: bool = False) -> str:
     """One markdown table of several ``eval.json``: a column per file (named by its folder), a row per figure,
-    each cell ``mean [low, high]``; "—" where a file lacks the figure."""
-    results = []
-    for path in paths:
-        try:
-            results.append(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as err:
-            raise ConfigError(f"{path}: not a readable eval.json ({err}); pass the eval.json of eval runs") from err
+    each cell ``mean [low, high]``; "—" where a file lacks the figure. Evals over different held-out sets are
+    refused (``ConfigError``) unless ``allow_different_questions``, when the table opens with a warning."""
+    results = [read_eval(Path(path)) for path in paths]
     names = [str(Path(p).parent) if Path(p).name == EVAL_FILE else str(p) for p in paths]
+    # An eval with neither the stored fingerprint nor its rows cannot be checked: it is compared as it is.
+    differ = len({held_out_fingerprint(Path(path), r) for path, r in zip(paths, results)} - {None}) > 1
+    if differ and not allow_different_questions:
+        raise ConfigError(f"{', '.join(names)}: evaluated on different held-out questions, so their figures are not "
+                          "comparable; evaluate on the same rows, or pass --allow-different-questions")
     lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(paths)]
+    if differ:
+        lines.insert(0, "**WARNING: these evals ran on DIFFERENT held-out questions; the figures are not "
+                        "comparable question for question.**\n")
     for key in ("teacher", "student", "questions"):
         lines.append(f"| {key} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |")
     metric_names = [m for m in METRICS.values() if any(m in r["metrics"] for r in results)]
@@ -270,13 +326,16 @@ def compare_table(paths: list[str | Path]) -> str:
 def _cell(metric: dict | None) -> str:
     if not metric or metric["mean"] is None:
         return "—"
-    return f"{metric['mean']:.3f} [{metric['low']:.3f}, {metric['high']:.3f}] (n={metric['n']})"
+    return f"{metric['mean']:.3f} {interval_text(metric)} (n={metric['n']})"
 
 
 def rescore(folder: Path, resamples: int = 2000) -> dict:
     """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
     answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
     new figure. Nothing is generated again."""
+    for name in (ROWS_FILE, EVAL_FILE):
+        if not (folder / name).is_file():
+            raise UserError(f"{folder}: no {name} here; pass an eval run folder (with {EVAL_FILE} and {ROWS_FILE})")
     rows = read_rows(folder)
     if not any("student_output" in r for r in rows):
         raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
@@ -300,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     compare = commands.add_parser("compare", help="one markdown table of several eval.json side by side")
     compare.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
+    compare.add_argument("--allow-different-questions", action="store_true",
+                         help="compare evals over different held-out sets (the table then says so)")
     again = commands.add_parser("rescore", help="check the stored student answers of eval folders again")
     again.add_argument("folders", nargs="+", help="eval run folders (with eval.json and eval_rows.jsonl)")
     args = parser.parse_args(argv)
@@ -313,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     paths = [Path(p) / EVAL_FILE if Path(p).is_dir() else Path(p) for p in args.eval_json]
     try:
-        sys.stdout.write(compare_table(paths) + "\n")
+        sys.stdout.write(compare_table(paths, args.allow_different_questions) + "\n")
     except UserError as err:
         sys.stderr.write(f"error: {err}\n")
         return err.exit_code

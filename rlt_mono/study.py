@@ -42,7 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.errors import UserError
-from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, read_rows, summarize
+from rlt_mono.eval_results import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
 from rlt_mono.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 from rlt_mono.pipeline_steps import STEP_FOLDER_NAMES
 from rlt_mono.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
@@ -161,7 +161,7 @@ def study_table(study: dict) -> str:
 def _cell(metric: dict | None) -> str:
     if not metric or metric.get("mean") is None:
         return "—"
-    return f"{metric['mean']:.3f} [{metric['low']:.3f}, {metric['high']:.3f}] ({metric['n']})"
+    return f"{metric['mean']:.3f} {interval_text(metric)} ({metric['n']})"
 
 
 def _or_dash(value) -> str:
@@ -451,7 +451,10 @@ def aggregate(seed_folders: Sequence[Path], out: Path, commands: Sequence[str] =
 
 
 def _bar(figure: dict | None) -> tuple[float, float, float] | None:
-    return None if figure is None else (figure["accuracy"], *figure["ci95"])
+    if figure is None:
+        return None
+    accuracy, (low, high) = figure["accuracy"], figure["ci95"]  # None from one question: no error bar
+    return (accuracy, accuracy, accuracy) if low is None else (accuracy, low, high)
 
 
 def aggregate_table(study: dict) -> str:
@@ -520,8 +523,8 @@ def _number(value: float | None) -> str:
     return "—" if value is None else f"{value:.3f}"
 
 
-def _interval(mean: float, ci95: list[float]) -> str:
-    return f"{mean:.3f} [{ci95[0]:.3f}, {ci95[1]:.3f}]"
+def _interval(mean: float, ci95: list[float | None]) -> str:
+    return f"{mean:.3f} {interval_text({'low': ci95[0], 'high': ci95[1]})}"
 
 
 def _figure(figure: dict | None) -> str:

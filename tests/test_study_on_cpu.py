@@ -28,7 +28,7 @@ def test_paired_difference_matches_questions_and_skips_missing_values():
 def test_a_constant_difference_has_a_zero_width_interval():
     a = [{"question": f"q{i}", "total": float(i)} for i in range(10)]
     b = [{"question": f"q{i}", "total": float(i) + 0.5} for i in range(10)]
-    assert paired_difference(a, b, "total") == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 10}
+    assert paired_difference(a, b, "total") == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 10, "too_few": True}
     assert summarize([], 0.95, 10, 0)["n"] == 0
 
 
@@ -115,7 +115,7 @@ def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_th
     result = json.loads((folder / "eval.json").read_text())
     assert result["rescored"] is True and result["metrics"]["student/accuracy"]["mean"] == 0.5
     assert result["metrics"]["student/accuracy"]["n"] == 2  # the uncheckable row stays out
-    assert result["metrics"]["student/unparsed_frac"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 2}
+    assert result["metrics"]["student/unparsed_frac"] == {"mean": 0.0, "low": 0.0, "high": 0.0, "n": 2, "too_few": True}
     assert [json.loads(line)["correct"] for line in (folder / "eval_rows.jsonl").open()] == [True, False, None]
 
 
