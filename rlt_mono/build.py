@@ -280,6 +280,8 @@ def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_nam
     """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; with ``gguf_file`` (a path or
     ``pypi:<name>``) -> its dequantized folder (``rlt_mono.pretrained``); a local path must exist; a hub id is
     returned unchanged."""
+    if name_or_path is None:
+        raise ConfigError(f"{key}=null: this stage loads that model: set {key}=<a model folder or hub id>")
     if gguf_file is not None:
         from rlt_mono.pretrained import materialize
 
@@ -289,7 +291,13 @@ def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_nam
     if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
         raise ConfigError(f"{key}={name_or_path}: no such folder (a local model is a folder with config.json; "
                           "a hub id looks like org/name)")
-    return str(Path(name_or_path).expanduser()) if _looks_like_path(name_or_path) else name_or_path
+    if _looks_like_path(name_or_path):
+        folder = Path(name_or_path).expanduser()
+        if not (folder / "config.json").is_file() and (folder / "final" / "config.json").is_file():
+            raise ConfigError(f"{key}={name_or_path}: a run folder, not a model; its trained model is in final/: "
+                              f"set {key}={folder / 'final'}")
+        return str(folder)
+    return name_or_path
 
 
 def _looks_like_path(name: str) -> bool:

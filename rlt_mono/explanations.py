@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints
+from rlt_mono import checkpoints, lora
 from rlt_mono.build import (
     dtype_name,
     load_model,
@@ -102,6 +102,9 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).
     teacher_path = model_path(cfg.model, cfg.seed, "model") if with_teacher else None
     student_path = model_path(cfg.student, cfg.seed, "student")
+    if with_teacher and lora.lora_rank(cfg.model):
+        logger.warning("model.lora_r=%s is ignored: %s only generates with the teacher (LoRA adapters are trained "
+                       "by teacher_rlt alone)", cfg.model.lora_r, cfg.stage)
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)

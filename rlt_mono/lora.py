@@ -62,6 +62,9 @@ def lora_rank(model_cfg) -> int:
                                              and all(isinstance(t, str) for t in targets)):
         raise ConfigError(f"model.lora_target_modules={targets!r}: all-linear or a list of module names, "
                           "e.g. [q_proj,v_proj]")
+    if rank and not isinstance(targets, str) and "lm_head" in targets:  # TRL refuses it deep in the trainer
+        raise ConfigError(f"model.lora_target_modules={list(targets)}: lm_head cannot carry an adapter (TRL reads "
+                          "its weight directly for the log-probs): remove lm_head, e.g. [q_proj,v_proj]")
     return rank
 
 

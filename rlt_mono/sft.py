@@ -44,7 +44,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, diversity, launch
+from rlt_mono import checkpoints, diversity, launch, lora
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
@@ -100,6 +100,18 @@ class SFTStageConfig(trl.SFTConfig):
         default=256,
         metadata={"help": "Longest explanation sampled for the diversity measurement, in tokens."},
     )
+
+    def __post_init__(self) -> None:
+        # TRL and torch take these as they are and fail deep inside training (torch's "Invalid learning rate",
+        # a ZeroDivisionError); max_steps=0 silently means "train by epochs" to transformers.
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate must be >= 0, got {self.learning_rate}")
+        for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be >= 1 (or -1: train sft.num_train_epochs), got {self.max_steps}")
+        super().__post_init__()
 
 
 # ---- examples ---------------------------------------------------------------------------------------------------
@@ -195,6 +207,10 @@ def _usable_rows(rows: list[dict], data_config: DataConfig, stage: str, column: 
     if rows and not any(column in row for row in rows):
         raise UserError(f"{stage} trains on column {column!r}, which data.source={source} does not have (columns: "
                         f"{sorted(rows[0])}): set sft.explanation_column to the column with the explanations")
+    if stage == "student_sft" and column != "explanation" and any("explanation" in row for row in rows):
+        logger.warning("data.source=%s has an explanation column (rows written by distill) but student_sft trains on "
+                       "%r: set sft.explanation_column=explanation to train on the teacher's explanations", source,
+                       column)
     with_target = []
     for index, row in enumerate(rows):
         value = row.get(column)
@@ -275,6 +291,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                         "data.eval_fraction=F, or sft.early_stopping_patience=0")
     # ---- model ----------------------------------------------------------------------------------------------------
     group = STAGE_MODEL_GROUP[stage]
+    if lora.lora_rank(cfg[group]):  # a silent full fine-tune would not be what was asked for
+        raise ConfigError(f"{group}.lora_r={cfg[group].lora_r}: {stage} trains every weight (LoRA adapters are "
+                          f"teacher_rlt's option): set {group}.lora_r=0")
     key = f"{group}.model_name_or_path"
     model_path = resolve_model(cfg[group], cfg.seed, group)
     tokenizer = load_tokenizer(model_path, key)
@@ -298,6 +317,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     )
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
+        raise UserError(f"every one of the {len(train_rows)} train rows is longer than sft.max_length="
+                        f"{args.max_length} tokens before its completion starts: raise sft.max_length")
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
     if truncated:
         logger.warning("%d of %d train rows are longer than sft.max_length=%s tokens: their ends are cut, so the "

@@ -1,0 +1,70 @@
+"""Inputs a user can fix (issue 27, part 4): each ends in one line saying what to set, before any model loads
+where it can; options a stage ignores are refused or warned about."""
+
+import json
+import logging
+
+import pytest
+
+from rlt_mono.build import resolve_model_path
+from rlt_mono.config import ConfigError, compose
+from rlt_mono.data import DataConfig
+from rlt_mono.errors import UserError
+from rlt_mono.lora import lora_rank
+from rlt_mono.sft import _usable_rows, build_sft
+
+
+@pytest.mark.parametrize("override, says", [
+    ("sft.learning_rate=-1", "sft: learning_rate must be >= 0, got -1"),
+    ("sft.per_device_train_batch_size=-2", "sft: per_device_train_batch_size must be >= 1, got -2"),
+    ("sft.gradient_accumulation_steps=0", "sft: gradient_accumulation_steps must be >= 1, got 0"),
+    ("sft.max_steps=0", "sft: max_steps must be >= 1 (or -1: train sft.num_train_epochs), got 0"),
+    ("model.lora_r=4", "model.lora_r=4: teacher_sft trains every weight (LoRA adapters are teacher_rlt's option): "
+                       "set model.lora_r=0"),
+])
+def test_sft_options_are_refused_in_one_line(tmp_path, override, says):
+    with pytest.raises(ConfigError) as err:
+        build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", override]))
+    assert str(err.value) == says
+
+
+def test_every_row_longer_than_max_length_says_raise_it(tmp_path):
+    cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "sft.max_length=4", "data.max_rows=8"])
+    with pytest.raises(UserError, match=r"^every one of the 8 train rows is longer than sft.max_length=4 tokens "
+                                          r"before its completion starts: raise sft.max_length$"):
+        build_sft(cfg)
+
+
+def test_a_null_model_or_a_run_folder_for_its_final(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        resolve_model_path(None, 0, "student.model_name_or_path")
+    assert str(err.value) == ("student.model_name_or_path=null: this stage loads that model: set "
+                              "student.model_name_or_path=<a model folder or hub id>")
+    run = tmp_path / "teacher_sft"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "config.json").write_text("{}")
+    (run / "config.yaml").write_text("stage: teacher_sft\n")
+    with pytest.raises(ConfigError) as err:
+        resolve_model_path(str(run), 0)
+    assert str(err.value) == (f"model.model_name_or_path={run}: a run folder, not a model; its trained model is in "
+                              f"final/: set model.model_name_or_path={run / 'final'}")
+    assert resolve_model_path(str(run / "final"), 0) == str(run / "final")
+
+
+def test_lora_on_lm_head_is_refused():
+    with pytest.raises(ConfigError) as err:
+        lora_rank({"lora_r": 4, "lora_target_modules": ["lm_head"]})
+    assert str(err.value) == ("model.lora_target_modules=['lm_head']: lm_head cannot carry an adapter (TRL reads its "
+                              "weight directly for the log-probs): remove lm_head, e.g. [q_proj,v_proj]")
+
+
+def test_distilled_rows_trained_on_reasoning_trace_are_warned_about(tmp_path, caplog):
+    source = tmp_path / "distill.jsonl"
+    rows = [{"question": "1+1?", "solution": "The answer is 2", "reasoning_trace": "r", "explanation": "e"}]
+    source.write_text(json.dumps(rows[0]) + "\n")
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.sft"):
+        kept, _ = _usable_rows(rows, DataConfig(source=str(source)), "student_sft", "reasoning_trace")
+    assert len(kept) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"data.source={source} has an explanation column (rows written by distill) but student_sft trains on "
+        "'reasoning_trace': set sft.explanation_column=explanation to train on the teacher's explanations"]
