@@ -183,7 +183,8 @@ def test_end_of_turn_token_comes_from_the_chat_template(tokenizer):
 
 def test_sft_configs_have_rlt_warmup_settings_and_instantiate(tmp_path):
     assert {f.name for f in dataclasses.fields(SFTStageConfig)} - {f.name for f in dataclasses.fields(trl.SFTConfig)} \
-        == {"explanation_column"}
+        == {"explanation_column", "early_stopping_patience", "diversity_prompts", "diversity_samples",
+            "diversity_temperature", "diversity_max_new_tokens"}
     for name, stage in [("teacher_sft_tiny", "teacher_sft"), ("student_sft_tiny", "student_sft"),
                         ("teacher_sft", "teacher_sft"), ("student_sft", "student_sft")]:
         cfg = compose(name, [f"output_dir={tmp_path}"])
