@@ -117,7 +117,7 @@ class SFTStageConfig(trl.SFTConfig):
 # ---- examples ---------------------------------------------------------------------------------------------------
 def build_sft_dataset(
     rows: list[dict], tokenizer: PreTrainedTokenizerBase, stage: str, explanation_column: str,
-    eos_token: str | None = None, prompt_format: PromptFormat | None = None,
+    eos_token: str | None = None, prompt_format: PromptFormat | None = None, max_length: int | None = None,
 ) -> datasets.Dataset:
     """Tokenized examples of ``stage``'s chat, one per row: ``input_ids`` and ``completion_mask``.
 
@@ -126,8 +126,16 @@ def build_sft_dataset(
     ones the RL stage and vLLM continue from. Encoding the joined text instead lets BPE merge across the boundary
     (SmolLM2 merges the prompt's final ``\n\n`` with the completion's first token), and TRL then trains on a
     context the model never sees at generation time.
+
+    With ``max_length`` no row is tokenized for longer than it needs (a 1 MB row takes seconds): a token spans at
+    most as many characters as the longest vocabulary entry, so a prompt longer than ``max_length`` times that has
+    more than ``max_length`` tokens and leaves its completion nothing (the row is dropped, as TRL would drop it,
+    and counted in the log); a completion is cut to that many characters before tokenizing (TRL cuts its tokens at
+    ``max_length`` anyway).
     """
     prompt_format = prompt_format or PromptFormat()
+    most_chars = None if max_length is None else max_length * max(len(token) for token in tokenizer.get_vocab())
+    too_long = 0
     eos_ids = [tokenizer.convert_tokens_to_ids(eos_token or tokenizer.eos_token)]
     examples = {"input_ids": [], "completion_mask": []}
     for row in rows:
@@ -142,10 +150,17 @@ def build_sft_dataset(
             completion = prompt_format.student_completion(explanation, row["solution"])
         else:
             raise UserError(f"stage={stage!r} is not an SFT stage; use one of {sorted(STAGE_MODEL_GROUP)}")
+        if most_chars is not None and len(prompt) > most_chars:
+            too_long += 1
+            continue
+        completion = completion if most_chars is None else completion[:most_chars]
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + eos_ids
         examples["input_ids"].append(prompt_ids + completion_ids)
         examples["completion_mask"].append([0] * len(prompt_ids) + [1] * len(completion_ids))
+    if too_long:
+        logger.warning("%s: dropped %d of %d rows whose prompt alone is over sft.max_length=%d tokens (at least %d "
+                       "characters) without tokenizing them", stage, too_long, len(rows), max_length, most_chars)
     return datasets.Dataset.from_dict(examples)
 
 
@@ -305,11 +320,16 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     callbacks = [RunFilesCallback(output_dir, samples_per_step=0, plot=False)]
     if args.early_stopping_patience:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping_patience))
+    train_dataset = build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token,
+                                      max_length=args.max_length)
+    if len(train_dataset) == 0:
+        raise rows_too_long(len(train_rows), args.max_length)
     trainer = StageSFTTrainer(
         model=model,
         args=args,
-        train_dataset=build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token),
-        eval_dataset=build_sft_dataset(heldout_rows, tokenizer, stage, args.explanation_column, args.eos_token)
+        train_dataset=train_dataset,
+        eval_dataset=build_sft_dataset(heldout_rows, tokenizer, stage, args.explanation_column, args.eos_token,
+                                       max_length=args.max_length)
         if heldout_rows
         else None,
         processing_class=tokenizer,
@@ -318,8 +338,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
-        raise UserError(f"every one of the {len(train_rows)} train rows is longer than sft.max_length="
-                        f"{args.max_length} tokens before its completion starts: raise sft.max_length")
+        raise rows_too_long(len(train_rows), args.max_length)
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
     if truncated:
         logger.warning("%d of %d train rows are longer than sft.max_length=%s tokens: their ends are cut, so the "
@@ -331,6 +350,12 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                                       continue_final_message=True)
         for row in heldout_rows[: args.diversity_prompts]]
     return SFTRun(stage, trainer, output_dir, resume_checkpoint, model_path, rows, diversity_prompts)
+
+
+def rows_too_long(rows: int, max_length: int) -> UserError:
+    """The one line for SFT rows that all leave no completion within ``sft.max_length``."""
+    return UserError(f"every one of the {rows} train rows is longer than sft.max_length={max_length} tokens before "
+                     "its completion starts: raise sft.max_length")
 
 
 def check_early_stopping(sft: dict) -> None:

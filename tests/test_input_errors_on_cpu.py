@@ -68,3 +68,22 @@ def test_distilled_rows_trained_on_reasoning_trace_are_warned_about(tmp_path, ca
     assert [r.getMessage() for r in caplog.records] == [
         f"data.source={source} has an explanation column (rows written by distill) but student_sft trains on "
         "'reasoning_trace': set sft.explanation_column=explanation to train on the teacher's explanations"]
+
+
+def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, caplog):
+    """Issue 27's runaway: a 1 MB question in a row used to be tokenized for minutes. Its prompt is certainly over
+    max_length tokens (more characters than max_length times the longest vocabulary entry): dropped, counted; a
+    1 MB explanation is cut to that bound before tokenizing."""
+    from rlt_mono.sft import build_sft_dataset
+
+    normal = {"question": "What is 2 + 3?", "solution": "The answer is 5.", "reasoning_trace": "2 + 3 = 5."}
+    huge_question = {**normal, "question": "How many? " * 100_000}
+    huge_trace = {**normal, "reasoning_trace": "1 + 1 = 2. " * 100_000}
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.sft"):
+        dataset = build_sft_dataset([normal, huge_question, huge_trace], tokenizer, "teacher_sft", "reasoning_trace",
+                                    max_length=64)
+    assert len(dataset) == 2
+    longest = max(len(token) for token in tokenizer.get_vocab())
+    assert len(dataset[1]["input_ids"]) <= 64 * longest + 200  # the cut explanation, not a megabyte of tokens
+    assert any("dropped 1 of 3 rows whose prompt alone is over sft.max_length=64 tokens" in r.getMessage()
+               for r in caplog.records)
