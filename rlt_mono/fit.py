@@ -384,6 +384,19 @@ def _set(cfg, key: str, value) -> None:
         cfg[group][name] = value
 
 
+def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int) -> str | None:
+    """What is wrong with the command line's sizes, in one line, or None: a card of a finite positive size, free
+    memory no more than the card, a prompt of at least one token."""
+    if not math.isfinite(gpu_gib) or gpu_gib <= 0:
+        return f"--gpu-gib {gpu_gib}: give the card's total memory in GiB, a number above 0 (e.g. 80)"
+    if free_gib is not None and (not math.isfinite(free_gib) or not 0 < free_gib <= gpu_gib):
+        return (f"--free-gib {free_gib}: the memory free for the run must be above 0 and at most the card's "
+                f"--gpu-gib {gpu_gib}")
+    if prompt_length < 1:
+        return f"--prompt-length {prompt_length}: the longest prompt must be at least 1 token"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m rlt_mono.fit <run config> [overrides] --gpu-gib N [--auto]``: print the plan; exit 0 if it
     fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
@@ -397,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")
     parser.add_argument("--auto", action="store_true", help="show what memory=auto would pick")
     args = parser.parse_intermixed_args(argv)
+    if problem := argument_problem(args.gpu_gib, args.free_gib, args.prompt_length):
+        sys.stderr.write(f"error: {problem}\n")
+        return 2
     from rlt_mono.config import compose
 
     try:

@@ -87,3 +87,20 @@ def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, 
     assert len(dataset[1]["input_ids"]) <= 64 * longest + 200  # the cut explanation, not a megabyte of tokens
     assert any("dropped 1 of 3 rows whose prompt alone is over sft.max_length=64 tokens" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--gpu-gib", "nan"], "error: --gpu-gib nan: give the card's total memory in GiB, a number above 0 (e.g. 80)"),
+    (["--gpu-gib", "0"], "error: --gpu-gib 0.0: give the card's total memory in GiB, a number above 0 (e.g. 80)"),
+    (["--gpu-gib", "80", "--free-gib", "120"],
+     "error: --free-gib 120.0: the memory free for the run must be above 0 and at most the card's --gpu-gib 80.0"),
+    (["--gpu-gib", "80", "--free-gib", "inf"],
+     "error: --free-gib inf: the memory free for the run must be above 0 and at most the card's --gpu-gib 80.0"),
+    (["--gpu-gib", "80", "--prompt-length", "0"], "error: --prompt-length 0: the longest prompt must be at least 1 "
+                                                  "token"),
+])
+def test_the_planner_cli_refuses_impossible_sizes_in_one_line(flags, says, capsys):
+    from rlt_mono.fit import main
+
+    assert main(["demo_tiny", *flags]) == 2
+    assert capsys.readouterr().err == says + "\n"
