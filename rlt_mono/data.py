@@ -51,7 +51,7 @@ MISSING = "???"
 __all__ = [
     "BadRowError", "DataConfig", "DataConfigError", "DataSourceError", "NotEnoughRowsError", "build_prompt_dataset",
     "check_enough_rows", "held_out_questions", "load_rows", "load_split", "prepare_dataset", "render_prompts",
-    "validate_rows",
+    "split_questions", "validate_rows",
 ]
 
 
@@ -224,10 +224,9 @@ def _eval_count(config: DataConfig, n_questions: int) -> int:
     return config.eval_rows
 
 
-def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[int, dict]], int]:
-    """The valid rows of one split with their source indices, after ``max_rows``; and the bad rows skipped."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+def _partition(config: DataConfig, seed: int) -> tuple[dict[str, list[tuple[int, dict]]], int]:
+    """Both splits' valid rows with their source indices (before ``max_rows``), from one read of the source; and
+    the bad rows skipped."""
     seed = config.seed if config.seed is not None else seed
     raw = load_rows(config, seed=seed)
     whole = set(config.heldout_templates)
@@ -236,22 +235,39 @@ def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[i
     pool = [(i, row) for i, row in indexed if _question_key(row["question"]) not in template_questions]
     questions = {_question_key(row["question"]) for _, row in pool}
     held_out = held_out_questions(questions, seed, _eval_count(config, len(questions)))
-    chosen = [(i, row) for i, row in pool if (_question_key(row["question"]) in held_out) == (split == "eval")]
-    if whole and split == "eval":
+    parts = {split: [(i, row) for i, row in pool if (_question_key(row["question"]) in held_out) == (split == "eval")]
+             for split in SPLITS}
+    if whole:
         count = len(template_questions) if config.heldout_template_rows is None else \
             min(config.heldout_template_rows, len(template_questions))
         by_template = held_out_questions(template_questions, seed, count)
-        instances = [(i, {**row, "heldout": "instances"}) for i, row in chosen]
+        instances = [(i, {**row, "heldout": "instances"}) for i, row in parts["eval"]]
         templates = [(i, {**row, "heldout": "templates"}) for i, row in indexed
                      if _question_key(row["question"]) in by_template]
         # Alternated, so that any first N rows (max_rows, trainer.eval_questions) hold both sets.
-        chosen = [pair for both in itertools.zip_longest(instances, templates) for pair in both if pair is not None]
-    if config.max_rows is not None:
-        chosen = chosen[: config.max_rows]
-    logger.info("data: %d %s rows from %s (%d of %d questions held out for eval; %d more questions of %d held-out "
-                "templates; %d bad rows skipped)", len(chosen), split, config.source, len(held_out), len(questions),
-                len(template_questions), len(whole), skipped)
+        parts["eval"] = [pair for both in itertools.zip_longest(instances, templates) for pair in both
+                         if pair is not None]
+    logger.info("data: %s: %d of %d questions held out for eval; %d more questions of %d held-out templates; %d "
+                "bad rows skipped", config.source, len(held_out), len(questions), len(template_questions), len(whole),
+                skipped)
+    return parts, skipped
+
+
+def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[int, dict]], int]:
+    """The valid rows of one split with their source indices, after ``max_rows``; and the bad rows skipped."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    parts, skipped = _partition(config, seed)
+    chosen = parts[split] if config.max_rows is None else parts[split][: config.max_rows]
+    logger.info("data: %d %s rows from %s", len(chosen), split, config.source)
     return chosen, skipped
+
+
+def split_questions(config: DataConfig, seed: int = 0) -> tuple[set[str], set[str]]:
+    """The whitespace-normalised questions of the train and the eval split (``max_rows`` not applied), from one
+    read of the source: what a stage that reads the source's rows itself (SFT) splits them by."""
+    parts, _ = _partition(config, seed)
+    return tuple({_question_key(row["question"]) for _, row in parts[split]} for split in SPLITS)
 
 
 def load_split(config: DataConfig, seed: int = 0, split: str = "train") -> list[dict]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
@@ -49,7 +49,7 @@ from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
 from rlt_mono.build import model_path as resolve_model
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, load_rows, load_split, validate_rows
+from rlt_mono.data import DataConfig, load_rows, split_questions, validate_rows
 from rlt_mono.errors import UserError
 from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
 from rlt_mono.prompts import PromptFormat
@@ -184,7 +184,7 @@ def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_co
     """Train rows, held-out rows and the number of bad rows skipped; every row kept has ``question``,
     ``solution`` and a non-empty ``explanation_column``. ``data.max_rows`` caps each split.
 
-    The split is data.py's (``load_split``): by question, the same held-out questions as the distill and eval
+    The split is data.py's (``split_questions``): by question, the same held-out questions as the distill and eval
     stages. It is applied here to the source's rows with every column kept, because ``load_split`` keeps only
     data.py's own columns and a distill row's ``explanation`` is not one of them.
 
@@ -192,9 +192,7 @@ def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_co
         UserError: unreadable source, no row with ``explanation_column``, a bad row (with ``on_bad_row=error``),
             no train row.
     """
-    every = replace(data_config, max_rows=None)
-    train_questions, heldout_questions = ({_question_key(row["question"]) for row in load_split(every, seed, split)}
-                                          for split in ("train", "eval"))
+    train_questions, heldout_questions = split_questions(data_config, seed)
     rows, skipped = _usable_rows(load_rows(data_config, seed=seed), data_config, stage, explanation_column)
     # A row of a held-out template that the eval split did not sample is in neither: no stage trains on it.
     train = [row for row in rows if _question_key(row["question"]) in train_questions]
