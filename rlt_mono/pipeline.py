@@ -256,8 +256,8 @@ def check_pipeline_folder(root: Path) -> None:
         if stage != "pipeline":
             raise UserError(f"output_dir={root} holds a {stage} run, not a pipeline: choose another output_dir (or "
                             "leave it unset for a new folder)")
-    elif checkpoints.previous_run_files(root):
-        raise UserError(f"output_dir={root} holds another run ({', '.join(checkpoints.previous_run_files(root))}), "
+    elif found := checkpoints.previous_run_files(root):
+        raise UserError(f"output_dir={root} holds another run ({', '.join(found)}), "
                         "not a pipeline: choose another output_dir (or leave it unset for a new folder)")
 
 
