@@ -310,18 +310,19 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     key = f"{group}.model_name_or_path"
     model_path = resolve_model(cfg[group], cfg.seed, group)
     tokenizer = load_tokenizer(model_path, key)
-    model = load_model(model_path, key, **model_kwargs(cfg[group]))
     if args.eos_token is None:
         args.eos_token = end_of_turn_token(tokenizer, key)
+    # the rows in tokens need only the tokenizer: rows that all leave no completion cost no model load
+    train_dataset = build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token,
+                                      max_length=args.max_length)
+    if len(train_dataset) == 0:
+        raise rows_too_long(len(train_rows), args.max_length)
+    model = load_model(model_path, key, **model_kwargs(cfg[group]))
     # ---- trainer --------------------------------------------------------------------------------------------------
     output_dir.mkdir(parents=True, exist_ok=True)
     callbacks = [RunFilesCallback(output_dir, samples_per_step=0, plot=False)]
     if args.early_stopping_patience:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping_patience))
-    train_dataset = build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token,
-                                      max_length=args.max_length)
-    if len(train_dataset) == 0:
-        raise rows_too_long(len(train_rows), args.max_length)
     trainer = StageSFTTrainer(
         model=model,
         args=args,

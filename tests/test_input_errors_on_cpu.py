@@ -28,7 +28,11 @@ def test_sft_options_are_refused_in_one_line(tmp_path, override, says):
     assert str(err.value) == says
 
 
-def test_every_row_longer_than_max_length_says_raise_it(tmp_path):
+def test_every_row_longer_than_max_length_says_raise_it_before_the_model_loads(tmp_path, monkeypatch):
+    def no_model_load(*args, **kwargs):
+        raise AssertionError("the model loaded before the rows were checked")
+
+    monkeypatch.setattr("rlt_mono.sft.load_model", no_model_load)
     cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "sft.max_length=4", "data.max_rows=8"])
     with pytest.raises(UserError, match=r"^every one of the 8 train rows is longer than sft.max_length=4 tokens "
                                           r"before its completion starts: raise sft.max_length$"):
