@@ -5,9 +5,10 @@
 #   bash bench/gpu_pipeline.sh run <run config> <seconds> [overrides]
 #       install the GPU stack (../shared/device bundle) and every GGUF whose parts are stashed, if not yet done;
 #       run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its results to $OUT.
-#   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2>
+#   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
 #       the same set-up, then bench/study_gsm.sh in the background (it outlives the call): one teacher SFT, then
-#       one study pipeline per seed side by side on the GPU, then rlt_mono.study's aggregate; returns at once.
+#       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study's aggregate; returns at
+#       once. Run it again on a warm machine to continue a study that stopped (finished stages are skipped).
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz, logs).
 # Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
@@ -60,17 +61,8 @@ case "${1:-}" in
   study)
     setup
     mkdir -p /root/study
-    setsid nohup bash bench/study_gsm.sh /root/study "$2" > /root/study/orchestrator.log 2>&1 < /dev/null &
+    setsid nohup bash bench/study_gsm.sh /root/study "$2" "${3:-2}" >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
-  seed)  # (re)start seeds' study pipelines in the background: each continues where it stopped; a step whose settings
-    # changed since it ran is run again (+rerun_changed=true)
-    setup
-    for seed in ${2//,/ }; do
-      setsid nohup bash -c "./launch_mono.sh cfgs/run_cfg/study_gsm_symbolic.yaml seed=$seed output_dir=/root/study/seed$seed \
-        +rerun_changed=true '+steps=[$(sed -n 's/^after_sft+\{0,1\}=//p' bench/study_gsm.sh | tr -d '\n')]'" \
-        > "/root/study/logs/seed$seed.restart.log" 2>&1 < /dev/null &
-    done
-    sleep 8; tail -n 2 /root/study/logs/seed*.restart.log | cut -c1-300 ;;
   wait)
     end=$((SECONDS + $2))
     while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
@@ -82,5 +74,5 @@ case "${1:-}" in
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
-    sed -n 2,11p "$0"; exit 2 ;;
+    sed -n 2,18p "$0"; exit 2 ;;
 esac

@@ -1,40 +1,73 @@
 #!/usr/bin/env bash
 # The "Does it teach?" study on GSM-Symbolic (cfgs/run_cfg/study_gsm_symbolic.yaml) over several seeds on one GPU,
 # resumable: run it again on the same <root> and every finished stage is skipped (rlt_mono.pipeline).
-#   bash bench/study_gsm.sh <root> <seeds, e.g. 0,1,2>
+#   bash bench/study_gsm.sh <root> <seeds, e.g. 0,1,2> [control workers, default 2]
+# STUDY_CONFIG names another pipeline run config, STUDY_OVERRIDES adds overrides (words, no spaces inside one):
+# the tests run it on the embedded tiny pair that way.
 # 1. One teacher SFT (the first seed's; a seed covers the RL run, distill sampling and student SFT), shared by
 #    every seed's folder through a link.
-# 2. One study pipeline per seed, side by side (each vLLM at 0.15 of the GPU: three fit on one H100/H200).
-# 3. python -m rlt_mono.study aggregate: study.json, study_table.md and the curves in <root>/aggregate.
+# 2. Side by side on the GPU: one RL chain per seed in <root>/seed<N> (RL, distill, student SFT, both evals), and
+#    the controls of every seed in <root>/seed<N>ctl (the SFT teacher's distill and student, the raw-traces
+#    student; the SFT teacher's own eval for the first seed only: every seed shares that teacher), shared out over
+#    a few control workers, each running its seeds one after another. vLLM engines start one at a time
+#    (rlt_mono.run_lock.engine_start).
+# 3. The control folders are linked into their seed's folder, then python -m rlt_mono.study aggregate writes
+#    study.json, study_table.md and the curves in <root>/aggregate.
 # Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. bench/gpu_pipeline.sh study|wait drive it on
 # the GPU machine.
 set -uo pipefail
-root=$1 seeds=${2//,/ }
+root=$1 seeds=${2//,/ } workers=${3:-2}
 mkdir -p "$root/logs"
-config=cfgs/run_cfg/study_gsm_symbolic.yaml
+config=${STUDY_CONFIG:-cfgs/run_cfg/study_gsm_symbolic.yaml}
+read -ra extra <<< "${STUDY_OVERRIDES:-}"
 first=${seeds%% *}
-after_sft=teacher_rlt,distill,student_sft,eval_teacher,eval_student,distill_sft_teacher,student_sft_sft_teacher
-after_sft+=,student_sft_raw_traces,eval_sft_teacher,eval_student_sft_teacher,eval_student_raw_traces
+rl_steps=teacher_rlt,distill,student_sft,eval_teacher,eval_student
+control_steps=distill_sft_teacher,student_sft_sft_teacher,eval_student_sft_teacher,student_sft_raw_traces
+control_steps+=,eval_student_raw_traces
 start=$SECONDS
-./launch_mono.sh "$config" seed="$first" output_dir="$root/seed$first" "+steps=[teacher_sft]" \
-  > "$root/logs/teacher_sft.log" 2>&1
+pipeline() {  # <folder> <seed> <steps>
+  ./launch_mono.sh "$config" seed="$2" output_dir="$1" "+steps=[$3]" "${extra[@]}"
+}
+pipeline "$root/seed$first" "$first" teacher_sft > "$root/logs/teacher_sft.log" 2>&1
 sft=$?
 echo "teacher_sft exit $sft after $((SECONDS - start)) s"
-codes=()
-if [ $sft -eq 0 ]; then
-  pids=()
+[ $sft -eq 0 ] || { echo "teacher_sft=$sft" > "$root/DONE"; exit 1; }
+
+control() {  # <worker index>: the control steps of every workers-th seed, one seed after another
+  local i=0 code=0 seed steps
   for seed in $seeds; do
-    mkdir -p "$root/seed$seed"
-    [ "$seed" = "$first" ] || ln -sfn "$root/seed$first/1_teacher_sft" "$root/seed$seed/1_teacher_sft"
-    ./launch_mono.sh "$config" seed="$seed" output_dir="$root/seed$seed" "+steps=[$after_sft]" \
-      > "$root/logs/seed$seed.log" 2>&1 &
-    pids+=($!)
-    sleep 40  # one vLLM start at a time: a start profiles device memory, which another start would change
+    if [ $((i % workers)) -eq "$1" ]; then
+      steps=$control_steps
+      [ "$seed" = "$first" ] && steps+=,eval_sft_teacher
+      pipeline "$root/seed${seed}ctl" "$seed" "$steps" > "$root/logs/seed${seed}ctl.log" 2>&1 || code=1
+    fi
+    i=$((i + 1))
   done
-  for pid in "${pids[@]}"; do wait "$pid"; codes+=($?); done
-  echo "seeds $seeds exit ${codes[*]} after $((SECONDS - start)) s"
-fi
+  return $code
+}
+pids=() names=()
+for seed in $seeds; do
+  for folder in "seed$seed" "seed${seed}ctl"; do
+    mkdir -p "$root/$folder"
+    [ "$folder" = "seed$first" ] || ln -sfn "$root/seed$first/1_teacher_sft" "$root/$folder/1_teacher_sft"
+  done
+  pipeline "$root/seed$seed" "$seed" "$rl_steps" > "$root/logs/seed$seed.log" 2>&1 &
+  pids+=($!) names+=("seed$seed")
+done
+for ((w = 0; w < workers; w++)); do
+  control "$w" &
+  pids+=($!) names+=("control$w")
+done
+codes=()
+for i in "${!pids[@]}"; do wait "${pids[$i]}"; codes+=("${names[$i]}=$?"); done
+echo "${codes[*]} after $((SECONDS - start)) s"
+
 folders=()
-for seed in $seeds; do folders+=("$root/seed$seed"); done
+for seed in $seeds; do
+  for step in "$root/seed${seed}ctl"/[0-9]*_*; do
+    [ -d "$step" ] && [ ! -L "$step" ] && ln -sfn "$step" "$root/seed$seed/$(basename "$step")"
+  done
+  folders+=("$root/seed$seed")
+done
 python3 -m rlt_mono.study aggregate "${folders[@]}" --out "$root/aggregate" > "$root/logs/aggregate.log" 2>&1
-echo "teacher_sft=$sft seeds=${codes[*]} aggregate=$? seconds=$((SECONDS - start))" > "$root/DONE"
+echo "teacher_sft=$sft ${codes[*]} aggregate=$? seconds=$((SECONDS - start))" > "$root/DONE"

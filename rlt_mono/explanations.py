@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, lora
+from rlt_mono import checkpoints, lora, run_lock
 from rlt_mono.build import (
     dtype_name,
     load_model,
@@ -194,10 +194,11 @@ class VLLMGenerator:
         # CuMem allocator ("invalid argument", then out of memory with 78 of 79 GiB free).
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
-        self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True,
-                       enforce_eager=enforce_eager)
-        self.llm.sleep(level=1)
+        with run_lock.engine_start():
+            self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True,
+                           enforce_eager=enforce_eager)
+            self.llm.sleep(level=1)
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
         from vllm import SamplingParams

@@ -28,7 +28,8 @@ leaves the others as they are, their outputs read where a later step needs them.
 
     distill_sft_teacher      the SFT-only teacher (1_teacher_sft) explains the same rows as distill
     student_sft_sft_teacher  the student trained on those explanations
-    student_sft_raw_traces   the student trained on the same rows' own reasoning traces (3_distill's rows carry them)
+    student_sft_raw_traces   the student trained on the same rows' own reasoning traces (the distilled rows carry
+                             them; read from distill_sft_teacher's, so the controls do not wait for RL)
     eval_sft_teacher         the SFT-only teacher scored on the held-out questions, like eval_teacher
     eval_student_sft_teacher, eval_student_raw_traces   the two control students' held-out accuracy
 
@@ -131,7 +132,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         # the study's controls
         "distill_sft_teacher": load("model", folders["teacher_sft"]),
         "student_sft_sft_teacher": student_sft_on("distill_sft_teacher", "explanation"),
-        "student_sft_raw_traces": student_sft_on("distill", "reasoning_trace"),
+        "student_sft_raw_traces": student_sft_on("distill_sft_teacher", "reasoning_trace"),
         "eval_sft_teacher": load("model", folders["teacher_sft"]),
         "eval_student_sft_teacher": student_alone("student_sft_sft_teacher"),
         "eval_student_raw_traces": student_alone("student_sft_raw_traces"),

@@ -7,6 +7,10 @@ when its process ends, however it ends (``kill -9`` included), so a ``.lock`` le
 (the lock succeeds; its old content is logged). Each folder has its own lock, not inherited by subfolders: a
 pipeline holds its root, each stage it launches its own stage folder; a data-parallel run's launcher holds it for
 all its ranks. The lock file is removed when the run ends.
+
+``engine_start`` is the other lock here: one vLLM engine start at a time per machine. A start measures the GPU's
+memory to size its KV cache; another process starting (or loading) meanwhile changes what it measures, and
+several runs sharing one GPU failed that way. The lock serialises only the starts, not the runs.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rlt_mono.atomic_write import write_error
@@ -26,6 +33,8 @@ from rlt_mono.errors import UserError
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+# The machine-wide lock of engine_start; RLT_MONO_ENGINE_LOCK names another file (tests, or a shared /tmp).
+ENGINE_LOCK_ENV = "RLT_MONO_ENGINE_LOCK"
 
 # Folders this process holds (resolved path -> the open lock file's descriptor), until release_all.
 _held: dict[Path, int] = {}
@@ -67,6 +76,39 @@ def acquire(folder: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
     _held[folder] = fd
+
+
+def engine_lock_path() -> Path:
+    """The machine-wide file ``engine_start`` locks: ``$RLT_MONO_ENGINE_LOCK``, else one per user in the temp
+    folder."""
+    return Path(os.environ.get(ENGINE_LOCK_ENV) or Path(tempfile.gettempdir()) / f"rlt_mono-engine-{os.getuid()}.lock")
+
+
+@contextmanager
+def engine_start(what: str = "vLLM engine") -> Iterator[None]:
+    """Hold the machine-wide engine-start lock while the block runs (a vLLM engine's start and first sleep): a
+    second process waits, saying once whom it waits for."""
+    path = engine_lock_path()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        raise (write_error(path, err) or err) from err
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            started = time.monotonic()
+            logger.info("%s start: waiting for another process's engine start to end (%s)", what,
+                        describe(_read(fd)))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            logger.info("%s start: waited %.1f s for the other engine start", what, time.monotonic() - started)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                   "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                   "command": " ".join(sys.argv)}) + "\n").encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
 
 
 def release_all() -> None:

@@ -38,7 +38,7 @@ import trl
 from transformers import TrainerCallback
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, dynamic_sampling, lora, trl_vllm
+from rlt_mono import checkpoints, dynamic_sampling, lora, run_lock, trl_vllm
 from rlt_mono.config import ConfigError
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
@@ -88,7 +88,11 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         self._policy_log_probs: torch.Tensor | None = None
         self._warned_no_policy_log_probs = False
         quantized = getattr(kwargs.get("model"), "is_loaded_in_4bit", False)
-        with trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext():
+        # TRL starts its colocated vLLM engine in its __init__: one engine start at a time on this machine. Not
+        # with several ranks, whose engines start together (collectives across ranks: the lock would deadlock).
+        one_rank = int(os.environ.get("WORLD_SIZE", "1")) == 1
+        with (trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext()), \
+                (run_lock.engine_start() if one_rank else contextlib.nullcontext()):
             super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
         if self.args.dynamic_sampling_rounds and self.accelerator.num_processes > 1:

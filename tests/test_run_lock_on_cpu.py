@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,39 @@ def test_two_writers_of_one_distill_file_never_write_a_question_twice(tmp_path):
     assert resumed.append([{"question": "q7", "solution": "s"}, {"question": "new", "solution": "s"}]) == 1
     resumed.close()
     assert _questions(path)[200:] == ["new"]
+
+
+ENGINE_HOLD = ("import sys, time\nfrom rlt_mono import run_lock\nwith run_lock.engine_start():\n"
+               "    print('starting', flush=True)\n    sys.stdin.readline()\n")
+
+
+def test_engine_starts_wait_for_each_other_and_name_the_holder(tmp_path, monkeypatch, caplog):
+    """Two engine starts on one machine: the second waits until the first's block ends, saying whom it waits for."""
+    lock = tmp_path / "engine.lock"
+    monkeypatch.setenv(run_lock.ENGINE_LOCK_ENV, str(lock))
+    holder = subprocess.Popen([sys.executable, "-c", ENGINE_HOLD], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert holder.stdout.readline().strip() == "starting"
+        order = []
+        def release_later():
+            order.append("released")
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+
+        timer = threading.Timer(1.0, release_later)
+        timer.start()
+        with caplog.at_level("INFO", logger="rlt_mono.run_lock"), run_lock.engine_start():
+            order.append("entered")
+        timer.join()
+        assert order == ["released", "entered"]
+        assert f"pid {holder.pid} on host {socket.gethostname()}" in caplog.text
+        assert "waited" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
+    # Free again: a start with no other start under way does not wait.
+    caplog.clear()
+    with caplog.at_level("INFO", logger="rlt_mono.run_lock"), run_lock.engine_start():
+        pass
+    assert "waiting" not in caplog.text
