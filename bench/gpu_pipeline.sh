@@ -8,7 +8,8 @@
 #   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
 #       the same set-up, then bench/study_gsm.sh in the background (it outlives the call): one teacher SFT, then
 #       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study's aggregate; returns at
-#       once. Run it again on a warm machine to continue a study that stopped (finished stages are skipped).
+#       once. Run it again on a warm machine to continue a study that stopped (finished stages are skipped). It
+#       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`, carried) or this tree.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz, logs).
 # Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
@@ -61,6 +62,11 @@ case "${1:-}" in
   study)
     setup
     mkdir -p /root/study
+    # The study runs from a copy of the code (a call replaces the working tree; later stages must not see it):
+    # .snap/code.tar when carried (git archive of a commit), else this tree.
+    code=/root/code-$(date +%s) && mkdir -p "$code"
+    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; else cp -a . "$code"; fi
+    cd "$code"
     setsid nohup bash bench/study_gsm.sh /root/study "$2" "${3:-2}" >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
@@ -74,5 +80,5 @@ case "${1:-}" in
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
-    sed -n 2,18p "$0"; exit 2 ;;
+    sed -n 2,19p "$0"; exit 2 ;;
 esac
