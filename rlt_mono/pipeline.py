@@ -21,6 +21,9 @@ A ``data=<option>`` (or ``data.<key>=...``) given to the pipeline reaches every 
 (teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.DataConfig``'s defaults go first in
 those stages' overrides, so a stage's own ``data.*`` overrides (e.g. ``data.max_rows``) still apply.
 
+``keep_checkpoints: false`` (``+keep_checkpoints=false``) deletes a training stage's checkpoints once its
+``final/`` is written (``drop_checkpoints``), for a disk that cannot hold every stage's optimizer states.
+
 ``steps=[...]`` (``+steps=[...]`` where the config has no ``steps`` key) launches only the named steps and
 leaves the others as they are, their outputs read where a later step needs them.
 
@@ -59,6 +62,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +78,7 @@ from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
+from rlt_mono.evaluate import compare_table
 from rlt_mono.pipeline_steps import DATA_STAGES, ORDER, STEP_FOLDER_NAMES, STEPS, STUDY_STEPS
 from rlt_mono.study import write_study
 
@@ -322,6 +327,18 @@ def distilled_bytes(plan_: StagePlan) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
+def drop_checkpoints(folder: Path) -> float:
+    """Delete the ``checkpoint-*`` folders of a finished stage (``keep_checkpoints: false``); its ``final/`` stays.
+    Nothing is deleted without a ``final/`` (a stopped stage resumes from its checkpoints). Returns GiB freed."""
+    if not (folder / "final").is_dir():
+        return 0.0
+    freed = 0
+    for checkpoint in sorted(folder.glob("checkpoint-*")):
+        freed += sum(f.stat().st_size for f in checkpoint.rglob("*") if f.is_file())
+        shutil.rmtree(checkpoint)
+    return freed / 2**30
+
+
 def move_aside(folder: Path, why: str) -> Path:
     """Rename ``folder`` to ``<folder>.<why>-<time>`` (``_2``, ``_3``, ... when that exists) and return the name."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -392,8 +409,9 @@ def run_pipeline(cfg: DictConfig) -> Path:
             launched.append(stage.folder)  # its output is new: what a later step made from the old one is stale
         summary["stages"][stage.stage]["seconds"] = round(seconds, 1)
         write_json(summary_path, summary)
-    from rlt_mono.evaluate import compare_table
-
+        if not cfg.get("keep_checkpoints", True) and (freed := drop_checkpoints(stage.folder)):
+            logger.info("%s: deleted its checkpoints (%.1f GiB; keep_checkpoints: false), final/ kept", stage.stage,
+                        freed)
     folders = {p.stage: p.folder for p in plans}
     evals = [folders[step] / "eval.json" for step in ("eval_teacher", "eval_student")]
     if not all(path.is_file() for path in evals):  # steps=[...] stopped before the evaluations

@@ -114,3 +114,17 @@ def test_a_stage_dies_with_its_pipeline_even_when_the_pipeline_is_killed(tmp_pat
     while _alive(stage) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(stage)
+
+
+def test_drop_checkpoints_keeps_final_and_only_acts_on_a_finished_stage(tmp_path):
+    stage = tmp_path / "4_student_sft"
+    for name in ("checkpoint-16", "checkpoint-32"):
+        (stage / name).mkdir(parents=True)
+        (stage / name / "optimizer.pt").write_bytes(b"x" * 2**20)
+    assert pipeline.drop_checkpoints(stage) == 0.0  # no final/: a stopped stage resumes from its checkpoints
+    assert sorted(p.name for p in stage.iterdir()) == ["checkpoint-16", "checkpoint-32"]
+    (stage / "final").mkdir()
+    (stage / "final" / "model.safetensors").write_bytes(b"w")
+    assert pipeline.drop_checkpoints(stage) == 2 / 1024  # two 1 MiB files, in GiB
+    assert sorted(p.name for p in stage.iterdir()) == ["final"]
+    assert (stage / "final" / "model.safetensors").read_bytes() == b"w"
