@@ -408,9 +408,9 @@ def apply_cap(a) -> None:
 
 def run_folder(a, mode: str) -> Path:
     """The run's folder; the ranks of a dp run share their launcher's (their parent process's) one."""
-    from rlt_mono import launch
+    from rlt_mono import runtime
 
-    return a.workdir / f"{mode}-{a.arch}-{os.getppid() if launch.in_rank() else os.getpid()}"
+    return a.workdir / f"{mode}-{a.arch}-{os.getppid() if runtime.in_rank() else os.getpid()}"
 
 
 def run_rlt(a) -> dict:
@@ -480,9 +480,9 @@ def card_of(card_gib: float | None):
         yield 0.0
         return
     torch.cuda.empty_cache()  # what building the models left cached goes back to the device first
-    from rlt_mono import launch
+    from rlt_mono import runtime
 
-    gpu = launch.local_rank()  # a dp rank's own GPU (0 outside a launch)
+    gpu = runtime.local_rank()  # a dp rank's own GPU (0 outside a launch)
     before = torch.cuda.device_memory_used(gpu)
     ready = Path(tempfile.mkdtemp()) / "ready"
     code = ("import sys, time, torch\n"
@@ -528,7 +528,7 @@ def run_trl(a) -> dict:
     import torch
     import trl
 
-    from rlt_mono.build import load_model, load_tokenizer, model_kwargs
+    from rlt_mono.models import load_model, load_tokenizer, model_kwargs
 
     apply_cap(a)
     teacher = make_model(a.arch, "teacher", a.models, 0)
@@ -556,7 +556,7 @@ def run_vllm(a, mode: str = "vllm") -> dict:
     from transformers import AutoConfig
     from vllm import LLM, SamplingParams
 
-    from rlt_mono.build import load_tokenizer
+    from rlt_mono.models import load_tokenizer
 
     teacher = make_model(a.arch, "teacher", a.models, 0)
     cfg = compose_bench(a, teacher, model_dir(a.arch, "student", a.models))
@@ -785,7 +785,7 @@ def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
 
 
 def scale_table(results: list[dict]) -> str:
-    """The README's table of a ``scale`` run."""
+    """The table of a ``scale`` run, as docs/PERFORMANCE.md quotes it."""
     lines = ["| placement | GPUs | completions / step | median step | completions / s | speedup | generate / score "
              "/ train (rank 0) |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
@@ -806,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"completions", "micro_batch"} <= vars(a).keys() and a.completions % a.micro_batch:
         parser.error(f"--completions {a.completions} must be a multiple of --micro-batch {a.micro_batch}")
     if a.command in MODES:
-        from rlt_mono import launch
+        from rlt_mono import runtime
 
         if a.command == "rlt" and a.gpus != GPUS_OF.get(a.placement, max(a.gpus, 1)):
             parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, student_gpu 2, dp 1 or more")
@@ -814,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--strategy {a.strategy} is placement dp's (how its ranks hold the teacher): add "
                          "--placement dp")
         result = run_mode(a.command, a)
-        if launch.rank() != 0:  # a dp rank other than the first: rank 0 reports
+        if runtime.rank() != 0:  # a dp rank other than the first: rank 0 reports
             return 0 if result["status"] == OK else 1
         if a.result_file:
             write_json(a.result_file, result)

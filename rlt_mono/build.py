@@ -2,9 +2,9 @@
 
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
-model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. The ``get_*``-style helpers below
-(``resolve_placement_for``, ``model_path``, ``load_tokenizer``, ``load_model``, ...) are shared with the SFT,
-distill and eval stages; the trainer releases what it holds itself (``RLTTrainer.release``).
+model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded by
+``rlt_mono.models``; ``resolve_placement_for`` (distill, eval) and ``set_wandb_env`` (SFT) are shared with the other
+stages; the trainer releases what it holds itself (``RLTTrainer.release``).
 """
 
 from __future__ import annotations
@@ -15,23 +15,31 @@ import socket
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono import checkpoints, fit, launch, lora
+from rlt_mono import checkpoints, fit, launch, lora, runtime
 from rlt_mono.atomic_write import write_text
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.console import NoLearningSignalWarning, replace_progress_callback
+from rlt_mono.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
-from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.memory import Arch
-from rlt_mono.outputs import RunFilesCallback
+from rlt_mono.models import (
+    dtype_name,
+    load_config,
+    load_model,
+    load_tokenizer,
+    model_kwargs,
+    model_path,
+    stop_token_ids,
+)
 from rlt_mono.phases import PhaseTimer
 from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.run_files import RunFilesCallback
 from rlt_mono.swapper import ModelSwapper
 from rlt_mono.trainer import RLTTrainer
 
@@ -45,9 +53,9 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     pass it to ``trainer.train(resume_from_checkpoint=...)``.
     """
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
-    main_process = launch.rank() == 0
+    output_dir = checkpoints.resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                                resume_from_checkpoint=cfg.resume_from_checkpoint)
+    main_process = runtime.rank() == 0
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     on_gpu = placement.device(Role.ACTOR).startswith("cuda")
@@ -62,7 +70,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps,
-                                                   world_size=launch.world_size())
+                                                   world_size=runtime.world_size())
     if main_process:
         checkpoints.remove_stale_staging(output_dir)
     set_wandb_env(cfg.logging, args.report_to)
@@ -99,6 +107,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     # ---- models ---------------------------------------------------------------------------------------
+    bars_only_in_terminal()  # the weight-loading bars too: none in a log file or a pipe
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
                          **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
@@ -142,6 +151,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         raise lora.no_target_error(cfg.model, err) from err
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.resume_checkpoint = resume_checkpoint
+    if resume_checkpoint is not None:  # the step-0 evaluation is in metrics.jsonl already: not again on resume
+        trainer.args.eval_on_start = False
     if trainer.accelerator.num_processes > 1:
         check_ranks_agree(trainer)
     if main_process:
@@ -164,7 +175,7 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
     try:
         placement = resolve_placement(placement_cfg.mode, gpu_count, offload_reference=placement_cfg.offload_reference,
                                       offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout,
-                                      local_rank=launch.local_rank())
+                                      local_rank=runtime.local_rank())
     except PlacementError as err:
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
@@ -180,8 +191,6 @@ RANK_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "
 def check_ranks_agree(trainer: RLTTrainer) -> None:
     """Every rank of a data-parallel run has the same ``RANK_SETTINGS`` (``ConfigError`` naming the first
     difference otherwise: set the key on the command line, or free the GPU that planned differently)."""
-    from accelerate.utils import gather_object
-
     mine = {key: getattr(trainer.args, key) for key in RANK_SETTINGS}
     everyone = gather_object([mine])
     for rank, theirs in enumerate(everyone):
@@ -235,108 +244,12 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
     return kwargs
 
 
-def resolve_output_dir(output_dir: str | None, run_dir: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
-    """The run's folder: ``output_dir``, or when it is unset a new folder ``run_dir`` (the config's
-    ``outputs/<run_name>/<time>``, made unique: ``checkpoints.new_run_dir``); an existing folder only to resume.
-    In a data-parallel rank ``output_dir`` as given: its launcher made or checked the folder (``rlt_mono.launch``)."""
-    if launch.in_rank():
-        return Path(output_dir)
-    if output_dir is None:
-        if resume_from_checkpoint is True or resume_from_checkpoint == "true":
-            raise ConfigError(
-                "resume_from_checkpoint=true resumes from the newest checkpoint in output_dir, but output_dir is "
-                "null (a new folder each run): set output_dir=<the run's folder>, or "
-                "resume_from_checkpoint=<checkpoint path>"
-            )
-        return checkpoints.new_run_dir(run_dir)
-    if not resuming:
-        checkpoints.check_fresh_output_dir(output_dir)
-    return Path(output_dir)
-
-
 def set_wandb_env(logging_cfg: DictConfig, report_to: list[str]) -> None:
     """W&B reads its project and mode from the environment; the ``logging`` group sets them (a value the user
     exported wins)."""
     if "wandb" in report_to:
         os.environ.setdefault("WANDB_PROJECT", logging_cfg.wandb_project)
         os.environ.setdefault("WANDB_MODE", logging_cfg.wandb_mode)
-
-
-def stop_token_ids(model, tokenizer) -> set[int]:
-    """Ids that end a completion: the generation config's eos id(s), the tokenizer's eos and pad."""
-    eos = model.generation_config.eos_token_id
-    ids = set(eos if isinstance(eos, list) else [eos]) | {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    return {i for i in ids if i is not None}
-
-
-def model_path(group: DictConfig, seed: int, name: str) -> str:
-    """The folder or hub id to load for config group ``name`` (``model`` or ``student``), GGUF files included."""
-    return resolve_model_path(group.model_name_or_path, seed, f"{name}.model_name_or_path",
-                              gguf_file=group.get("gguf_file"), dtype=group.get("dtype", "bfloat16"))
-
-
-def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path",
-                       gguf_file: str | None = None, dtype: str = "bfloat16") -> str:
-    """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; with ``gguf_file`` (a path or
-    ``pypi:<name>``) -> its dequantized folder (``rlt_mono.pretrained``); a local path must exist; a hub id is
-    returned unchanged."""
-    if name_or_path is None:
-        raise ConfigError(f"{key}=null: this stage loads that model: set {key}=<a model folder or hub id>")
-    if gguf_file is not None:
-        from rlt_mono.pretrained import materialize
-
-        return materialize(name_or_path, gguf_file, dtype, group=key.split(".")[0])
-    if is_embedded(name_or_path):
-        return embedded_model_path(name_or_path, key)
-    if _looks_like_path(name_or_path) and not Path(name_or_path).expanduser().is_dir():
-        raise ConfigError(f"{key}={name_or_path}: no such folder (a local model is a folder with config.json; "
-                          "a hub id looks like org/name)")
-    if _looks_like_path(name_or_path):
-        folder = Path(name_or_path).expanduser()
-        if not (folder / "config.json").is_file() and (folder / "final" / "config.json").is_file():
-            raise ConfigError(f"{key}={name_or_path}: a run folder, not a model; its trained model is in final/: "
-                              f"set {key}={folder / 'final'}")
-        return str(folder)
-    return name_or_path
-
-
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or Path(name).exists()
-
-
-def load_tokenizer(path: str, key: str):
-    """The tokenizer at ``path``, with eos as the pad token when it has none."""
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except OSError as err:
-        raise ConfigError(f"{key}={path}: cannot load its tokenizer ({_first_line(err)}); check the id or "
-                          "folder (this machine may have no network to the model hub)") from err
-    if tokenizer.pad_token is None:
-        logger.info("tokenizer has no pad token: using eos %r", tokenizer.eos_token)
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_config(path: str, key: str):
-    """The model config at ``path`` (no weights loaded)."""
-    try:
-        return AutoConfig.from_pretrained(path)
-    except OSError as err:
-        raise ConfigError(f"{key}={path}: cannot load its config ({_first_line(err)}); check the id or folder "
-                          "(this machine may have no network to the model hub)") from err
-
-
-def load_model(path: str, key: str, **kwargs):
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:
-        raise ConfigError(f"{key}={path}: cannot load the model ({_first_line(err)}); check the id or folder "
-                          "(this machine may have no network to the model hub)") from err
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def ensure_single_process_distributed_env() -> None:
@@ -349,16 +262,3 @@ def ensure_single_process_distributed_env() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-
-
-def dtype_name(name: str) -> str:
-    if name not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {name!r}")
-    return name
-
-
-def model_kwargs(model_cfg: DictConfig) -> dict:
-    kwargs = {"dtype": dtype_name(model_cfg.dtype)}
-    if model_cfg.get("attn_implementation"):
-        kwargs["attn_implementation"] = model_cfg.attn_implementation
-    return kwargs

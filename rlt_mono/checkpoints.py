@@ -20,7 +20,9 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlt_mono import runtime
 from rlt_mono.atomic_write import check_free_space, write_error
+from rlt_mono.config import ConfigError
 from rlt_mono.errors import RunInterrupted, UserError
 
 logger = logging.getLogger(__name__)
@@ -110,6 +112,25 @@ def ensure_output_dir(output_dir: str | Path) -> Path:
         raise CheckpointError(f"output_dir={output_dir} is a file, not a folder: choose another output_dir")
     _make_dir(folder, f"output_dir={output_dir}")
     return folder
+
+
+def resolve_output_dir(output_dir: str | None, run_dir: str, *, resuming: bool, resume_from_checkpoint=None) -> Path:
+    """The run's folder: ``output_dir``, or when it is unset a new folder ``run_dir`` (the config's
+    ``outputs/<run_name>/<time>``, made unique: ``new_run_dir``); an existing folder only to resume. In a
+    data-parallel rank ``output_dir`` as given: its launcher made or checked the folder (``rlt_mono.launch``)."""
+    if runtime.in_rank():
+        return Path(output_dir)
+    if output_dir is None:
+        if resume_from_checkpoint is True or resume_from_checkpoint == "true":
+            raise ConfigError(
+                "resume_from_checkpoint=true resumes from the newest checkpoint in output_dir, but output_dir is "
+                "null (a new folder each run): set output_dir=<the run's folder>, or "
+                "resume_from_checkpoint=<checkpoint path>"
+            )
+        return new_run_dir(run_dir)
+    if not resuming:
+        check_fresh_output_dir(output_dir)
+    return Path(output_dir)
 
 
 def _make_dir(folder: Path, what: str) -> None:
@@ -296,6 +317,7 @@ class VerifiedCheckpoints:
         rank (gathering a sharded model is collective); only the main process (``args.should_save``) writes."""
 
     def _save_checkpoint(self, model, trial):
+        # here: this module imports no torch (module docstring), and transformers would import it
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
         run_dir = Path(super()._get_output_dir(trial=trial))
@@ -307,7 +329,7 @@ class VerifiedCheckpoints:
         previous = _newest_checkpoint_size(run_dir)
         if previous:  # every rank checks (the same disk), so none waits below for one that stopped
             check_free_space(run_dir, previous, f"{name} (as large as the last checkpoint)",
-                             then=f"resume with {_resume_hint(run_dir)}")
+                             then=f"resume with {resume_hint(run_dir)}")
         if self.args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
@@ -348,42 +370,12 @@ def allow_indexed_cpu_restore() -> None:
     optimizer state to ``args.device``, which is ``cpu:0`` on CPU ranks, a location torch's own CPU restore does not
     accept (it knows ``"cpu"`` only). Registered with torch's public ``register_package``; it saves nothing
     differently."""
-    import torch
+    import torch  # here: this module imports no torch (module docstring)
 
     def restore(storage, location: str):
         return storage if location.startswith("cpu:") else None
 
     torch.serialization.register_package(30, lambda _storage: None, restore)
-
-
-FINAL_DIR = "final"
-
-
-def save_final(trainer, output_dir: Path) -> Path:
-    """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete. A LoRA
-    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.lora``). Stops first, in
-    one line, when the disk has less free than the weights need."""
-    from rlt_mono import lora
-
-    weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
-    check_free_space(output_dir, weights, f"{FINAL_DIR}/ (the model's weights)",
-                     then=f"resume with {_resume_hint(output_dir)}")
-    staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
-    main_process = trainer.args.should_save  # data parallel: rank 0 writes, the other ranks wait
-    if main_process:
-        shutil.rmtree(staging, ignore_errors=True)
-    trainer.accelerator.wait_for_everyone()
-    if lora.is_peft(trainer.model):
-        if main_process:
-            lora.save_merged(trainer.model, trainer.processing_class, staging)
-        trainer.save_model(str(staging / "adapter"))
-    else:
-        trainer.save_model(str(staging))
-    trainer.accelerator.wait_for_everyone()
-    if main_process:
-        publish(staging, Path(output_dir) / FINAL_DIR)
-    trainer.accelerator.wait_for_everyone()
-    return Path(output_dir) / FINAL_DIR
 
 
 @contextlib.contextmanager
@@ -394,18 +386,18 @@ def training_failures(trainer, output_dir: Path, memory_hint: str) -> Iterator[N
         yield
     except KeyboardInterrupt as err:
         raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with "
-                             f"{_resume_hint(output_dir)}") from err
+                             f"{resume_hint(output_dir)}") from err
     except Exception as err:
         if isinstance(err, OSError) or is_disk_full(err):  # full, read-only or not ours: one line (write_error)
             as_os_error = err if isinstance(err, OSError) else OSError(errno.ENOSPC, str(err))
             error = write_error(getattr(err, "filename", None) or output_dir, as_os_error,
-                                then=f"resume with {_resume_hint(output_dir)}")
+                                then=f"resume with {resume_hint(output_dir)}")
             if error is not None:
                 raise error from err
         if type(err).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
             raise
         raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; resume "
-                        f"with {_resume_hint(output_dir)}") from err
+                        f"with {resume_hint(output_dir)}") from err
 
 
 # What libraries say when a write runs out of disk: safetensors' writer (Rust) "No space left on device (os error
@@ -429,8 +421,9 @@ def _newest_checkpoint_size(run_dir: Path) -> int:
     return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file()) if steps else 0
 
 
-def _resume_hint(output_dir: Path) -> str:
-    """Evaluated when the failure happens, so it names the checkpoint that exists then."""
+def resume_hint(output_dir: Path) -> str:
+    """The overrides that resume the run in ``output_dir``, with its last complete checkpoint. Evaluated when the
+    failure happens, so it names the checkpoint that exists then."""
     return f"output_dir={output_dir} resume_from_checkpoint=true ({_last_checkpoint(output_dir)})"
 
 

@@ -5,16 +5,26 @@ ends.
 ``replace_progress_callback`` installs it on a trainer; ``format_step_line`` and ``format_summary_line`` are the
 lines, as plain functions (the notebook prints them from ``metrics.jsonl`` rows). Every metric stays in
 ``metrics.jsonl`` (``rlt_mono.outputs``) and the loggers (``report_to``).
+
+Bars are for a terminal (or a notebook's widgets): when stderr goes to a file or a pipe (``... 2>&1 | tee log``, a
+pipeline stage's log) a bar is a stream of ``\\r`` redraws glued to the lines written under it. There
+``bars_only_in_terminal`` switches off the libraries' own bars through their switches, the RL stage draws no bar
+(its per-step line, through ``logging``, is the progress) and the SFT stage sets transformers' ``disable_tqdm``
+(transformers then prints each step's logs on one line, ``PrinterCallback``).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import datasets
+import transformers
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.utils import is_in_notebook
 
 from rlt_mono.outputs import in_phase_order, is_number, is_summary_log
 from rlt_mono.run_readme import describe_trend, reward_trend
@@ -30,7 +40,8 @@ class CompactProgressCallback(TrainerCallback):
 
     ``step 12/40 | reward -2.71 (r_ss -1.90, r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train
     1.1)``; at the end ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7) -> -2.41
-    (steps 34-40) | outputs in <dir>``. With ``disable_tqdm`` there is no bar and the lines go to ``logging``.
+    (steps 34-40) | outputs in <dir>``. With ``disable_tqdm``, or when stderr is no terminal
+    (``terminal_shows_bars``), there is no bar and the lines go to ``logging``: one whole line per step in a log.
     Every metric stays in ``metrics.jsonl`` and the loggers (``report_to``).
     """
 
@@ -43,7 +54,8 @@ class CompactProgressCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._start_step = self._bar_step = state.global_step
         self._rewards = []
-        if state.is_world_process_zero and not args.disable_tqdm:
+        bars = bars_only_in_terminal()  # off a terminal: no bar, nor transformers' bars of the checkpoint saves
+        if state.is_world_process_zero and not args.disable_tqdm and bars:
             from tqdm.auto import tqdm  # what transformers' ProgressCallback uses (a widget in a notebook)
 
             self.bar = tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
@@ -102,6 +114,25 @@ class NoLearningSignalWarning(TrainerCallback):
                 "alike (frac_reward_zero_std), so GRPO's advantages are zero; the teacher writes the same explanation "
                 "for a prompt. Raise trainer.temperature, or start from a less converged warm-up (fewer SFT steps)",
                 self.window, 100 * mean)
+
+
+def terminal_shows_bars() -> bool:
+    """Whether progress bars suit this process's output: stderr, where tqdm draws, is a terminal, or a notebook
+    shows tqdm's widgets. In a file or a pipe each redraw of a bar is ``\\r`` + the whole bar, glued to whatever is
+    written next."""
+    return sys.stderr.isatty() or is_in_notebook()
+
+
+def bars_only_in_terminal() -> bool:
+    """Switch off the libraries' own progress bars when ``terminal_shows_bars()`` is false, through their switches:
+    transformers' (loading and saving weights; it switches huggingface_hub's downloads too) and datasets' (``map``).
+    Returns ``terminal_shows_bars()``: the trainer's own bar follows it (``disable_tqdm`` in the SFT stage, the
+    compact callback in the RL stage). Switches nothing back on: a bar switched off by the user stays off."""
+    if terminal_shows_bars():
+        return True
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    return False
 
 
 def replace_progress_callback(trainer) -> CompactProgressCallback:

@@ -34,7 +34,9 @@ from transformers import PreTrainedTokenizerBase
 
 from rlt_mono.config import default_cache_dir
 from rlt_mono.data_sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
+from rlt_mono.embedded import generate_rows
 from rlt_mono.errors import UserError
+from rlt_mono.gsm_symbolic import generate_rows as generate_gsm
 from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
@@ -127,12 +129,8 @@ def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
     ``data.seed``, when set, replaces ``seed`` (the rows of every run seed are then the same)."""
     seed = config.seed if config.seed is not None else seed
     if config.source == "gsm_symbolic":
-        from rlt_mono.gsm_symbolic import generate_rows as generate_gsm
-
         return generate_gsm(default_cache_dir(), config.gsm_items_per_template, seed)
     if config.source == "embedded":
-        from rlt_mono.embedded import generate_rows
-
         return generate_rows(config.embedded_rows, seed=seed)
     if config.source == "champ":
         return read_champ(default_cache_dir())

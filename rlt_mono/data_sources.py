@@ -171,7 +171,7 @@ def read_hub(dataset_id: str, split: str) -> list[dict]:
 def hub_unreachable_reason() -> str | None:
     """Why the hub cannot be reached, or ``None`` when a TCP connection to it (or its HTTPS proxy) opens.
 
-    Without network ``datasets`` retries five times with backoff (about 25 s) and then raises with a long
+    Without network ``datasets`` retries five times with backoff (tens of seconds) and then raises with a long
     traceback; this check answers within ``HUB_CONNECT_TIMEOUT_S``.
     """
     from huggingface_hub import constants

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from rlt_mono.atomic_write import append_to, write_text, writing
 from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.console import terminal_shows_bars
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.explanations import (
     SamplingOptions,
@@ -188,7 +189,8 @@ def run_distill(cfg: DictConfig) -> Path:
     written = 0
     out = DistillFile(out_path, then=f"resume with output_dir={output_dir}")
     try:
-        with tqdm(total=len(rows), initial=len(rows) - len(todo), desc="distill", unit="question") as bar:
+        with tqdm(total=len(rows), initial=len(rows) - len(todo), desc="distill", unit="question",
+                  disable=not terminal_shows_bars()) as bar:
             for first in range(0, len(todo), options.rows_per_batch):
                 batch = todo[first : first + options.rows_per_batch]
                 samples = explain(models, generator, batch, options.samples_per_question, options.temperature)
@@ -200,6 +202,8 @@ def run_distill(cfg: DictConfig) -> Path:
                                    "run), not written again", len(batch) - appended, out_path)
                 written += appended
                 bar.update(len(batch))
+                if bar.disable:  # a log file or a pipe: one line per batch instead of the bar
+                    logger.info("distill: %d/%d questions", len(rows) - len(todo) + first + len(batch), len(rows))
     except KeyboardInterrupt as err:
         raise RunInterrupted(f"distill interrupted after {written} of {len(todo)} questions; resume with "
                              f"output_dir={output_dir}") from err

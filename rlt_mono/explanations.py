@@ -29,18 +29,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints, lora, run_lock
-from rlt_mono.build import (
-    dtype_name,
-    load_model,
-    load_tokenizer,
-    model_kwargs,
-    model_path,
-    resolve_placement_for,
-    stop_token_ids,
-)
+from rlt_mono.build import resolve_placement_for
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_split, render_prompts
 from rlt_mono.errors import UserError
+from rlt_mono.models import dtype_name, load_model, load_tokenizer, model_kwargs, model_path, stop_token_ids
 from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
 from rlt_mono.prompts import PromptFormat

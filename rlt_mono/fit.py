@@ -32,6 +32,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omegaconf import open_dict
+
+from rlt_mono import runtime
+from rlt_mono.config import compose
 from rlt_mono.errors import UserError
 from rlt_mono.memory import (
     DTYPE_BYTES,
@@ -337,14 +341,11 @@ def data_parallel_ranks(cfg) -> int:
     """Ranks of a ``placement=dp`` run: the launched run's world size in a rank, else what the launcher would start
     (``num_processes``, unset: one per GPU this machine shows, at least 1, and 1 with ``use_cpu``; times
     ``num_machines``); 1 for every other placement."""
-    from rlt_mono import launch
-    from rlt_mono.train import gpus_present
-
     if cfg.placement.mode != "dp":
         return 1
-    if launch.in_rank():
-        return launch.world_size()
-    processes = cfg.placement.get("num_processes") or max(launch.usable_gpus(cfg, gpus_present()), 1)
+    if runtime.in_rank():
+        return runtime.world_size()
+    processes = cfg.placement.get("num_processes") or max(runtime.usable_gpus(cfg, runtime.gpus_present()), 1)
     return processes * (cfg.placement.get("num_machines") or 1)
 
 
@@ -377,8 +378,6 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
 
 
 def _set(cfg, key: str, value) -> None:
-    from omegaconf import open_dict
-
     group, name = key.split(".")
     with open_dict(cfg[group]):
         cfg[group][name] = value
@@ -413,8 +412,6 @@ def main(argv: list[str] | None = None) -> int:
     if problem := argument_problem(args.gpu_gib, args.free_gib, args.prompt_length):
         sys.stderr.write(f"error: {problem}\n")
         return 2
-    from rlt_mono.config import compose
-
     try:
         cfg = compose(args.run_config, args.overrides)
         settings = settings_from_config(cfg, total_gib=args.gpu_gib, free_gib=args.free_gib, arch=args.arch,

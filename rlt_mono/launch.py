@@ -34,6 +34,7 @@ an ``output_dir`` on a filesystem every machine shares.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -47,13 +48,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from rlt_mono import fit, memory, runtime
+from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import CONFIG_DIR, ConfigError
 from rlt_mono.errors import UserError
+from rlt_mono.models import load_config, model_path
 
 logger = logging.getLogger(__name__)
 
-# Set in every rank's environment: the process runs its stage instead of launching ranks.
-LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
 # Folder where a rank that stops on a user error writes that error, one line (rank-<global rank>.txt).
 ERRORS_ENV = "RLT_MONO_RANK_ERRORS"
 ACCELERATE_CONFIGS = CONFIG_DIR / "accelerate"
@@ -114,7 +116,7 @@ class LaunchPlan:
 
     def environment(self, errors_dir: str | Path) -> dict[str, str]:
         """What the ranks' environment adds to this process's."""
-        env = {LAUNCHED_ENV: "1", ERRORS_ENV: str(errors_dir)}
+        env = {runtime.LAUNCHED_ENV: "1", ERRORS_ENV: str(errors_dir)}
         if self.gpus == 0:
             env["ACCELERATE_USE_CPU"] = "true"  # CPU ranks: accelerate picks gloo
         else:
@@ -124,7 +126,7 @@ class LaunchPlan:
 
     def table(self, cfg: DictConfig) -> str:
         """The per-rank placement logged before the ranks start."""
-        trainer = training_group(cfg)
+        trainer = runtime.training_group(cfg)
         per_rank = trainer.per_device_train_batch_size * trainer.gradient_accumulation_steps
         rl = cfg.stage == "teacher_rlt"
         vllm = cfg.placement.rollout == "vllm" or (cfg.placement.rollout == "auto" and self.gpus > 0
@@ -153,37 +155,6 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
-def training_group(cfg: DictConfig) -> DictConfig:
-    """The group holding the stage's training arguments: ``trainer`` (RL) or ``sft``."""
-    return cfg.trainer if cfg.stage == "teacher_rlt" else cfg.sft
-
-
-def usable_gpus(cfg: DictConfig, gpus_present: int) -> int:
-    """The GPUs a ``placement=dp`` run's ranks use on this machine: none with the training group's ``use_cpu``
-    (CPU ranks), else every one present."""
-    return 0 if training_group(cfg).get("use_cpu", False) else gpus_present
-
-
-def in_rank() -> bool:
-    """Whether this process is a rank that ``launch`` started (it runs its stage instead of launching)."""
-    return os.environ.get(LAUNCHED_ENV) == "1"
-
-
-def rank() -> int:
-    """This process's global rank (0 outside a launch)."""
-    return int(os.environ.get("RANK", "0")) if in_rank() else 0
-
-
-def local_rank() -> int:
-    """This process's rank on its machine: its GPU is ``cuda:<local rank>`` (0 outside a launch)."""
-    return int(os.environ.get("LOCAL_RANK", "0")) if in_rank() else 0
-
-
-def world_size() -> int:
-    """Ranks in the run (1 outside a launch)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) if in_rank() else 1
-
-
 def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     """The ``LaunchPlan`` of a composed ``placement=dp`` config on a machine with ``gpus_present`` GPUs (0 or
     ``trainer.use_cpu``: CPU ranks). Raises ``ConfigError`` for anything the ranks could not start with."""
@@ -194,7 +165,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
-    gpus = usable_gpus(cfg, gpus_present)
+    gpus = runtime.usable_gpus(cfg, gpus_present)
     check_strategy(cfg, gpus)
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
@@ -242,11 +213,6 @@ def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) 
     line for the log. ``ConfigError`` when that alone is more than the ``available`` bytes (None: unknown, not
     checked): the ranks would be killed while loading. Under ``memory=auto`` a rank may set its teacher aside: a
     warning when that would not fit."""
-    import dataclasses
-
-    from rlt_mono import fit, memory
-    from rlt_mono.build import load_config, model_path
-
     if cfg.stage != "teacher_rlt" or plan.gpus == 0:  # SFT pins nothing; CPU ranks keep every model where it is
         return ""
     archs = {group: memory.Arch.from_config(load_config(model_path(cfg[group], cfg.seed, group),
@@ -302,7 +268,7 @@ def check_strategy(cfg: DictConfig, gpus: int) -> None:
         raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
                           "its adapters, small enough to replicate; use placement.strategy=ddp")
     group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
-    optim = str(training_group(cfg).get("optim", ""))
+    optim = str(runtime.training_group(cfg).get("optim", ""))
     if optim in BITSANDBYTES_OPTIMIZERS:
         raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
                           f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
@@ -327,8 +293,6 @@ def check_dp_keys_unused(cfg: DictConfig) -> None:
 def launch(cfg: DictConfig, config: str, overrides: list[str], gpus_present: int) -> int:
     """Start the ranks of a ``placement=dp`` run and wait for them; returns the exit code (2: a rank stopped on
     an error the user can fix, printed here in one line; 1: a bug, its traceback is in the rank's log above)."""
-    from rlt_mono.build import model_path, resolve_output_dir
-
     plan = plan_launch(cfg, gpus_present)
     for group in ("model", "student"):  # built or dequantized once, here, instead of by every rank at once
         if cfg.get(group) is not None:
@@ -370,15 +334,16 @@ def record_rank_error(err: UserError) -> bool:
     """In a launched rank, write ``err`` (its exit code and one-line message) for the launcher (True: written,
     the launcher prints it and exits with its code; False: not in a rank)."""
     folder = os.environ.get(ERRORS_ENV)
-    if not in_rank() or not folder or not Path(folder).is_dir():
+    if not runtime.in_rank() or not folder or not Path(folder).is_dir():
         return False
-    (Path(folder) / f"rank-{rank()}.txt").write_text(f"{err.exit_code} {err}\n")
+    (Path(folder) / f"rank-{runtime.rank()}.txt").write_text(f"{err.exit_code} {err}\n")
     return True
 
 
 def main(argv: list[str] | None = None) -> int:
     """``accelerate launch`` with the same arguments, run in this process so that a rank's failure ends in its
     exit code instead of torchrun's report and traceback (the ranks' own logs say what happened)."""
+    # here: python -m rlt_mono.train imports this module, and loads no torch before a run needs it
     import torch.distributed.run  # noqa: F401  (creates torchrun's loggers, each with its own level)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException

@@ -33,9 +33,9 @@ adapters disabled); vLLM still holds the merged teacher in its dtype, and each w
 layer at a time. A 4-bit teacher's passes also hold the dequantized weights of the layer they are in. The
 adapters' own activations (``r`` values per token per layer and target) are left out.
 
-Three terms come from measurements rather than from the models' shapes. They were fitted to the device-level
-peaks of three runs on an H100 (0.5B + 0.5B at 1024 and 4096 tokens, 1.5B + 1.5B at 4096; 32 completions,
-micro-batch 4; ``bench/results/h100_planner.json``), then checked on runs they were not fitted to (same file):
+Three terms come from measurements rather than from the models' shapes: they were fitted to measured
+device-level peaks (``results/h100_planner.json``), then checked on runs they were not fitted to; the runs, the
+fit and its accuracy are in docs/PERFORMANCE.md ("Planner accuracy").
 
 - ``context_gib`` (1.5 GiB), in every phase: what torch does not allocate (the CUDA context, cuBLAS and NCCL
   workspaces).
@@ -43,8 +43,7 @@ micro-batch 4; ``bench/results/h100_planner.json``), then checked on runs they w
   and the blocks it keeps reserved.
 - vLLM beyond its pool during GENERATE, ``VLLM_BEYOND_POOL`` (0.4) x the teacher's weights, at most
   ``VLLM_BEYOND_POOL_MAX_GIB`` (1.5 GiB): what the engine holds outside the ``gpu_memory_utilization`` budget
-  (measured +0.3 GiB at 0.5B, +1.1 GiB at 1.5B; at 7B the phase measured 57.7 GiB, 3 GiB under the prediction
-  without this term, so it does not grow with the weights beyond the cap).
+  (capped because at 7B it did not grow with the weights; docs/PERFORMANCE.md).
 
 Outside GENERATE torch keeps what it reserved from one phase to the next, so the device holds the larger of
 SCORE's and TRAIN's allocations in both ("allocator cache from ...").
@@ -52,8 +51,9 @@ SCORE's and TRAIN's allocations in both ("allocator cache from ...").
 **Sleep mode.** TRL's colocated engine sleeps at level 2 (``trl/generation/vllm_generation.py``: ``llm.sleep(level
 =2)`` after generation, ``wake_up(tags=["weights"])`` before the weight sync, ``wake_up(tags=["kv_cache"])`` before
 generating): level 2 discards vLLM's weights and frees the KV cache, so outside GENERATE the pool is assumed to
-return to the device (``vllm_enable_sleep_mode=false``: it is counted in every phase). The README's envelope runs
-capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card it does not.
+return to the device (``vllm_enable_sleep_mode=false``: it is counted in every phase). The envelope runs of
+docs/PERFORMANCE.md capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card
+it does not.
 
 Run it on a config: ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
 """
@@ -231,7 +231,7 @@ class Settings:
     # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; with bf16, accelerate keeps the
     # trained weights (so their gradients and optimizer state) in float32 ("master weights", upcast when it wraps
     # the model); the units FSDP2 all-gathers for a pass are counted whole (fsdp_gathered_bytes). Checked against
-    # one rank on the GPU machine only (README_MONO_GPU.md).
+    # one rank on the GPU machine only (docs/PERFORMANCE.md, "fsdp2 on one rank").
     sharded: bool = False
     # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
     total_gib: float = 80.0
@@ -426,8 +426,7 @@ def train_activation_bytes(s: Settings) -> int:
     with gradient checkpointing, each layer's input ``L x b x T x H`` plus one layer recomputed in the backward
     (``layer_saved_per_token x b x T``); without it, every layer's saved tensors ``L x layer_saved_per_token x b x
     T``; plus the final norm's input and output ``2 x b x T x H``. Activation offloading is credited with no
-    saving: on the GPU machine (bench/results/h100_planner.json; 0.5B + 0.5B, 4096 tokens, micro-batch 4)
-    TRAIN's device-level peak was 8.48 GiB with it and 8.36 GiB without, at 1.07x the step time."""
+    saving: measured, it did not lower TRAIN's device-level peak (docs/PERFORMANCE.md, "Planner accuracy")."""
     arch, act = s.teacher, activation_bytes(s)
     tokens = s.per_device_train_batch_size * s.sequence_length
     per_layer = layer_saved_per_token(arch, act) * tokens
@@ -445,14 +444,14 @@ def beyond_pool_bytes(vllm_weights: int) -> int:
 
 
 def start_bytes(s: Settings) -> int:
-    """What vLLM's engine start needs free: it refuses to start unless ``vllm_gpu_memory_utilization x total`` is
-    free, and the trainer's teacher is already on the GPU then (the reference and student are not, and there is no
+    """What vLLM's engine start needs free: it refuses to start unless ``vllm_gpu_memory_utilization x total`` is free,
+    and the trainer's teacher is already on the GPU then (the reference and student are not, and there is no
     optimizer state yet): the pool, the teacher's weights as loaded (no fragmentation yet) and
-    ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``, measured on the GPU machine: 0.73 GiB beside a 7B pair's
-    weights). TRL loads the reference on the CPU in the one-rank distributed run rlt_mono sets up (a ``placement=dp``
-    rank's too) and moves it after vLLM has started (``tests/test_gpu.py``
-    ``test_vllm_starts_beside_the_teacher_alone``). A sharded teacher is still on the CPU then too: transformers
-    leaves a model it trains under FSDP where it is for accelerate to shard and move."""
+    ``startup_context_gib`` (``STARTUP_CONTEXT_GIB``, from a measurement beside a 7B pair's weights). TRL loads the
+    reference on the CPU in the one-rank distributed run rlt_mono sets up (a ``placement=dp`` rank's too) and moves
+    it after vLLM has started (``tests/test_gpu.py`` ``test_vllm_starts_beside_the_teacher_alone``). A sharded
+    teacher is still on the CPU then too: transformers leaves a model it trains under FSDP where it is for
+    accelerate to shard and move."""
     if s.sharded:
         return pool_bytes(s) + int(s.startup_context_gib * GIB)
     return pool_bytes(s) + teacher_weight_bytes(s) + int(s.startup_context_gib * GIB)
@@ -562,8 +561,8 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     score_torch, train_torch = _total(score_terms), _total(train_terms)
     score_terms.append(("allocator cache from TRAIN", max(0, train_torch - score_torch)))
     train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
-    # A 4-bit teacher moved aside freed no device memory on the GPU machine (1.5B and 7B QLoRA: GENERATE measured
-    # within 1% of the pool plus the resident teacher, bench/results/h100_qlora.json): credited with nothing.
+    # A 4-bit teacher moved aside freed no device memory on the GPU machine (1.5B and 7B QLoRA; docs/PERFORMANCE.md,
+    # "LoRA and QLoRA"): credited with nothing.
     # A sharded teacher is synced through TRL's per-tensor path, without the aside (rlt_mono.trainer).
     aside = s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded
     if aside:

@@ -18,8 +18,8 @@ critic, in verl's terms; an extra reward model would join it). Modes:
   the ranks with TRL's reference, which then stays on the GPU), its own colocated vLLM engine, and its own
   reference and student in CPU memory between uses. Each rank generates and scores its share of the step's
   completions; gradients are reduced across ranks. ``placement=split`` (``cfgs/placement/split.yaml``) is ``dp``
-  over two GPUs: the fastest two-GPU placement measured (1.86x ``mono`` on 2 H200s, against 0.93x for
-  ``student_gpu``; README_MONO_GPU.md).
+  over two GPUs: the fastest two-GPU placement measured, against ``mono`` and ``student_gpu``
+  (docs/PERFORMANCE.md, "Two GPUs").
 
 With no GPU every role is on the CPU (the embedded demo; ``dp`` then runs CPU ranks) and rollouts use
 ``transformers``.

@@ -44,15 +44,18 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, diversity, launch, lora
+from rlt_mono import checkpoints, console, diversity, lora, runtime
 from rlt_mono.atomic_write import write_json, write_text
-from rlt_mono.build import load_model, load_tokenizer, model_kwargs, resolve_output_dir, set_wandb_env
-from rlt_mono.build import model_path as resolve_model
+from rlt_mono.build import set_wandb_env
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_rows, split_questions, validate_rows
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, RunFilesCallback, read_metrics
+from rlt_mono.final_model import save_final
+from rlt_mono.models import load_model, load_tokenizer, model_kwargs
+from rlt_mono.models import model_path as resolve_model
+from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
+from rlt_mono.run_files import RunFilesCallback
 
 logger = logging.getLogger(__name__)
 
@@ -274,12 +277,16 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     if stage not in STAGE_MODEL_GROUP:
         raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
-    output_dir = resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
-                                    resume_from_checkpoint=cfg.resume_from_checkpoint)
+    output_dir = checkpoints.resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
+                                                resume_from_checkpoint=cfg.resume_from_checkpoint)
     # ---- typed configs: every value checked before a model loads -------------------------------------------------
     sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)
     sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
                       report_to=list(cfg.logging.report_to))
+    # Off a terminal (a log file, a pipe) no bars: transformers prints one line per logged step (rlt_mono.console).
+    bars = console.bars_only_in_terminal()
+    if sft_kwargs.get("disable_tqdm") is None:  # +sft.disable_tqdm=... decides for itself
+        sft_kwargs["disable_tqdm"] = not bars
     data_config = instantiate(DataConfig, cfg.data, "data")
     if sft_kwargs.get("early_stopping_patience"):
         check_early_stopping(sft_kwargs)
@@ -289,7 +296,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize,
-                                                   world_size=launch.world_size())
+                                                   world_size=runtime.world_size())
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
@@ -383,7 +390,7 @@ def run_sft(cfg: DictConfig) -> Path:
     with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
         trainer.train(resume_from_checkpoint=run.resume_checkpoint)
         after = _heldout_loss_after(trainer) if measured else None
-        final = checkpoints.save_final(trainer, output_dir)
+        final = save_final(trainer, output_dir)
         teacher_diversity = _diversity(run) if run.diversity_prompts else None
     before = _heldout_loss_before(trainer, output_dir) if measured else None
     curve = [{"step": row["step"], "eval_loss": row["eval_loss"]} for row in trainer.state.log_history
@@ -418,9 +425,9 @@ def _diversity(run: SFTRun) -> diversity.Diversity | None:
     """The trained teacher's explanation diversity on held-out prompts; a collapsed teacher is warned about loudly.
     One process only: under data parallel the ranks would sample apart (logged, not measured)."""
     args = run.trainer.args
-    if launch.world_size() > 1:
+    if runtime.world_size() > 1:
         logger.info("teacher_sft: explanation diversity is measured in one-process runs only (this run has %d "
-                    "ranks)", launch.world_size())
+                    "ranks)", runtime.world_size())
         return None
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
     found = diversity.measure(model, run.trainer.processing_class, run.diversity_prompts, args.diversity_samples,

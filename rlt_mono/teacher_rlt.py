@@ -13,7 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono import checkpoints
+from rlt_mono.build import build_trainer
 from rlt_mono.errors import UserError
+from rlt_mono.final_model import save_final
 from rlt_mono.outputs import METRICS_FILE, read_metrics
 from rlt_mono.run_readme import launch_command, write_run_readme
 
@@ -25,8 +27,6 @@ MEMORY_HINT = ("trainer.per_device_train_batch_size (raise gradient_accumulation
 
 def run_teacher_rlt(cfg: DictConfig) -> Path:
     """Train the teacher a run config describes; returns the run folder (the teacher is in ``final/``)."""
-    from rlt_mono.build import build_trainer
-
     trainer = build_trainer(cfg)
     output_dir = Path(trainer.args.output_dir)
     resume = trainer.resume_checkpoint
@@ -42,7 +42,7 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
                     f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data "
                     "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
                 )
-        final = checkpoints.save_final(trainer, output_dir)
+        final = save_final(trainer, output_dir)
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
                          read_metrics(output_dir / METRICS_FILE), command=launch_command())

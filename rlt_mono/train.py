@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import traceback
 
-from rlt_mono import checkpoints, launch, run_lock
-from rlt_mono.config import available_run_configs, compose, config_groups
+from omegaconf import OmegaConf
+
+from rlt_mono import checkpoints, launch, run_lock, runtime
+from rlt_mono.config import available_run_configs, compose, config_groups, default_cache_dir
 from rlt_mono.errors import UserError
 from rlt_mono.fit import MODES as MEMORY_MODES
+from rlt_mono.placement import PlacementError, gpus_to_expose
 
 logger = logging.getLogger("rlt_mono")
 
@@ -36,6 +39,8 @@ STAGES = {
 # Stages that keep no checkpoints: run again with the same output_dir, distill and the pipeline continue where
 # they stopped and eval redoes its results, so resume_from_checkpoint means nothing to them.
 WITHOUT_CHECKPOINTS = ("distill", "eval", "pipeline")
+# Stages that load models and train none: a LoRA option there would be ignored, so it is refused.
+LOADS_ONLY = ("distill", "eval")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +60,7 @@ def close_process_group() -> None:
     collective, whereas after a rank's error the others may still wait in one."""
     if "torch" not in sys.modules:  # nothing imported torch (a config error, --show-config): no group
         return
-    import torch.distributed as dist
+    import torch.distributed as dist  # here: only a run that loaded torch has a group to close
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -64,13 +69,11 @@ def close_process_group() -> None:
 def _run(argv: list[str] | None) -> int:
     args = _parser().parse_intermixed_args(argv)
     # A data-parallel run's ranks after the first log warnings only: rank 0 speaks for the run.
-    logging.basicConfig(level=logging.INFO if launch.rank() == 0 else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if runtime.rank() == 0 else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = compose(args.config, args.overrides)
         if args.show_config:
-            from omegaconf import OmegaConf
-
             sys.stdout.write(OmegaConf.to_yaml(cfg))
             return 0
         check_run_keys(cfg)
@@ -79,15 +82,15 @@ def _run(argv: list[str] | None) -> int:
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
             args.overrides.append("placement=split")
             logger.info("placement=auto: %d GPUs visible, placement=split (data parallel over two GPUs)",
-                        gpus_present())
+                        runtime.gpus_present())
             cfg = compose(args.config, args.overrides)
         mode = cfg.placement.mode if "placement" in cfg else "mono"
-        if mode == "dp" and not launch.in_rank():
-            return launch.launch(cfg, args.config, args.overrides, gpus_present())
+        if mode == "dp" and not runtime.in_rank():
+            return launch.launch(cfg, args.config, args.overrides, runtime.gpus_present())
         if mode != "dp" and "placement" in cfg:
             launch.check_dp_keys_unused(cfg)
         hold_run_folder(cfg)
-        if not launch.in_rank():  # a rank sees the GPUs its launcher exposed
+        if not runtime.in_rank():  # a rank sees the GPUs its launcher exposed
             expose_gpus(mode)
         run(cfg)
     except UserError as err:
@@ -114,7 +117,7 @@ def hold_run_folder(cfg) -> None:
     into it. Not in a data-parallel rank (its launcher holds the lock), nor on any but the first machine of a
     multi-machine run (the first holds the shared folder), nor for resume_from_checkpoint=true with output_dir unset
     (the stage says to set it)."""
-    if launch.in_rank() or ("placement" in cfg and cfg.placement.get("machine_rank", 0) != 0):
+    if runtime.in_rank() or ("placement" in cfg and cfg.placement.get("machine_rank", 0) != 0):
         return
     if cfg.output_dir is None:
         if cfg.get("resume_from_checkpoint") in (True, "true"):
@@ -127,8 +130,6 @@ def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
     ``seed``, ``memory`` one of ``rlt_mono.fit.MODES``, and ``resume_from_checkpoint`` only for the stages that
     resume from a checkpoint."""
-    from omegaconf import OmegaConf
-
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")
@@ -139,13 +140,26 @@ def check_run_keys(cfg) -> None:
     if cfg.stage in WITHOUT_CHECKPOINTS and cfg.get("resume_from_checkpoint") not in (None, False):
         raise UserError(f"stage {cfg.stage} keeps no checkpoints: drop resume_from_checkpoint (run it again with "
                         f"output_dir=<its folder> to continue it)")
+    cache = default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise UserError(f"RLT_MONO_CACHE={cache} is a file, not a folder: point it at a folder (or unset it for "
+                        "~/.cache/rlt_mono)")
+    report_to = (cfg.logging.get("report_to") or []) if cfg.get("logging") is not None else []
+    if "wandb" in report_to and importlib.util.find_spec("wandb") is None:
+        raise UserError("logging=wandb needs the wandb package, which is not installed: pip install wandb (or "
+                        "choose logging=local)")
+    if cfg.stage in LOADS_ONLY:
+        for group in ("model", "student"):
+            if cfg.get(group) is not None and (cfg[group].get("lora_r") or 0) > 0:
+                raise UserError(f"{group}.lora_r={cfg[group].lora_r}: {cfg.stage} trains nothing (LoRA adapters are "
+                                f"teacher_rlt's option): set {group}.lora_r=0")
 
 
 def auto_picks_split(cfg) -> bool:
     """``placement=auto`` of an RL run on a GPU launcher that sees two or more GPUs: ``placement=split`` (the fastest
     two-GPU placement measured, cfgs/placement/split.yaml); on one GPU (or the CPU) auto is ``mono``."""
     return ("placement" in cfg and cfg.placement.mode == "auto" and cfg.stage == "teacher_rlt"
-            and not launch.in_rank() and not cfg.trainer.get("use_cpu", False) and gpus_present() >= 2)
+            and not runtime.in_rank() and not cfg.trainer.get("use_cpu", False) and runtime.gpus_present() >= 2)
 
 
 def _stage_function(stage: str):
@@ -155,27 +169,14 @@ def _stage_function(stage: str):
     return getattr(importlib.import_module(module), function)
 
 
-def gpus_present() -> int:
-    """GPUs this process may use, without creating a CUDA context: those ``CUDA_VISIBLE_DEVICES`` names when it
-    is set, else those ``nvidia-smi -L`` lists (0 without it)."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return len([gpu for gpu in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()])
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
-    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
-
-
 def expose_gpus(placement_mode: str) -> None:
     """Set ``CUDA_VISIBLE_DEVICES`` to the GPUs the placement uses, before anything initialises CUDA.
 
     A value the user exported is kept. The count comes from ``nvidia-smi -L`` (no CUDA context needed).
     """
-    from rlt_mono.placement import PlacementError, gpus_to_expose
-
     if "CUDA_VISIBLE_DEVICES" in os.environ or shutil.which("nvidia-smi") is None:
         return
-    present = gpus_present()
+    present = runtime.gpus_present()
     try:
         wanted = gpus_to_expose(placement_mode, present)
     except PlacementError as err:

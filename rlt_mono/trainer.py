@@ -121,7 +121,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                            "which this run does not use: it is off")
         if aside and quantized:
             logger.warning("trainer.offload_actor_in_generation is off for a 4-bit teacher: moving it aside freed no "
-                           "GPU memory on the GPU machine (README_MONO_GPU.md, LoRA and QLoRA)")
+                           "GPU memory on the GPU machine (docs/PERFORMANCE.md, LoRA and QLoRA)")
             aside = False
 
         def record_sync(seconds: float) -> None:

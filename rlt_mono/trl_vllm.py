@@ -2,7 +2,7 @@
 
 ``RLTTrainer`` extends TRL's ``GRPOTrainer`` at its override points; some of those, and a few engine internals,
 are not TRL's public API. They are all touched here, checked when the trainer starts against the pinned
-versions (``PINNED``: requirements.txt, requirements-gpu.txt), and exposed as small named functions:
+versions (``PINNED``: pyproject.toml's dependencies and its ``gpu`` extra), and exposed as small named functions:
 
 Required (missing: ``TRLSurfaceError`` at start-up, naming what changed and the pinned versions):
 
@@ -45,6 +45,8 @@ import trl
 import trl.trainer.callbacks
 from transformers import TrainerCallback
 
+from rlt_mono.lora import adapters_enabled
+
 logger = logging.getLogger(__name__)
 
 PINNED = {"trl": "1.16.0", "vllm": "0.25.1", "transformers": "5.17.0"}
@@ -82,7 +84,7 @@ class Surface:
 
 # ---- start-up checks ---------------------------------------------------------------------------------------
 def _pins() -> str:
-    return f"rlt_mono is pinned to trl=={PINNED['trl']}, transformers=={PINNED['transformers']} (requirements.txt)"
+    return f"rlt_mono is pinned to trl=={PINNED['trl']}, transformers=={PINNED['transformers']} (pyproject.toml)"
 
 
 def check_required(trainer_cls: type = trl.GRPOTrainer, base_cls: type = transformers.Trainer) -> None:
@@ -167,7 +169,7 @@ def inspect_surface(trainer, reuse_policy_log_probs: bool) -> Surface:
             tensors = sum(1 for _ in trainer.model.named_parameters())
             logger.warning("one-call weight sync unavailable (%s): TRL's per-tensor sync is used, %d vLLM "
                            "load_weights calls per sync instead of 1. Installed vllm %s; rlt_mono is pinned to "
-                           "vllm==%s (requirements-gpu.txt)", problem, tensors, _version("vllm"), PINNED["vllm"])
+                           "vllm==%s (pyproject.toml, extra gpu)", problem, tensors, _version("vllm"), PINNED["vllm"])
     return Surface(reuse, expects, one_call)
 
 
@@ -233,8 +235,6 @@ def is_policy_no_grad_pass(trainer, model) -> bool:
     """Whether a ``_get_per_token_logps_and_entropies`` call is a no-grad pass of the policy: within a
     generation batch the first one is ``old_per_token_logps``. A LoRA teacher's reference pass also runs the
     policy, with its adapters disabled: that one is not."""
-    from rlt_mono.lora import adapters_enabled
-
     return model is trainer.model and not torch.is_grad_enabled() and adapters_enabled(trainer.model)
 
 

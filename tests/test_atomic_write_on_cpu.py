@@ -11,7 +11,9 @@ import torch
 
 from rlt_mono import atomic_write, checkpoints
 from rlt_mono.atomic_write import DiskError
-from rlt_mono.outputs import METRICS_FILE, RunFilesCallback, read_metrics
+from rlt_mono.final_model import save_final
+from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.run_files import RunFilesCallback
 
 
 def test_a_full_disk_keeps_the_previous_file_whole_and_says_the_space(tmp_path, monkeypatch):
@@ -89,7 +91,7 @@ def test_final_is_refused_before_writing_when_the_weights_do_not_fit(tmp_path, m
     with pytest.raises(DiskError, match=rf"^not enough disk space for final/ \(the model's weights\) in {tmp_path}: "
                                         r"needs 257\.0 KiB, 100\.0 KiB free; free space, then resume with "
                                         rf"output_dir={tmp_path} resume_from_checkpoint=true \(no complete checkpoint"):
-        checkpoints.save_final(trainer, tmp_path)
+        save_final(trainer, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -1,10 +1,14 @@
-"""The terminal without a model: the step and summary lines, the compact callback, and swapping transformers'
-progress display for it."""
+"""The terminal without a model: the step and summary lines, the compact callback (a bar only in a terminal), and
+swapping transformers' progress display for it. A whole run into a pipe: tests/test_piped_log_on_cpu.py."""
 
+import io
 import logging
+import sys
 from types import SimpleNamespace
 
+import datasets
 import pytest
+import transformers
 from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 from transformers.utils.notebook import NotebookProgressCallback
@@ -66,6 +70,31 @@ def test_compact_callback_writes_lines_not_dicts(caplog):
         format_step_line(FULL_LOG, 1, 2),
         "done: step 1/2 in 3.0 s (3.0 s/step) | mean reward -2.713 (step 1) | outputs in /runs/b",
     ]
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_compact_callback_draws_a_bar_only_in_a_terminal(monkeypatch, caplog, terminal):
+    stderr = io.StringIO()  # where tqdm draws
+    stderr.isatty = lambda: terminal
+    monkeypatch.setattr(sys, "stderr", stderr)
+    switched_off = []  # the libraries' switches, recorded rather than flipped for the rest of the session
+    monkeypatch.setattr(transformers.utils.logging, "disable_progress_bar", lambda: switched_off.append("transformers"))
+    monkeypatch.setattr(datasets, "disable_progress_bars", lambda: switched_off.append("datasets"))
+    callback = CompactProgressCallback()
+    args = SimpleNamespace(disable_tqdm=False, output_dir="/runs/c")
+    state, control = _state(0, 2), TrainerControl()
+    with caplog.at_level(logging.INFO, logger="rlt_mono.console"):
+        callback.on_train_begin(args, state, control)
+        state.global_step = 1
+        callback.on_step_end(args, state, control)
+        callback.on_log(args, state, control, logs=dict(FULL_LOG))
+        callback.on_train_end(args, state, control)
+    logged = [r.getMessage() for r in caplog.records]
+    if terminal:  # unchanged: the bar, the line written above it by tqdm
+        assert "1/2" in stderr.getvalue() and "\r" in stderr.getvalue() and not logged and not switched_off
+    else:  # a file or a pipe: no bar, the line is the progress
+        assert stderr.getvalue() == "" and logged == [format_step_line(FULL_LOG, 1, 2)]
+        assert switched_off == ["transformers", "datasets"]
 
 
 @pytest.mark.parametrize("default", [ProgressCallback, NotebookProgressCallback, PrinterCallback])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import checkpoints, launch
+from rlt_mono import checkpoints, launch, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.placement import PlacementError, Role, gpus_to_expose, resolve_placement
 
@@ -37,7 +37,7 @@ def test_one_rank_per_gpu_by_default_and_the_accelerate_command():
         "--num_machines", "1", "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", "29555",
         "-m", "rlt_mono.train", "teacher_rlt_mono", "placement=dp", "output_dir=/runs/a"]
     env = plan.environment("/tmp/errors")
-    assert env[launch.LAUNCHED_ENV] == "1" and env[launch.ERRORS_ENV] == "/tmp/errors"
+    assert env[runtime.LAUNCHED_ENV] == "1" and env[launch.ERRORS_ENV] == "/tmp/errors"
     assert "ACCELERATE_USE_CPU" not in env
 
 
@@ -344,12 +344,12 @@ def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
         return 0
 
     monkeypatch.setattr(launch, "launch", fake_launch)
-    monkeypatch.setattr(train, "gpus_present", lambda: 2)
+    monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
     assert train.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3"]) == 0
     assert launched == {"mode": "dp", "processes": 2, "overrides": ["trainer.max_steps=3", "placement=split"]}
     # one GPU, the CPU, or a stage other than RL: auto stays in one process (mono)
     for gpus, overrides in ((1, []), (2, ["+trainer.use_cpu=true"])):
-        monkeypatch.setattr(train, "gpus_present", lambda gpus=gpus: gpus)
+        monkeypatch.setattr(runtime, "gpus_present", lambda gpus=gpus: gpus)
         assert not train.auto_picks_split(compose("teacher_rlt_mono", ["placement=auto", *overrides]))
-    monkeypatch.setattr(train, "gpus_present", lambda: 2)
+    monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
     assert not train.auto_picks_split(compose("distill_tiny", ["placement=auto"]))

@@ -234,7 +234,8 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
         return
     from safetensors.torch import load_file
 
-    from rlt_mono import build_trainer, checkpoints, compose, lora, release_trainer
+    from rlt_mono import build_trainer, compose, lora, release_trainer
+    from rlt_mono.final_model import save_final
     from rlt_mono.outputs import read_metrics
 
     cfg = compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair), "trainer.learning_rate=5e-3",
@@ -258,7 +259,7 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     assert in_vllm.dtype == torch.bfloat16 and torch.equal(in_vllm, merged[name])  # vLLM holds the merged layer
     generation.llm.sleep(level=2)
     generation._llm_weights_sleeping = True
-    final = checkpoints.save_final(trainer, tmp_path)
+    final = save_final(trainer, tmp_path)
     assert torch.equal(load_file(final / "model.safetensors")[name], merged[name].cpu())
     release_trainer(trainer)
 

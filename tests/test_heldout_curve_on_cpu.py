@@ -31,3 +31,18 @@ def test_eval_rows_score_the_first_held_out_questions_every_eval_steps(tmp_path)
     held_out_series = [s for s in metric_series(rows)["reward"] if s.label == EVAL_SERIES[1]]
     assert held_out_series[0].steps == [0, 2, 4]
     assert held_out_series[0].values == [row["eval_reward"] for row in evals]
+
+
+def test_a_resumed_run_does_not_evaluate_again_at_its_start(tmp_path):
+    out = tmp_path / "run"
+    overrides = ["trainer.eval_strategy=steps", "trainer.eval_steps=2", "trainer.eval_on_start=true",
+                 "trainer.eval_questions=4", "trainer.per_device_eval_batch_size=4", "trainer.save_steps=2",
+                 f"output_dir={out}"]
+    trainer = build_trainer(compose("demo_tiny", ["trainer.max_steps=2", *overrides]))
+    trainer.train()
+    release_trainer(trainer)
+    trainer = build_trainer(compose("demo_tiny", ["trainer.max_steps=4", "resume_from_checkpoint=true", *overrides]))
+    assert trainer.resume_checkpoint is not None and not trainer.args.eval_on_start
+    trainer.train(resume_from_checkpoint=str(trainer.resume_checkpoint))
+    release_trainer(trainer)
+    assert [row["step"] for row in read_metrics(out / "metrics.jsonl", EVAL_EVENT)] == [0, 2, 4]

@@ -1,16 +1,18 @@
 """Inputs a user can fix (issue 27, part 4): each ends in one line saying what to set, before any model loads
 where it can; options a stage ignores are refused or warned about."""
 
+import importlib.util
 import json
 import logging
 
 import pytest
 
-from rlt_mono.build import resolve_model_path
+from rlt_mono import train
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.lora import lora_rank
+from rlt_mono.models import resolve_model_path
 from rlt_mono.sft import _usable_rows, build_sft
 
 
@@ -108,3 +110,24 @@ def test_the_planner_cli_refuses_impossible_sizes_in_one_line(flags, says, capsy
 
     assert main(["demo_tiny", *flags]) == 2
     assert capsys.readouterr().err == says + "\n"
+
+
+@pytest.mark.parametrize("config, override, says", [
+    ("distill_tiny", "model.lora_r=4", "model.lora_r=4: distill trains nothing (LoRA adapters are teacher_rlt's "
+                                       "option): set model.lora_r=0"),
+    ("demo_tiny", "logging=wandb", "logging=wandb needs the wandb package, which is not installed: pip install "
+                                   "wandb (or choose logging=local)"),
+    ("demo_tiny", "trainer.max_steps=1", "RLT_MONO_CACHE={tmp}/afile is a file, not a folder: point it at a folder "
+                                         "(or unset it for ~/.cache/rlt_mono)"),
+])
+def test_run_level_mistakes_end_in_one_line_before_any_model_loads(tmp_path, monkeypatch, config, override, says):
+    cfg = compose(config, [f"output_dir={tmp_path / 'run'}", override])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb"
+                        else real_find_spec(name, *a))  # as on a machine without wandb
+    if "RLT_MONO_CACHE" in says:
+        (tmp_path / "afile").write_text("x")
+        monkeypatch.setenv("RLT_MONO_CACHE", str(tmp_path / "afile"))
+    with pytest.raises(UserError) as err:
+        train.check_run_keys(cfg)
+    assert str(err.value) == says.replace("{tmp}", str(tmp_path))

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from rlt_mono import checkpoints
-from rlt_mono.build import resolve_model_path, resolve_output_dir
+from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.grpo_config import RLTConfig
+from rlt_mono.models import resolve_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -81,8 +81,10 @@ def test_a_study_pipeline_wires_each_control_to_its_source(tmp_path):
     sft_final = f"model.model_name_or_path={tmp_path}/1_teacher_sft/final"
     assert sft_final in steps["distill_sft_teacher"].overrides and sft_final in steps["eval_sft_teacher"].overrides
     assert f"data.source={tmp_path}/7_distill_sft_teacher/distill.jsonl" in steps["student_sft_sft_teacher"].overrides
-    raw = steps["student_sft_raw_traces"].overrides  # the RL distill rows, their own traces
-    assert f"data.source={tmp_path}/3_distill/distill.jsonl" in raw and "sft.explanation_column=reasoning_trace" in raw
+    # the SFT teacher's distilled rows (the same questions), their own traces
+    raw = steps["student_sft_raw_traces"].overrides
+    assert f"data.source={tmp_path}/7_distill_sft_teacher/distill.jsonl" in raw
+    assert "sft.explanation_column=reasoning_trace" in raw
     assert (f"student.model_name_or_path={tmp_path}/9_student_sft_raw_traces/final"
             in steps["eval_student_raw_traces"].overrides)
     assert steps["student_sft_raw_traces"].config == "student_sft_tiny"  # the student_sft stage's run config

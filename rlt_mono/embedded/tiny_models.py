@@ -10,7 +10,11 @@ changed recipe rebuilds and an unchanged one returns at once.
 What it simplifies: the models have ~120k parameters (hidden 64, 2 layers, 705-token vocabulary) and
 learn the formats and the surface of the arithmetic, not the arithmetic itself. They exist to exercise
 the real code paths (chat templates, tag handling, log-prob alignment, generation stops), not to
-produce good explanations. The build takes ~30 s on 2 CPU cores and is bitwise reproducible.
+produce good explanations. The build is bitwise reproducible (its time: docs/PERFORMANCE.md).
+
+torch and transformers are imported by the functions that build, not at the top: the ``embedded:`` model paths
+(``rlt_mono.models``) are resolved by the data-parallel launcher, whose module ``python -m rlt_mono.train`` imports
+before it has checked the config (and a built pair is found without either).
 
 Usage::
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import logging
 import math
@@ -32,16 +37,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tokenizers
-import torch
-import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 from rlt_mono.config import default_cache_dir
 from rlt_mono.embedded.dataset import generate_rows, write_jsonl
 from rlt_mono.prompts import ALL_TAGS, PromptFormat
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -94,8 +100,8 @@ def _recipe_hash(seed: int, warmup_steps: int) -> str:
         "batch_size": BATCH_SIZE,
         "learning_rate": LEARNING_RATE,
         # A new tokenizers/transformers may rebuild the tokenizer pipeline differently on reload.
-        "tokenizers": tokenizers.__version__,
-        "transformers": transformers.__version__,
+        "tokenizers": importlib.metadata.version("tokenizers"),
+        "transformers": importlib.metadata.version("transformers"),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -117,6 +123,8 @@ def _warm_up_chats(rows: list[dict[str, str]], prompts: PromptFormat) -> dict[st
 
 def train_tokenizer(rows: list[dict[str, str]], prompts: PromptFormat) -> Qwen2Tokenizer:
     """Train a byte-level BPE on the rows in both chat formats; tags become single added tokens."""
+    from transformers import Qwen2Tokenizer  # here: see the module docstring
+
     specials = [PAD_TOKEN, CHAT_START, CHAT_END]
     # An untrained Qwen2Tokenizer renders the chats and lends its normalizer and pre-tokenizer:
     # transformers 5 reloads a Qwen2Tokenizer by extracting vocab + merges from tokenizer.json and
@@ -181,6 +189,8 @@ def _encode_chats(tokenizer: Qwen2Tokenizer, chats: list[list[dict[str, str]]]) 
 
 def _collate(examples: list[tuple[list[int], int, int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch; labels are -100 outside each example's loss span."""
+    import torch  # here: see the module docstring
+
     length = max(len(ids) for ids, _, _ in examples)
     input_ids = torch.full((len(examples), length), pad_id)  # (B, T)
     labels = torch.full((len(examples), length), -100)  # (B, T)
@@ -196,6 +206,8 @@ def warm_up(
     model: Qwen2ForCausalLM, examples: list[tuple[list[int], int, int]], pad_id: int, steps: int, seed: int
 ) -> float:
     """Supervised warm-up: AdamW, linear warmup then cosine decay, random batches. Returns the last loss."""
+    import torch  # here: see the module docstring
+
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, betas=(0.9, 0.95), weight_decay=0.0)
     ramp = max(1, steps // 10)
@@ -219,6 +231,8 @@ def warm_up(
 
 def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen2Config:
     """The tiny Qwen2 config shared by teacher and student (vocabulary = the tokenizer's)."""
+    from transformers import Qwen2Config  # here: see the module docstring
+
     return Qwen2Config(
         vocab_size=len(tokenizer),
         tie_word_embeddings=True,
@@ -231,6 +245,9 @@ def tiny_config(tokenizer: Qwen2Tokenizer) -> Qwen2Config:
 
 def _build_into(folder: Path, seed: int, warmup_steps: int) -> None:
     """Build the whole pair into ``folder`` (tokenizer, both models, data); deterministic in ``seed``."""
+    import torch  # here: see the module docstring
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
     prompts = PromptFormat()
     rows = generate_rows(NUM_ROWS, seed=seed)
     write_jsonl(rows, folder / "data.jsonl")
@@ -258,7 +275,7 @@ def _build_into(folder: Path, seed: int, warmup_steps: int) -> None:
 
 
 def build_tiny_pair(cache_dir: str | Path | None = None, seed: int = 0, warmup_steps: int = 200) -> TinyPair:
-    """Return the cached tiny teacher/student pair, building it first if needed (~30-60 s on 2 CPU cores).
+    """Return the cached tiny teacher/student pair, building it first if needed (once per recipe).
 
     The pair lives in ``cache_dir / f"tiny-pair-{hash}"``, the hash covering the recipe. A build goes into
     a temporary sibling folder that is renamed into place when complete, under a file lock, so a crash
@@ -282,9 +299,11 @@ def build_tiny_pair(cache_dir: str | Path | None = None, seed: int = 0, warmup_s
         logger.info("building tiny pair in %s (seed %d, %d warm-up steps)", final, seed, warmup_steps)
         started = time.perf_counter()
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=cache_dir))
+        import torch  # here: see the module docstring
+
         threads = torch.get_num_threads()
         # One thread: at these sizes OpenMP sync costs more than it saves, and on a shared 2-core
-        # machine oversubscription made each step ~15x slower (measured: 2.1 s vs 0.14 s per step).
+        # machine oversubscription made each step many times slower (docs/PERFORMANCE.md).
         torch.set_num_threads(1)
         try:
             _build_into(staging, seed, warmup_steps)

@@ -94,7 +94,7 @@ def _byte_table(tokenizer: PreTrainedTokenizerBase) -> tuple[bytes, ...]:
     """Bytes of every id, built once per tokenizer (ids added later fall back to ``decode``).
 
     Per-call lookups are slow with many added tokens: ``added_tokens_decoder`` copies the whole added-token
-    table (0.4 s for a vocabulary padded with 150K added tokens) and ``len(tokenizer)`` takes 18 ms.
+    table and ``len(tokenizer)`` is not free either (timings: docs/PERFORMANCE.md, "Figures once in the code").
     """
     added = {i: t.content.encode() for i, t in tokenizer.added_tokens_decoder.items()}
     decoder = _byte_decoder()
@@ -290,7 +290,7 @@ def align_samples(
 
 def _encode_batch(tokenizer: PreTrainedTokenizerBase, texts: list[str]) -> list[list[int]]:
     """``tokenizer(texts, add_special_tokens=False)["input_ids"]``; through the Rust tokenizer's offset-free batch
-    call where there is one (``tokenizers`` >= 0.21: 1.8x faster on 4K-token chats)."""
+    call where there is one (``tokenizers`` >= 0.21; faster on long chats: docs/PERFORMANCE.md)."""
     backend = getattr(tokenizer, "_tokenizer", None)
     if not texts:
         return []

@@ -8,9 +8,11 @@ Conventions carried over from the RLT code:
   linearly (``torch.nanquantile``).
 - A reduction over an empty span gives NaN; the reward then replaces a NaN solution score by
   ``not_matched_penalty`` and a NaN KL score by ``-not_matched_penalty`` (an empty explanation is penalised).
-  Deliberately unlike the original for ``sum`` (0 there), ``min``/``max`` (the float32 extremes there, a reward
-  of +-3e38 times the coefficient) and the no-entropy variant (whose NaN KL became ``+not_matched_penalty``
-  there, a bonus for an empty explanation): every empty reduction is penalised the same way here.
+  As in the original for an empty explanation, whose width-0 span gives NaN for ``mean`` (0/0) and for ``min``,
+  ``max``, ``median`` and the quartiles (torch raises on an empty dimension; the original catches it and writes
+  NaN). Deliberately unlike it for ``sum`` (0 there) and the no-entropy variant (whose NaN KL became
+  ``+not_matched_penalty`` there, a bonus for an empty explanation): every empty reduction is penalised the same
+  way here (docs/METHOD.md, "Where rlt_mono deliberately differs", 4).
 - Normalisation is applied per token before the reduction; clipping after normalisation:
   ``clip_log_prob`` bounds the solution term from below at ``-clip_log_prob``, ``clip_kl`` bounds the KL from above.
 """

@@ -1,0 +1,60 @@
+"""Facts about the running process, read from its environment: which rank of a launch it is, which GPUs it sees.
+
+A data-parallel run (``placement=dp``) is started by ``rlt_mono.launch``, which sets ``LAUNCHED_ENV`` in every
+rank's environment beside torch.distributed's ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; outside a launch a
+process is rank 0 of 1. The GPU count comes from ``CUDA_VISIBLE_DEVICES`` or ``nvidia-smi -L``, without creating a
+CUDA context (which would fix the visible GPUs before the placement exposes its own). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from omegaconf import DictConfig
+
+# Set in every rank's environment: the process runs its stage instead of launching ranks.
+LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
+
+
+def in_rank() -> bool:
+    """Whether this process is a rank that ``rlt_mono.launch`` started (it runs its stage instead of launching)."""
+    return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def rank() -> int:
+    """This process's global rank (0 outside a launch)."""
+    return int(os.environ.get("RANK", "0")) if in_rank() else 0
+
+
+def local_rank() -> int:
+    """This process's rank on its machine: its GPU is ``cuda:<local rank>`` (0 outside a launch)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) if in_rank() else 0
+
+
+def world_size() -> int:
+    """Ranks in the run (1 outside a launch)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if in_rank() else 1
+
+
+def gpus_present() -> int:
+    """GPUs this process may use, without creating a CUDA context: those ``CUDA_VISIBLE_DEVICES`` names when it
+    is set, else those ``nvidia-smi -L`` lists (0 without it)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return len([gpu for gpu in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if gpu.strip()])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False).stdout
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def training_group(cfg: DictConfig) -> DictConfig:
+    """The group holding the stage's training arguments: ``trainer`` (RL) or ``sft``."""
+    return cfg.trainer if cfg.stage == "teacher_rlt" else cfg.sft
+
+
+def usable_gpus(cfg: DictConfig, gpus_present: int) -> int:
+    """The GPUs a ``placement=dp`` run's ranks use on this machine: none with the training group's ``use_cpu``
+    (CPU ranks), else every one present."""
+    return 0 if training_group(cfg).get("use_cpu", False) else gpus_present
