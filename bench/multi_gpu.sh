@@ -2,7 +2,7 @@
 # Scaling runs and GPU tests on a machine with several GPUs (nvidia-h200-x2 / -x4), in as few device calls as the
 # session's budget allows. The tests run after the arms, never beside them: a test on other GPUs of the same host
 # would share its CPUs and PCIe with the arms being timed. Run from the repository root on the GPU machine, after
-# stashing the GPU stack (the README's "Data parallel" section lists the calls):
+# stashing the GPU stack (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the calls):
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test

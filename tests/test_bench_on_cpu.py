@@ -85,7 +85,7 @@ def test_child_command_lines_carry_the_parents_values():
     assert parse("rlt", *bench.child_argv("rlt", options)).placement == "student_gpu"
 
 
-@pytest.mark.parametrize("command", [  # the module docstring's and README_MONO_GPU.md's command lines
+@pytest.mark.parametrize("command", [  # the module docstring's and docs/PERFORMANCE.md's command lines
     "all --arch 0.5b --completion-length 1024 --steps 8 --out results.json",
     "all --modes pcie,vllm,trl,rlt --arch 0.5b --completion-length 1024 --steps 8",
     "rlt --arch 7b --completion-length 4096 --steps 1 --micro-batch 2 --score-micro-batch 2 --util 0.3",
