@@ -107,7 +107,7 @@ def quantization_kwargs(model_cfg, device: torch.device | str) -> dict:
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as err:
-        raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -e ".[gpu]"") from err
+        raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -e '.[gpu]'") from err
     from transformers import BitsAndBytesConfig
 
     dtype = getattr(torch, model_cfg.get("dtype", "bfloat16"))
