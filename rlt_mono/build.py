@@ -212,7 +212,7 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
             logger.info("memory=auto plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
                         device, placement.mode)
         return False
-    free, total = torch.cuda.mem_get_info(device)
+    free, total = fit.usable_memory(device)
     settings = fit.settings_from_config(cfg, total_gib=total / fit.GIB, free_gib=free / fit.GIB,
                                         teacher=Arch.from_config(teacher_config.to_dict()),
                                         student=Arch.from_config(student_config.to_dict()),

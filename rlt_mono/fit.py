@@ -16,8 +16,10 @@ turns that into decisions:
 - ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, applies ``choose``'s settings to the
   config (``memory=auto``) or warns when the configured ones will not fit (``memory=manual``), and raises a
   one-line ``UserError`` with the numbers and the advice when nothing fits.
+- ``usable_memory(device)``: what a run plans against on a GPU, the card's total less what other live processes
+  hold (``rlt_mono.device_memory``), never the memory free at one instant.
 
-Command line (no GPU needed): ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--arch 1.5b]
+Command line (no GPU needed): ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--free-gib F] [--arch 1.5b]
 [--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from omegaconf import open_dict
 
-from rlt_mono import runtime
+from rlt_mono import device_memory, runtime
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
 from rlt_mono.memory import (
@@ -115,11 +117,10 @@ class Plan:
         if self.fits:
             return ""
         if self.peak.gib > self.settings.free:
-            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, the card has {self.settings.free:.1f} free"
+            problem = f"{self.peak.name} needs {self.peak.gib:.1f} GiB, {room(self.settings)}"
         elif not self.starts:
             problem = (f"vLLM's start needs {start_bytes(self.settings) / GIB:.1f} GiB free (its pool "
-                       f"{gib_text(pool_bytes(self.settings))} GiB {self.start_beside}), the card has "
-                       f"{self.settings.free:.1f}")
+                       f"{gib_text(pool_bytes(self.settings))} GiB {self.start_beside}), {room(self.settings)}")
         else:
             problem = (f"vLLM's pool ({gib_text(pool_bytes(self.settings))} GiB) holds no full-length sequence's KV "
                        "cache beside its weights")
@@ -128,7 +129,8 @@ class Plan:
     def table(self) -> str:
         """A text table: each phase's total and its terms, then the peak and the verdict."""
         s = self.settings
-        lines = [f"memory plan (predicted device-level peaks): card {s.total_gib:.1f} GiB, {s.free:.1f} free; "
+        lines = [f"memory plan (predicted device-level peaks): card {s.total_gib:.1f} GiB, held by other processes "
+                 f"{s.held_by_others_gib:.1f}, usable {s.free:.1f}; "
                  f"vLLM pool {gib_text(pool_bytes(s))} GiB ({s.vllm_gpu_memory_utilization:g}), "
                  f"{self.kv_sequences} full-length sequences of KV cache",
                  f"  {'phase':<9} {'GiB':>7}  terms (GiB)"]
@@ -143,6 +145,13 @@ class Plan:
 
 def gib_text(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f}"
+
+
+def room(s: Settings) -> str:
+    """What the run may use, in words for a refusal: the card's memory, or what other processes leave of it."""
+    if s.held_by_others_gib < 0.05:
+        return f"the card has {s.free:.1f}"
+    return f"the card has {s.free:.1f} beside other processes' {s.held_by_others_gib:.1f}"
 
 
 def fits(s: Settings) -> bool:
@@ -275,7 +284,7 @@ def auto_refusal(result: Plan) -> str:
     s = result.settings
     if result.kv_sequences < 1:
         return (f"vLLM needs {vllm_pool_gib(s, 1):.1f} GiB for the teacher's weights and one sequence's KV cache, "
-                f"the card has {s.free:.1f} free: a smaller teacher or a larger card")
+                f"{room(s)}: a smaller teacher or a larger card")
     return result.refusal()
 
 
@@ -377,6 +386,14 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
     return result
 
 
+def usable_memory(device) -> tuple[int, int]:
+    """``(bytes the run may use, the card's total bytes)`` on CUDA ``device``, what ``settings_from_config``'s
+    ``free_gib`` and ``total_gib`` take: ``device_memory.read_capacity``, the card less what other live processes
+    hold."""
+    found = device_memory.read_capacity(device)
+    return found.usable, found.total
+
+
 def _set(cfg, key: str, value) -> None:
     group, name = key.split(".")
     with open_dict(cfg[group]):
@@ -403,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
     parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")
-    parser.add_argument("--free-gib", type=float, help="memory free for the run in GiB (default: --gpu-gib)")
+    parser.add_argument("--free-gib", type=float, help="memory the run may use in GiB: the card less what other "
+                        "processes hold (default: --gpu-gib; on a GPU, memory=auto reads it from NVML)")
     parser.add_argument("--arch", choices=list(QWEN25_ARCHS), help="Qwen2.5 architecture of a model without a "
                         "local folder (embedded:, hub ids, GGUF options)")
     parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")

@@ -233,7 +233,8 @@ class Settings:
     # the model); the units FSDP2 all-gathers for a pass are counted whole (fsdp_gathered_bytes). Checked against
     # one rank on the GPU machine only (docs/PERFORMANCE.md, "fsdp2 on one rank").
     sharded: bool = False
-    # The card's total memory (vLLM's pool is a share of it) and what is free for the run (default: total).
+    # The card's total memory (vLLM's pool is a share of it) and what the run may use: the total less what other
+    # live processes hold (rlt_mono.device_memory; default: the total).
     total_gib: float = 80.0
     free_gib: float | None = None
     # Measured (module docstring): non-torch memory in every phase, and the allocator's slack on torch's terms.
@@ -262,6 +263,11 @@ class Settings:
     @property
     def free(self) -> float:
         return self.total_gib if self.free_gib is None else self.free_gib
+
+    @property
+    def held_by_others_gib(self) -> float:
+        """What other processes hold of the card: the total less what the run may use."""
+        return self.total_gib - self.free
 
     @property
     def shards(self) -> int:

@@ -111,8 +111,9 @@ def test_advice_lowers_the_micro_batch_keeping_completions_per_step():
     # lowering reward.micro_batch_size (tried first) only shrinks SCORE, so the micro-batch is the first that fits
     assert result.advice == ("trainer.per_device_train_batch_size=2 trainer.gradient_accumulation_steps=16 "
                              "trainer.steps_per_generation=16")  # overrides a user can paste
-    assert result.refusal() == (f"TRAIN needs {result.peak.gib:.1f} GiB, the card has {free:.1f} free: "
-                                f"{result.advice}")
+    # the 24 GiB card less what other processes hold
+    assert result.refusal() == (f"TRAIN needs {result.peak.gib:.1f} GiB, the card has {free:.1f} beside other "
+                                f"processes' {24 - free:.1f}: {result.advice}")
     assert "does not fit: TRAIN needs" in result.table()
 
 
@@ -151,7 +152,7 @@ def test_cli_exit_codes_and_lines(tmp_path):
                       "trainer.vllm_gpu_memory_utilization=0.33")
     assert refused.returncode == 2
     line = refused.stderr.strip().splitlines()[-1]
-    assert line.startswith("error: ") and " GiB, the card has 12.0 free: " in line
+    assert line.startswith("error: ") and " GiB, the card has 12.0: " in line
     # a hub id with no local folder and no --arch
     missing = run_cli("teacher_rlt_mono", "--gpu-gib", "24")
     assert missing.returncode == 2
@@ -227,7 +228,8 @@ def test_auto_refusal_says_what_is_missing_and_the_cheapest_change():
     refused = fit.plan(fit.choose(qwen_settings("7b", total_gib=48.0, free_gib=47.5)))
     assert not refused.fits
     line = refused.refusal()
-    assert line.startswith(f"{refused.peak.name} needs {refused.peak.gib:.1f} GiB, the card has 47.5 free: ")
+    assert line.startswith(f"{refused.peak.name} needs {refused.peak.gib:.1f} GiB, the card has 47.5 beside other "
+                           "processes' 0.5: ")
 
 
 def compose_rl(*overrides):
@@ -266,13 +268,13 @@ def test_fit_run_config_auto_refuses_in_one_line():
     cfg = compose_rl()
     s = fit.settings_from_config(cfg, total_gib=48.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"^memory=auto: nothing fits this card: (GENERATE|SCORE|TRAIN) needs [0-9.]+ "
-                                        r"GiB, the card has 48.0 free: "):
+                                        r"GiB, the card has 48.0: "):
         fit.fit_run_config(cfg, s)
     assert cfg.trainer.per_device_train_batch_size == 4  # nothing written
     # a 12 GiB card cannot even hold vLLM's copy of a 7B teacher
     tiny_card = fit.settings_from_config(cfg, total_gib=12.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"vLLM needs 17\.\d GiB for the teacher's weights and one sequence's KV "
-                                        r"cache, the card has 12.0 free: a smaller teacher or a larger card$"):
+                                        r"cache, the card has 12.0: a smaller teacher or a larger card$"):
         fit.fit_run_config(cfg, tiny_card)
 
 
