@@ -79,7 +79,8 @@ from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.evaluate import compare_table
-from rlt_mono.pipeline_steps import DATA_STAGES, ORDER, STEP_FOLDER_NAMES, STEPS, STUDY_STEPS
+from rlt_mono.pipeline_steps import ORDER, STEP_FOLDER_NAMES, STEPS, STUDY_STEPS
+from rlt_mono.stages import STAGES
 from rlt_mono.study import write_study
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     for step in steps_of(cfg):
         stage = stage_of(step)
         own = [str(o) for o in stages[stage].get("overrides") or []]
-        forwarded = data if stage in DATA_STAGES else []
+        forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
         overrides = (*forwarded, *own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))
         if composed.get("stage") != stage:

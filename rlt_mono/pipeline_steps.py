@@ -4,8 +4,6 @@ A floor below both, so that neither imports the other's module for its names.
 """
 
 ORDER = ("teacher_sft", "teacher_rlt", "distill", "student_sft", "eval")
-# The stages that read the dataset (student SFT reads the distilled rows): a pipeline's data=... reaches them.
-DATA_STAGES = ("teacher_sft", "teacher_rlt", "distill", "eval")
 # The eval config runs twice: the RL teacher scored by the frozen student the RL reward used (its reward, r_ss,
 # r_kl, unmatched fraction, solution log-prob), then the distilled student alone (its held-out accuracy).
 STEPS = (*ORDER[:-1], "eval_teacher", "eval_student")

@@ -56,11 +56,12 @@ from rlt_mono.models import model_path as resolve_model
 from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.run_files import RunFilesCallback
+from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
-# stage -> the config group of the model it trains
-STAGE_MODEL_GROUP = {"teacher_sft": "model", "student_sft": "student"}
+# The stages this module runs (rlt_mono.stages declares each: the config group of the model it trains).
+SFT_STAGES = tuple(name for name, stage in STAGES.items() if stage.run == "rlt_mono.sft:run_sft")
 SUMMARY_FILE = "sft_summary.json"
 # data.py's column for an SFT target: the stage's explanation column is validated under this name.
 TARGET_COLUMN = "reasoning_trace"
@@ -152,7 +153,7 @@ def build_sft_dataset(
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             completion = prompt_format.student_completion(explanation, row["solution"])
         else:
-            raise UserError(f"stage={stage!r} is not an SFT stage; use one of {sorted(STAGE_MODEL_GROUP)}")
+            raise UserError(f"stage={stage!r} is not an SFT stage; use one of {sorted(SFT_STAGES)}")
         if most_chars is not None and len(prompt) > most_chars:
             too_long += 1
             continue
@@ -274,8 +275,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     check -> rows -> model -> trainer. Errors a user can fix raise ``UserError``, before any model loads if they can.
     """
     stage = cfg.get("stage")
-    if stage not in STAGE_MODEL_GROUP:
-        raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(STAGE_MODEL_GROUP))}")
+    if stage not in SFT_STAGES:
+        raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(SFT_STAGES))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
     output_dir = checkpoints.resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
                                                 resume_from_checkpoint=cfg.resume_from_checkpoint)
@@ -310,7 +311,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                         f"data.source={data_config.source} holds no question out: set data.eval_rows=N or "
                         "data.eval_fraction=F, or sft.early_stopping_patience=0")
     # ---- model ----------------------------------------------------------------------------------------------------
-    group = STAGE_MODEL_GROUP[stage]
+    group = STAGES[stage].trains
     if lora.lora_rank(cfg[group]):  # a silent full fine-tune would not be what was asked for
         raise ConfigError(f"{group}.lora_r={cfg[group].lora_r}: {stage} trains every weight (LoRA adapters are "
                           f"teacher_rlt's option): set {group}.lora_r=0")

@@ -9,7 +9,6 @@ what to do and exit code 2; anything else is a bug: a one-line summary, then the
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import logging
 import os
@@ -24,23 +23,9 @@ from rlt_mono.config import available_run_configs, compose, config_groups, defau
 from rlt_mono.errors import UserError
 from rlt_mono.fit import MODES as MEMORY_MODES
 from rlt_mono.placement import PlacementError, gpus_to_expose
+from rlt_mono.stages import STAGES
 
 logger = logging.getLogger("rlt_mono")
-
-# stage -> "module:function"; each function takes the composed config and returns the run folder.
-STAGES = {
-    "teacher_sft": "rlt_mono.sft:run_sft",
-    "teacher_rlt": "rlt_mono.teacher_rlt:run_teacher_rlt",
-    "distill": "rlt_mono.distill:run_distill",
-    "student_sft": "rlt_mono.sft:run_sft",
-    "eval": "rlt_mono.evaluate:run_eval",
-    "pipeline": "rlt_mono.pipeline:run_pipeline",
-}
-# Stages that keep no checkpoints: run again with the same output_dir, distill and the pipeline continue where
-# they stopped and eval redoes its results, so resume_from_checkpoint means nothing to them.
-WITHOUT_CHECKPOINTS = ("distill", "eval", "pipeline")
-# Stages that load models and train none: a LoRA option there would be ignored, so it is refused.
-LOADS_ONLY = ("distill", "eval")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +62,7 @@ def _run(argv: list[str] | None) -> int:
             sys.stdout.write(OmegaConf.to_yaml(cfg))
             return 0
         check_run_keys(cfg)
-        run = _stage_function(cfg.stage)
+        run = STAGES[cfg.stage].load()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
             args.overrides.append("placement=split")
@@ -128,16 +113,21 @@ def hold_run_folder(cfg) -> None:
 
 def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
-    ``seed``, ``memory`` one of ``rlt_mono.fit.MODES``, and ``resume_from_checkpoint`` only for the stages that
-    resume from a checkpoint."""
+    ``seed``, ``memory`` one of ``rlt_mono.fit.MODES``, ``resume_from_checkpoint`` only for the stages that
+    resume from a checkpoint, and no LoRA option for a stage that trains nothing (``rlt_mono.stages``)."""
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")
+    if cfg.stage not in STAGES:
+        raise UserError(f"stage={cfg.stage!r} is not a stage; stages: {sorted(STAGES)}")
+    stage = STAGES[cfg.stage]
     if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
         raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
     if cfg.get("memory", "manual") not in MEMORY_MODES:
         raise UserError(f"memory={cfg.get('memory')!r}: choose one of {', '.join(MEMORY_MODES)}")
-    if cfg.stage in WITHOUT_CHECKPOINTS and cfg.get("resume_from_checkpoint") not in (None, False):
+    # Without checkpoints, a stage run again with the same output_dir continues (distill, the pipeline) or redoes
+    # its results (eval): resume_from_checkpoint means nothing to it.
+    if not stage.keeps_checkpoints and cfg.get("resume_from_checkpoint") not in (None, False):
         raise UserError(f"stage {cfg.stage} keeps no checkpoints: drop resume_from_checkpoint (run it again with "
                         f"output_dir=<its folder> to continue it)")
     cache = default_cache_dir()
@@ -148,8 +138,8 @@ def check_run_keys(cfg) -> None:
     if "wandb" in report_to and importlib.util.find_spec("wandb") is None:
         raise UserError("logging=wandb needs the wandb package, which is not installed: pip install wandb (or "
                         "choose logging=local)")
-    if cfg.stage in LOADS_ONLY:
-        for group in ("model", "student"):
+    if stage.model_groups and stage.trains is None:  # it loads models and trains none: a LoRA option is ignored
+        for group in stage.model_groups:
             if cfg.get(group) is not None and (cfg[group].get("lora_r") or 0) > 0:
                 raise UserError(f"{group}.lora_r={cfg[group].lora_r}: {cfg.stage} trains nothing (LoRA adapters are "
                                 f"teacher_rlt's option): set {group}.lora_r=0")
@@ -160,13 +150,6 @@ def auto_picks_split(cfg) -> bool:
     two-GPU placement measured, cfgs/placement/split.yaml); on one GPU (or the CPU) auto is ``mono``."""
     return ("placement" in cfg and cfg.placement.mode == "auto" and cfg.stage == "teacher_rlt"
             and not runtime.in_rank() and not cfg.trainer.get("use_cpu", False) and runtime.gpus_present() >= 2)
-
-
-def _stage_function(stage: str):
-    if stage not in STAGES:
-        raise UserError(f"stage={stage!r} is not a stage; stages: {sorted(STAGES)}")
-    module, function = STAGES[stage].split(":")
-    return getattr(importlib.import_module(module), function)
 
 
 def expose_gpus(placement_mode: str) -> None:

@@ -14,21 +14,12 @@ from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data import DataConfig
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.stages import STAGES
 from rlt_mono.train import main as train_main
 
 ROOT_CONFIG = CONFIG_DIR / "train.yaml"
 # A YAML key at any depth (list entries excluded).
 _KEY = re.compile(r"^\s*[A-Za-z_][\w.]*:")
-# stage -> the config groups its runs compose (the root's defaults, less what the stage's run configs drop)
-STAGES_READ = {
-    "teacher_rlt": {"model", "student", "data", "reward", "trainer", "placement", "logging"},
-    "teacher_sft": {"model", "data", "sft", "logging"},
-    "student_sft": {"student", "data", "sft", "logging"},
-    "distill": {"model", "student", "data", "reward", "placement", "logging", "distill"},
-    "eval": {"model", "student", "data", "reward", "placement", "logging", "eval"},
-    # a pipeline reads no group itself; a data option it sets is handed to the stages that read data
-    "pipeline": {"data"},
-}
 
 
 def _stage(name: str) -> str:
@@ -36,8 +27,6 @@ def _stage(name: str) -> str:
 
 
 def test_every_run_config_composes_and_names_a_known_stage():
-    from rlt_mono.train import STAGES
-
     assert {name: _stage(name) in STAGES for name in available_run_configs()} == \
         {name: True for name in available_run_configs()}
 
@@ -119,7 +108,7 @@ def test_every_run_config_is_a_delta_over_the_root(name):
     raw = OmegaConf.create(text)
     assert raw.defaults[0] == "/train" and raw.defaults[-1] == "_self_"
     assert all(next(iter(entry)).startswith("override /") for entry in raw.defaults[1:-1])
-    assert raw.run_name == name and raw.stage in STAGES_READ
+    assert raw.run_name == name and raw.stage in STAGES
     assert not {"seed", "output_dir", "run_dir", "resume_from_checkpoint"} & set(raw)
 
 
@@ -127,7 +116,8 @@ def test_every_run_config_is_a_delta_over_the_root(name):
 def test_each_run_composes_the_groups_its_stage_reads(name):
     cfg = compose(name)
     groups = {key for key in cfg if isinstance(cfg[key], DictConfig) and key != "pipeline"}
-    assert groups == STAGES_READ[cfg.stage] or (cfg.stage == "pipeline" and not groups)
+    # the groups its stage declares (rlt_mono.stages); a pipeline's data group may be left out (it reads none itself)
+    assert groups == set(STAGES[cfg.stage].config_groups) or (cfg.stage == "pipeline" and not groups)
 
 
 def test_the_root_leaves_stage_and_run_name_to_the_run_configs():

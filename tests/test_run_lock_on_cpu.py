@@ -14,6 +14,7 @@ import pytest
 
 from rlt_mono import run_lock, train
 from rlt_mono.errors import UserError
+from rlt_mono.stages import Stage
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = ("import sys, time\nfrom rlt_mono import run_lock\nrun_lock.acquire(sys.argv[1])\nprint('held', flush=True)\n"
@@ -55,7 +56,7 @@ def test_a_second_writer_stops_naming_the_holder_and_a_dead_holders_lock_is_take
 
 def test_the_dispatcher_refuses_a_folder_in_use_before_the_stage_starts(tmp_path, capsys, monkeypatch):
     started = []
-    monkeypatch.setattr(train, "_stage_function", lambda stage: started.append)
+    monkeypatch.setattr(Stage, "load", lambda self: started.append)
     holder = _holder(tmp_path)
     try:
         assert train.main(["distill_tiny", f"output_dir={tmp_path}"]) == 2
@@ -77,7 +78,7 @@ def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stag
         seen["second writer"] = second.stdout.strip()
         raise UserError("stopped before writing anything")
 
-    monkeypatch.setattr(train, "_stage_function", lambda name: stage)
+    monkeypatch.setattr(Stage, "load", lambda self: stage)
     assert train.main(["distill_tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
     assert seen["folder"] == tmp_path / "new" and seen["holder"] == os.getpid()
     assert seen["second writer"].startswith(f"output_dir={tmp_path}/new is in use by another run (pid {os.getpid()}")

@@ -1,0 +1,37 @@
+"""The stage registry (``rlt_mono.stages``): one module per stage, named as the stage, each declaring a ``Stage``
+whose run function resolves; reading the registry imports no heavy library."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlt_mono.stages import STAGES, Stage
+
+STAGES_DIR = Path(__file__).resolve().parents[1] / "rlt_mono" / "stages"
+
+
+def test_each_stage_module_declares_the_stage_it_is_named_after():
+    modules = sorted(path.stem for path in STAGES_DIR.glob("*.py") if path.stem not in ("__init__", "base"))
+    assert modules == sorted(STAGES)
+    assert all(name == stage.name for name, stage in STAGES.items())
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_each_stage_runs_a_function_of_its_config(name):
+    assert callable(STAGES[name].load())
+
+
+def test_a_stage_declaration_is_checked():
+    with pytest.raises(ValueError, match="module:function"):
+        Stage(name="x", run="rlt_mono.sft")
+    with pytest.raises(ValueError, match="trains='student' is not in model_groups"):
+        Stage(name="x", run="rlt_mono.sft:run_sft", config_groups=("model", "data"), trains="student")
+
+
+def test_the_registry_imports_no_heavy_library():
+    probe = ("import sys\nimport rlt_mono.stages\n"
+             "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl', 'datasets') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]"
