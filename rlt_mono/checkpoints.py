@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import random
 import re
 import shutil
 from collections.abc import Iterator
@@ -311,6 +312,30 @@ class VerifiedCheckpoints:
         if self.args.world_size > 1 and self.args.device.type == "cpu":
             allow_indexed_cpu_restore()
         super()._load_optimizer_and_scheduler(checkpoint)
+
+    def _load_rng_state(self, checkpoint):
+        """transformers' RNG restore, except for a checkpoint without the CUDA RNG state (saved where CUDA was not
+        available) resumed on a GPU: transformers would log an error naming only the missing key ``'cuda'``; the
+        Python, NumPy and CPU states are restored here instead, and one warning says the CUDA RNG is not."""
+        # here: this module imports no torch (module docstring)
+        import numpy as np
+        import torch
+        from transformers.trainer_pt_utils import safe_globals
+
+        if checkpoint is None or not torch.cuda.is_available():
+            return super()._load_rng_state(checkpoint)
+        path = Path(checkpoint) / rng_files(self.args.world_size)[self.args.process_index]
+        if not path.is_file():  # transformers says so in its own line
+            return super()._load_rng_state(checkpoint)
+        with safe_globals():  # the NumPy state's types
+            state = torch.load(path, weights_only=True)
+        if "cuda" in state:
+            return super()._load_rng_state(checkpoint)
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.random.set_rng_state(state["cpu"])
+        logger.warning("%s holds no CUDA RNG state (saved without CUDA): the CUDA RNG is not restored, so sampling "
+                       "after this resume differs from the uninterrupted run's", path)
 
     def save_extra_checkpoint_files(self, folder: Path) -> None:
         """Files a subclass adds to each checkpoint (written first, into the staging folder). Called on every

@@ -18,8 +18,13 @@ file is written (filter on ``matched`` or ``total`` there if wanted).
 
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
-written are skipped. Appends are keyed by question (``DistillFile``): each batch first reads what is in the file
-(under a lock of the file) and writes only the questions not there yet, so no path writes a question twice.
+written are skipped. A question's samples are seeded by ``seed`` and the question alone
+(``rlt_mono.explanations.prompt_seed``), and a crash loses whole batches, so a resumed run writes the lines of an
+uninterrupted one. Resumed with another ``rows_per_batch``, it writes the same explanations, but a question scored
+beside other questions can get scores that differ in the last digits (the reward pads its micro-batches to other
+widths), which may change the best of near-tied samples. Appends are keyed by question (``DistillFile``): each
+batch first reads what is in the file (under a lock of the file) and writes only the questions not there yet, so
+no path writes a question twice.
 Generation uses vLLM on a GPU (asleep while the reward's models score) and
 ``transformers`` ``generate`` on CPU (``placement.rollout``).
 
@@ -179,7 +184,6 @@ def run_distill(cfg: DictConfig) -> Path:
     if not todo:
         return output_dir
     # ---- models ---------------------------------------------------------------------------------------
-    torch.manual_seed(cfg.seed)  # transformers sampling; vLLM takes the seed itself
     models = load_stage_models(cfg, reward_config, options.temperature)
     _, prompt_ids = teacher_prompts(models, todo)
     generator = open_generator(models, "teacher", options, cfg, max_new_tokens=options.max_new_tokens,

@@ -7,7 +7,9 @@ The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt
   ``ModelSwapper``, leaving the GPU to vLLM);
 - ``open_generator``: sampling with vLLM (``VLLMGenerator``, one engine per model, asleep between calls) or
   ``transformers`` ``generate`` (``TransformersGenerator``: CPU, or a GPU without vLLM), by the placement's
-  rollout engine; both take and return token ids, so the reward scores exactly the generated ids;
+  rollout engine; both take and return token ids, so the reward scores exactly the generated ids, and both seed
+  each prompt's samples from the run's seed and the prompt alone (``prompt_seed``), so a resumed run samples the
+  questions it has left as the uninterrupted run would have;
 - ``explain``: ``n`` explanations of each row from the RL stage's teacher prompt
   (``rlt_mono.data.render_prompts``), scored by the reward in one batched call;
 - the stages' shared conventions: their rows (``stage_rows``, each question + solution once), their run folder
@@ -17,6 +19,7 @@ The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -53,6 +56,7 @@ class SamplingOptions:
     rows_per_batch: int = 64
     vllm_gpu_memory_utilization: float = 0.5
     vllm_enforce_eager: bool = True
+    vllm_kv_cache_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -64,6 +68,9 @@ class SamplingOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.vllm_gpu_memory_utilization < 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1), got {self.vllm_gpu_memory_utilization}")
+        if self.vllm_kv_cache_gib is not None and not self.vllm_kv_cache_gib > 0:
+            raise ValueError(f"vllm_kv_cache_gib must be > 0 GiB (null: vLLM sizes it by profiling), got "
+                             f"{self.vllm_kv_cache_gib}")
 
 
 # ---- models and generation --------------------------------------------------------------------------------
@@ -129,19 +136,33 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
                        swapper, placement.use_vllm, prompt_format)
 
 
+def prompt_seed(seed: int, prompt_ids: list[int]) -> int:
+    """The sampling seed of one prompt: a hash of the run's ``seed`` and the prompt's token ids (stable across
+    processes, unlike ``hash``), so the prompt's samples do not depend on the batch or the run that generates it.
+    A stage's prompts are its rows' (question, solution) rendered by one teacher tokenizer, so this is a seed per
+    question. 56 bits: vLLM seeds the i-th of ``n`` samples with ``seed + i``, and a torch generator takes 64."""
+    digest = hashlib.sha256(json.dumps([seed, prompt_ids]).encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
 class TransformersGenerator:
-    """Sampling with ``model.generate`` in left-padded batches (CPU, or a GPU without vLLM)."""
+    """Sampling with ``model.generate`` (CPU, or a GPU without vLLM): one prompt per call, seeded by
+    ``prompt_seed``; greedy decoding in left-padded batches of ``batch_size`` prompts."""
 
     def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, swapper: ModelSwapper, *,
-                 max_new_tokens: int, stop_strings: tuple[str, ...] = (), top_p: float = 1.0, batch_size: int = 64):
+                 max_new_tokens: int, stop_strings: tuple[str, ...] = (), top_p: float, batch_size: int, seed: int):
         self.model, self.tokenizer, self.swapper = model, tokenizer, swapper
         self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
-        self.batch_size = batch_size
+        self.batch_size, self.seed = batch_size, seed
         self.stop_ids = sorted(stop_token_ids(model, tokenizer))
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
         """``n`` completions (token ids, trailing padding removed) per prompt; ``temperature`` 0 is greedy."""
+        # Sampling draws the tokens of a whole batch from one random stream, and left padding changes the logits'
+        # rounding, so a prompt sampled in a batch would depend on the prompts beside it (a resumed run batches
+        # others). So each prompt samples alone, from its own seed; greedy decoding draws nothing and batches.
+        batch_size = self.batch_size if temperature == 0 else 1
         pad = self.tokenizer.pad_token_id
         options = dict(max_new_tokens=self.max_new_tokens, num_return_sequences=n, pad_token_id=pad,
                        eos_token_id=self.stop_ids, do_sample=temperature > 0)
@@ -150,8 +171,8 @@ class TransformersGenerator:
         if self.stop_strings:
             options.update(stop_strings=list(self.stop_strings), tokenizer=self.tokenizer)
         completions: list[list[list[int]]] = []
-        for first in range(0, len(prompt_ids), self.batch_size):
-            chunk = prompt_ids[first : first + self.batch_size]
+        for first in range(0, len(prompt_ids), batch_size):
+            chunk = prompt_ids[first : first + batch_size]
             width = max(len(ids) for ids in chunk)
             input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # (b, P), left-padded
             attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, P)
@@ -160,8 +181,10 @@ class TransformersGenerator:
                 attention_mask[row, width - len(ids) :] = 1
             with self.swapper.resident(self.model):
                 device = next(self.model.parameters()).device
-                sequences = self.model.generate(input_ids=input_ids.to(device),
-                                                attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
+                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                    torch.manual_seed(prompt_seed(self.seed, chunk[0]))  # the one prompt's, when sampling
+                    sequences = self.model.generate(input_ids=input_ids.to(device),
+                                                    attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
             new_tokens = sequences[:, width:].tolist()
             for row in range(len(chunk)):
                 completions.append([_strip_trailing(ids, pad) for ids in new_tokens[row * n : (row + 1) * n]])
@@ -173,11 +196,12 @@ class TransformersGenerator:
 
 class VLLMGenerator:
     """A vLLM engine for one model, asleep between calls (level 1: weights in CPU memory, KV cache freed) so that
-    the scoring models can use the GPU; prompts go in as token ids, so they are the ids the reward scores."""
+    the scoring models can use the GPU; prompts go in as token ids, so they are the ids the reward scores. Each
+    prompt is a request seeded by ``prompt_seed`` (vLLM gives such a request its own random generator)."""
 
     def __init__(self, model_path: str, *, dtype: str, max_new_tokens: int, max_prompt_tokens: int,
-                 stop_strings: tuple[str, ...] = (), top_p: float = 1.0, gpu_memory_utilization: float = 0.5,
-                 seed: int = 0, enforce_eager: bool = True):
+                 stop_strings: tuple[str, ...] = (), top_p: float, gpu_memory_utilization: float, seed: int,
+                 enforce_eager: bool, kv_cache_gib: float | None):
         from vllm import LLM
 
         # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
@@ -186,20 +210,24 @@ class VLLMGenerator:
         # run in this process instead: a second sleep-mode engine there (eval's student) failed in vLLM 0.25.1's
         # CuMem allocator ("invalid argument", then out of memory with 78 of 79 GiB free).
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        self.max_new_tokens, self.stop_strings, self.top_p = max_new_tokens, stop_strings, top_p
+        self.max_new_tokens, self.stop_strings, self.top_p, self.seed = max_new_tokens, stop_strings, top_p, seed
+        # A set KV cache size skips vLLM's memory profiling, which stops the start ("Error in memory profiling")
+        # when another process on the GPU frees memory meanwhile, as processes side by side do (bench/study_gsm.sh).
+        kv_cache = {"kv_cache_memory_bytes": int(kv_cache_gib * 1024**3)} if kv_cache_gib else {}
         with run_lock.engine_start():
             self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                            max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True,
-                           enforce_eager=enforce_eager)
+                           enforce_eager=enforce_eager, **kv_cache)
             self.llm.sleep(level=1)
 
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
         from vllm import SamplingParams
 
         # Stop strings are matched on detokenized text; without them the ids are all that is read.
-        params = SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
-                                stop=list(self.stop_strings) or None, include_stop_str_in_output=True,
-                                detokenize=bool(self.stop_strings))
+        params = [SamplingParams(n=n, temperature=temperature, top_p=self.top_p, max_tokens=self.max_new_tokens,
+                                 stop=list(self.stop_strings) or None, include_stop_str_in_output=True,
+                                 detokenize=bool(self.stop_strings), seed=prompt_seed(self.seed, ids))
+                  for ids in prompt_ids]
         self.llm.wake_up()
         try:
             outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
@@ -223,12 +251,12 @@ def open_generator(models: StageModels, role: str, options: SamplingOptions, cfg
     if not models.use_vllm:
         return TransformersGenerator(model, tokenizer, models.swapper, max_new_tokens=max_new_tokens,
                                      stop_strings=stop_strings, top_p=options.top_p,
-                                     batch_size=options.rows_per_batch)
+                                     batch_size=options.rows_per_batch, seed=cfg.seed)
     dtype = cfg.model.dtype if role == "teacher" else cfg.student.dtype
     return VLLMGenerator(path, dtype=dtype, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens,
                          stop_strings=stop_strings, top_p=options.top_p, seed=cfg.seed,
                          gpu_memory_utilization=options.vllm_gpu_memory_utilization,
-                         enforce_eager=options.vllm_enforce_eager)
+                         enforce_eager=options.vllm_enforce_eager, kv_cache_gib=options.vllm_kv_cache_gib)
 
 
 def teacher_prompts(models: StageModels, rows: list[dict]) -> tuple[list[str], list[list[int]]]:
