@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The "Does it teach?" study on GSM-Symbolic (cfgs/run_cfg/study_gsm_symbolic.yaml) over several seeds on one GPU,
 # resumable: run it again on the same <root> and every finished stage is skipped (rlt_mono.pipeline).
-#   bash bench/study_gsm.sh <root> <seeds, e.g. 0,1,2> [control workers, default 2]
+#   bash bench/study_gsm.sh <root> <seeds, e.g. 0,1,2> [control workers, default 2; 0: the RL chains only]
 # STUDY_CONFIG names another pipeline run config, STUDY_OVERRIDES adds overrides (words, no spaces inside one):
 # the tests run it on the embedded tiny pair that way.
 # 1. One teacher SFT (the first seed's; a seed covers the RL run, distill sampling and student SFT), shared by
@@ -13,6 +13,7 @@
 #    (rlt_mono.run_lock.engine_start).
 # 3. The control folders are linked into their seed's folder, then python -m rlt_mono.study aggregate writes
 #    study.json, study_table.md and the curves in <root>/aggregate.
+# A pipeline that fails is run once more (it continues from the failed stage).
 # Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. bench/gpu_pipeline.sh study|wait drive it on
 # the GPU machine.
 set -uo pipefail
@@ -25,7 +26,9 @@ rl_steps=teacher_rlt,distill,student_sft,eval_teacher,eval_student
 control_steps=distill_sft_teacher,student_sft_sft_teacher,eval_student_sft_teacher,student_sft_raw_traces
 control_steps+=,eval_student_raw_traces
 start=$SECONDS
-pipeline() {  # <folder> <seed> <steps>
+pipeline() {  # <folder> <seed> <steps>: a second attempt continues from a stage that failed (e.g. a vLLM start)
+  ./launch_mono.sh "$config" seed="$2" output_dir="$1" "+steps=[$3]" "${extra[@]}" && return 0
+  echo "pipeline $1 failed: one more attempt from the stage that failed"
   ./launch_mono.sh "$config" seed="$2" output_dir="$1" "+steps=[$3]" "${extra[@]}"
 }
 pipeline "$root/seed$first" "$first" teacher_sft > "$root/logs/teacher_sft.log" 2>&1
