@@ -102,11 +102,12 @@ OPTIONS = {
     "--completions": dict(type=int, default=32, help="completions per optimizer step"),
     "--micro-batch": dict(type=int, default=4, help="completions per forward/backward"),
     "--steps": dict(type=int, default=4, help="optimizer steps (the first is warm-up, left out of medians)"),
-    "--optim": dict(default="adamw_bnb_8bit", help="trainer.optim"),
-    "--util": dict(type=float, default=0.3, help="trainer.vllm_gpu_memory_utilization"),
+    "--optim": dict(help="trainer.optim (default: rlt_mono's config)"),
+    "--util": dict(type=float, default=0.3, help="trainer.vllm_gpu_memory_utilization (default 0.3, the share the "
+                   "recorded benchmarks ran with, not the run config's)"),
     "--detokenize": dict(choices=["true", "false"], help="trainer.vllm_detokenize, in both training arms "
                          "(default: rlt_mono's config)"),
-    "--score-micro-batch": dict(type=int, default=4, help="reward.micro_batch_size"),
+    "--score-micro-batch": dict(type=int, help="reward.micro_batch_size (default: rlt_mono's config)"),
     "--placement": dict(choices=["mono", "student_gpu", "dp"], default="mono", help="placement (dp: one rank per "
                         "GPU of --gpus, through accelerate launch)"),
     "--gpus": dict(type=int, default=1, help="GPUs of the run: placement dp runs one rank per GPU, each with "

@@ -19,13 +19,13 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import checkpoints, fit, launch, lora, runtime
+from rlt_mono import checkpoints, device_memory, fit, launch, lora, runtime
 from rlt_mono.atomic_write import write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.memory import Arch
+from rlt_mono.memory import GIB, Arch
 from rlt_mono.models import (
     dtype_name,
     load_config,
@@ -66,8 +66,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         # GPU as nn.DataParallel's (student_gpu sees two), which TRL refuses; a dp rank keeps its launcher's values.
         ensure_single_process_distributed_env()
     # ---- typed configs: every value checked before a model loads ---------------------------------------
-    args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
-    reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+    args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps,
                                                    world_size=runtime.world_size())
@@ -103,9 +102,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
     # ---- memory: fit the run to the card before a model loads (cfg.memory: auto or manual) ---------------
     if fit_memory(cfg, placement, teacher_config, load_config(student_path, "student.model_name_or_path"),
-                  longest_prompt(dataset, tokenizer)):
-        args = instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, placement.use_vllm), "trainer")
-        reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+                  longest_prompt(dataset, tokenizer)):  # memory=auto wrote its settings into cfg: read them again
+        args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
     # ---- models ---------------------------------------------------------------------------------------
     bars_only_in_terminal()  # the weight-loading bars too: none in a log file or a pipe
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
@@ -212,8 +210,8 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
             logger.info("memory=auto plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
                         device, placement.mode)
         return False
-    free, total = fit.usable_memory(device)
-    settings = fit.settings_from_config(cfg, total_gib=total / fit.GIB, free_gib=free / fit.GIB,
+    card = device_memory.read_capacity(device)  # the card less what other live processes hold
+    settings = fit.settings_from_config(cfg, total_gib=card.total / GIB, free_gib=card.usable / GIB,
                                         teacher=Arch.from_config(teacher_config.to_dict()),
                                         student=Arch.from_config(student_config.to_dict()),
                                         prompt_length=prompt_length)
@@ -224,6 +222,14 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
 def longest_prompt(dataset, tokenizer) -> int:
     """Tokens in the longest training prompt (the prompts are already rendered chats)."""
     return max(len(ids) for ids in tokenizer(list(dataset["prompt"]), add_special_tokens=False).input_ids)
+
+
+def trainer_and_reward_configs(cfg: DictConfig, output_dir: str | Path,
+                               use_vllm: bool) -> tuple[RLTConfig, TeacherRewardConfig]:
+    """The typed ``trainer`` and ``reward`` groups of a run: ``RLTConfig`` of ``trainer_kwargs`` and
+    ``TeacherRewardConfig``, each value checked (``ConfigError``)."""
+    return (instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, use_vllm), "trainer"),
+            instantiate(TeacherRewardConfig, cfg.reward, "reward"))
 
 
 def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> dict:

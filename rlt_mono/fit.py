@@ -13,11 +13,11 @@ turns that into decisions:
   each at most ``MAX_MICRO_BATCH``. A generation batch whose KV cache does not fit beside the trainer first gets
   the trainer out of the way while vLLM generates (``offload_actor_in_generation``), then a smaller pool (vLLM
   queues sequences: slower, never out of memory).
-- ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, applies ``choose``'s settings to the
-  config (``memory=auto``) or warns when the configured ones will not fit (``memory=manual``), and raises a
-  one-line ``UserError`` with the numbers and the advice when nothing fits.
-- ``usable_memory(device)``: what a run plans against on a GPU, the card's total less what other live processes
-  hold (``rlt_mono.device_memory``), never the memory free at one instant.
+- ``settings_from_config(cfg, ...)``: the ``Settings`` of a run config, each run setting read through its config
+  key (``memory.CONFIG_KEYS``, declared once on the field); the YAML holds every default (``memory.Settings``).
+- ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, writes ``choose``'s settings back into
+  the config through the same keys (``memory=auto``, ``write_settings``) or warns when the configured ones will not
+  fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when nothing fits.
 
 Command line (no GPU needed): ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--free-gib F] [--arch 1.5b]
 [--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
@@ -34,12 +34,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import open_dict
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
-from rlt_mono import device_memory, runtime
+from rlt_mono import runtime
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
 from rlt_mono.memory import (
+    CONFIG_KEYS,
     DTYPE_BYTES,
     GIB,
     QWEN25_ARCHS,
@@ -60,21 +62,6 @@ MAX_MICRO_BATCH = 16
 # logits, CUDA graphs): this much plus a tenth of the weights. An estimate, on the safe side of what vLLM asks.
 VLLM_WORKING_GIB = 1.5
 VLLM_WORKING_SHARE = 0.10
-# Config keys of the Settings fields memory=auto sets.
-CONFIG_KEYS = {
-    "vllm_gpu_memory_utilization": "trainer.vllm_gpu_memory_utilization",
-    "per_device_train_batch_size": "trainer.per_device_train_batch_size",
-    "gradient_accumulation_steps": "trainer.gradient_accumulation_steps",
-    "steps_per_generation": "trainer.steps_per_generation",
-    "reward_micro_batch_size": "reward.micro_batch_size",
-    "gradient_checkpointing": "trainer.gradient_checkpointing",
-    "optim": "trainer.optim",
-    "activation_offloading": "trainer.activation_offloading",
-    "offload_actor_in_generation": "trainer.offload_actor_in_generation",
-    "max_completion_length": "trainer.max_completion_length",
-    "lora_r": "model.lora_r",
-    "load_in_4bit": "model.load_in_4bit",
-}
 # The adapter rank the advice suggests when only a LoRA or QLoRA teacher fits.
 ADVICE_LORA_RANK = 16
 MODES = ("auto", "manual")
@@ -192,9 +179,9 @@ def _candidates(s: Settings) -> list[dict]:
 
 
 def wording(change: dict) -> str:
-    """``key=value`` overrides, as a user types them on the command line."""
-    return " ".join(f"{CONFIG_KEYS.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in change.items())
+    """``key=value`` overrides of ``{Settings field: value}``, as a user types them on the command line."""
+    return " ".join(f"{CONFIG_KEYS[name]}={str(v).lower() if isinstance(v, bool) else v}"
+                    for name, v in change.items())
 
 
 def advise(s: Settings) -> str:
@@ -289,9 +276,18 @@ def auto_refusal(result: Plan) -> str:
 
 
 def changes(before: Settings, after: Settings) -> dict:
-    """The config keys whose values differ, ``{key: (before, after)}``."""
-    return {CONFIG_KEYS[name]: (getattr(before, name), getattr(after, name)) for name in CONFIG_KEYS
+    """The run settings whose values differ, ``{Settings field: (before, after)}``, in ``Settings``' order."""
+    return {name: (getattr(before, name), getattr(after, name)) for name in CONFIG_KEYS
             if getattr(before, name) != getattr(after, name)}
+
+
+def write_settings(cfg, before: Settings, after: Settings) -> dict:
+    """Write the run settings ``after`` changes from ``before`` into ``cfg``, each at its config key
+    (``memory.CONFIG_KEYS``, where ``settings_from_config`` read it); returns ``changes(before, after)``."""
+    changed = changes(before, after)
+    for name, (_, value) in changed.items():
+        OmegaConf.update(cfg, CONFIG_KEYS[name], value)
+    return changed
 
 
 # ---- from a run config ------------------------------------------------------------------------------------
@@ -316,34 +312,28 @@ def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None
         raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
     if cfg.placement.mode == "student_gpu":  # placement=auto in one process is mono: planned as such
         raise UserError("placement=student_gpu: the memory planner covers every role on one GPU (placement=mono)")
-    trainer = cfg.trainer
-    return Settings(
-        teacher=teacher or arch_for(cfg.model, "model", arch),
-        student=student or arch_for(cfg.student, "student", arch),
-        teacher_dtype=cfg.model.dtype,
-        student_dtype=cfg.student.dtype,
-        optim=trainer.optim,
-        lora_r=int(cfg.model.get("lora_r", 0) or 0),
-        load_in_4bit=bool(cfg.model.get("load_in_4bit", False)),
-        gradient_checkpointing=bool(trainer.gradient_checkpointing),
-        bf16=bool(trainer.bf16),
-        activation_offloading=bool(trainer.get("activation_offloading", False)),
-        offload_actor_in_generation=bool(trainer.get("offload_actor_in_generation", False)),
-        prompt_length=prompt_length,
-        max_completion_length=trainer.max_completion_length,
-        per_device_train_batch_size=trainer.per_device_train_batch_size,
-        gradient_accumulation_steps=trainer.gradient_accumulation_steps,
-        steps_per_generation=trainer.get("steps_per_generation") or trainer.gradient_accumulation_steps,
-        reward_micro_batch_size=cfg.reward.micro_batch_size,
-        vllm_gpu_memory_utilization=trainer.get("vllm_gpu_memory_utilization", 0.3),
-        vllm_sleep=bool(trainer.get("vllm_enable_sleep_mode", False)),
-        offload_reference=bool(cfg.placement.offload_reference),
-        offload_student=bool(cfg.placement.offload_student),
-        data_parallel_ranks=data_parallel_ranks(cfg),
-        sharded=cfg.placement.mode == "dp" and cfg.placement.get("strategy") == "fsdp2",
-        total_gib=total_gib,
-        free_gib=free_gib,
-    )
+    teacher = teacher or arch_for(cfg.model, "model", arch)
+    student = student or arch_for(cfg.student, "student", arch)
+    return Settings(teacher=teacher, student=student, **run_settings(cfg), prompt_length=prompt_length,
+                    data_parallel_ranks=data_parallel_ranks(cfg),
+                    sharded=cfg.placement.mode == "dp" and cfg.placement.strategy == "fsdp2",
+                    total_gib=total_gib, free_gib=free_gib)
+
+
+def run_settings(cfg) -> dict:
+    """``{Settings field: value}`` of every run setting, read at its config key (``memory.CONFIG_KEYS``). The
+    composed YAML declares each one; a key a config lacks, leaves unset (``???``) or sets to null is a
+    ``UserError`` naming it."""
+    values = {}
+    for name, key in CONFIG_KEYS.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        except MissingMandatoryValue:
+            value = None
+        if value is None:
+            raise UserError(f"{key} is not set: the memory planner reads it (set {key}=...)")
+        values[name] = value
+    return values
 
 
 def data_parallel_ranks(cfg) -> int:
@@ -354,15 +344,15 @@ def data_parallel_ranks(cfg) -> int:
         return 1
     if runtime.in_rank():
         return runtime.world_size()
-    processes = cfg.placement.get("num_processes") or max(runtime.usable_gpus(cfg, runtime.gpus_present()), 1)
-    return processes * (cfg.placement.get("num_machines") or 1)
+    processes = cfg.placement.num_processes or max(runtime.usable_gpus(cfg, runtime.gpus_present()), 1)
+    return processes * cfg.placement.num_machines
 
 
 def fit_run_config(cfg, settings: Settings) -> Plan:
     """The build step: log the plan; ``memory=auto`` writes ``choose``'s settings into ``cfg`` (logged as
     ``key: before -> after``); ``memory=manual`` keeps them and warns if they will not fit. Raises ``UserError``
     (one line: the phase, its need, the free memory, the advice) when ``memory=auto`` finds nothing that fits."""
-    mode = cfg.get("memory", "manual")
+    mode = cfg.memory
     if mode not in MODES:
         raise UserError(f"memory={mode!r}: choose one of {', '.join(MODES)}")
     if mode == "manual":
@@ -377,27 +367,11 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
     logger.info("memory=auto:\n%s", result.table())
     if not result.fits:
         raise UserError(f"memory=auto: nothing fits this card: {auto_refusal(result)}")
-    diff = changes(settings, chosen)
-    for key, (_, after) in diff.items():
-        _set(cfg, key, after)
-    if diff:
-        logger.info("memory=auto set %s", ", ".join(f"{key}: {before} -> {after}"
-                                                     for key, (before, after) in diff.items()))
+    changed = write_settings(cfg, settings, chosen)
+    if changed:
+        logger.info("memory=auto set %s", ", ".join(f"{CONFIG_KEYS[name]}: {before} -> {after}"
+                                                     for name, (before, after) in changed.items()))
     return result
-
-
-def usable_memory(device) -> tuple[int, int]:
-    """``(bytes the run may use, the card's total bytes)`` on CUDA ``device``, what ``settings_from_config``'s
-    ``free_gib`` and ``total_gib`` take: ``device_memory.read_capacity``, the card less what other live processes
-    hold."""
-    found = device_memory.read_capacity(device)
-    return found.usable, found.total
-
-
-def _set(cfg, key: str, value) -> None:
-    group, name = key.split(".")
-    with open_dict(cfg[group]):
-        cfg[group][name] = value
 
 
 def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int) -> str | None:
@@ -441,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.stdout.write(result.table() + "\n")
     if args.auto and result.fits:
-        chosen_values = {key: after for key, (_, after) in changes(settings, chosen).items()}
+        chosen_values = {name: after for name, (_, after) in changes(settings, chosen).items()}
         sys.stdout.write(f"memory=auto: {wording(chosen_values) or 'no change'}\n")
     if not result.fits:
         sys.stderr.write(f"error: {auto_refusal(result) if args.auto else result.refusal()}\n")

@@ -131,7 +131,7 @@ class LaunchPlan:
         rl = cfg.stage == "teacher_rlt"
         vllm = cfg.placement.rollout == "vllm" or (cfg.placement.rollout == "auto" and self.gpus > 0
                                                      and importlib.util.find_spec("vllm") is not None)
-        rollout = (f"vLLM colocated at {trainer.get('vllm_gpu_memory_utilization', 0.3):g}" if vllm
+        rollout = (f"vLLM colocated at {trainer.vllm_gpu_memory_utilization:g}" if rl and vllm
                    else "transformers generate")
         aside = {True: "CPU (pinned)", False: "resident"}
         unit = "completions" if rl else "rows"

@@ -61,7 +61,7 @@ Run it on a config: ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--ar
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 from rlt_mono.errors import UserError
 
@@ -187,55 +187,69 @@ class Arch:
         return 2 * self.num_hidden_layers * self.kv_dim * dtype_bytes
 
 
-@dataclass(frozen=True)
+def setting(key: str):
+    """A ``Settings`` field that is a run setting: ``rlt_mono.fit`` reads it from config key ``key`` (dotted, in a
+    composed run config) and ``memory=auto`` writes it back there. It has no default here (see ``Settings``)."""
+    return field(metadata={"config": key})
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """What the prediction depends on (the names follow the config keys they come from)."""
+    """What the prediction depends on.
+
+    The fields declared with ``setting(key)`` are run settings (``CONFIG_KEYS``). Their only defaults are in the
+    composed YAML config (``cfgs/``), not here: the YAML is what users read and override, and Hydra already types
+    its values through OmegaConf, so a second default in Python could only drift from it.
+    ``rlt_mono.fit.settings_from_config`` fills them from a config, ``memory=auto`` writes its changes back through
+    the same keys. The other fields are what no config key holds: the models, the longest prompt, the ranks, the
+    card, and the measured constants (module docstring), the only defaults here.
+    """
 
     teacher: Arch
     student: Arch
-    # model.dtype / student.dtype: the weights' dtype (the reference is a copy of the teacher).
-    teacher_dtype: str = "bfloat16"
-    student_dtype: str = "bfloat16"
-    # trainer.optim, trainer.gradient_checkpointing, trainer.bf16 (autocast of forward and backward),
-    # trainer.activation_offloading.
-    optim: str = "adamw_bnb_8bit"
-    gradient_checkpointing: bool = True
-    bf16: bool = True
-    activation_offloading: bool = False
-    # model.lora_r (0: every weight trained) and model.load_in_4bit (QLoRA), rlt_mono/lora.py.
-    lora_r: int = 0
-    load_in_4bit: bool = False
-    # trainer.offload_actor_in_generation: the teacher and its optimizer state wait on the CPU while vLLM generates.
-    offload_actor_in_generation: bool = False
-    # The longest prompt in tokens (the planner's own input: the config does not bound it) and
-    # trainer.max_completion_length; a sequence is prompt + completion.
-    prompt_length: int = 512
-    max_completion_length: int = 4096
-    # trainer.per_device_train_batch_size, gradient_accumulation_steps, steps_per_generation.
-    per_device_train_batch_size: int = 4
-    gradient_accumulation_steps: int = 8
-    steps_per_generation: int = 8
-    # reward.micro_batch_size: sequences per scoring forward.
-    reward_micro_batch_size: int = 4
-    # trainer.vllm_gpu_memory_utilization and vllm_enable_sleep_mode.
-    vllm_gpu_memory_utilization: float = 0.3
-    vllm_sleep: bool = True
-    # placement.offload_reference / offload_student: resident ones are counted in every phase.
-    offload_reference: bool = True
-    offload_student: bool = True
+    # ---- run settings, in the order memory=auto reports what it changed
+    # vLLM's pool as a share of the card's total memory.
+    vllm_gpu_memory_utilization: float = setting("trainer.vllm_gpu_memory_utilization")
+    # Sequences per training micro-batch; micro-batches per optimizer step; micro-batches per generation.
+    per_device_train_batch_size: int = setting("trainer.per_device_train_batch_size")
+    gradient_accumulation_steps: int = setting("trainer.gradient_accumulation_steps")
+    steps_per_generation: int = setting("trainer.steps_per_generation")
+    # Sequences per scoring forward.
+    reward_micro_batch_size: int = setting("reward.micro_batch_size")
+    gradient_checkpointing: bool = setting("trainer.gradient_checkpointing")
+    optim: str = setting("trainer.optim")
+    # The teacher and its optimizer state wait on the CPU while vLLM generates.
+    offload_actor_in_generation: bool = setting("trainer.offload_actor_in_generation")
+    # A sequence is prompt_length + max_completion_length.
+    max_completion_length: int = setting("trainer.max_completion_length")
+    # 0: every weight trained; load_in_4bit: QLoRA (rlt_mono/lora.py).
+    lora_r: int = setting("model.lora_r")
+    load_in_4bit: bool = setting("model.load_in_4bit")
+    # The weights' dtype (the reference is a copy of the teacher).
+    teacher_dtype: str = setting("model.dtype")
+    student_dtype: str = setting("student.dtype")
+    # Autocast of forward and backward. (trainer.activation_offloading is no field: credited with nothing.)
+    bf16: bool = setting("trainer.bf16")
+    vllm_sleep: bool = setting("trainer.vllm_enable_sleep_mode")
+    # Offloaded ones wait in CPU memory; resident ones are counted in every phase.
+    offload_reference: bool = setting("placement.offload_reference")
+    offload_student: bool = setting("placement.offload_student")
+    # ---- what no config key holds
+    # The longest prompt in tokens (the config does not bound it).
+    prompt_length: int
     # placement=dp: ranks of the run (each plans its own GPU). With more than one, PyTorch DDP's reducer keeps a
     # flat copy of the gradients in its buckets for the whole run (accelerate's default, gradient_as_bucket_view
     # off), counted in every phase; not yet checked against a measured multi-GPU peak.
-    data_parallel_ranks: int = 1
+    data_parallel_ranks: int
     # placement.strategy=fsdp2: the teacher's weights, gradients and optimizer state, and the reference (which then
     # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; with bf16, accelerate keeps the
     # trained weights (so their gradients and optimizer state) in float32 ("master weights", upcast when it wraps
     # the model); the units FSDP2 all-gathers for a pass are counted whole (fsdp_gathered_bytes). Checked against
     # one rank on the GPU machine only (docs/PERFORMANCE.md, "fsdp2 on one rank").
-    sharded: bool = False
+    sharded: bool
     # The card's total memory (vLLM's pool is a share of it) and what the run may use: the total less what other
-    # live processes hold (rlt_mono.device_memory; default: the total).
-    total_gib: float = 80.0
+    # live processes hold (rlt_mono.device_memory; None: the total).
+    total_gib: float
     free_gib: float | None = None
     # Measured (module docstring): non-torch memory in every phase, and the allocator's slack on torch's terms.
     context_gib: float = CONTEXT_GIB
@@ -277,6 +291,11 @@ class Settings:
     @property
     def sequence_length(self) -> int:
         return self.prompt_length + self.max_completion_length
+
+
+# Each run setting's config key by field name, in Settings' order: the one mapping between a run config and Settings,
+# read from the fields' ``setting(key)`` declarations.
+CONFIG_KEYS = {f.name: f.metadata["config"] for f in fields(Settings) if "config" in f.metadata}
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,8 @@ def test_memory_released_while_it_waits_is_the_cards(device):
     # the first look sees the exited process's memory; a second later it is back
     fake = device([(FREE_AT_THAT_INSTANT, [(os.getpid(), OWN_CONTEXT)]),
                    (H100_TOTAL - OWN_CONTEXT, [(os.getpid(), OWN_CONTEXT)])])
-    assert fit.usable_memory(torch.device("cuda:0")) == (H100_TOTAL, H100_TOTAL)
+    card = device_memory.read_capacity(torch.device("cuda:0"))
+    assert (card.usable, card.total) == (H100_TOTAL, H100_TOTAL)
     assert len(fake.waits) == 1
 
 
@@ -208,8 +209,8 @@ def test_without_nvml_it_waits_while_free_memory_grows(device, caplog):
     fake = device([(FREE_AT_THAT_INSTANT, None), (FREE_AT_THAT_INSTANT + 10 * GIB, None),
                    (FREE_AT_THAT_INSTANT + 10 * GIB, None)])
     with caplog.at_level(logging.INFO):
-        usable, total = fit.usable_memory(torch.device("cuda:0"))
-    assert (usable, total) == (FREE_AT_THAT_INSTANT + 10 * GIB, H100_TOTAL) and len(fake.waits) == 2
+        card = device_memory.read_capacity(torch.device("cuda:0"))
+    assert (card.usable, card.total) == (FREE_AT_THAT_INSTANT + 10 * GIB, H100_TOTAL) and len(fake.waits) == 2
     assert "NVML cannot list the processes on cuda:0 (Not Supported)" in caplog.text
     assert "GPU memory: NVML lists no processes on cuda:0: the plan uses what is free after 2 s" in caplog.text
 

@@ -37,8 +37,8 @@ def _vllm_pair(bf16_pair) -> list[str]:
     and asleep between generations, for two steps."""
     return [f"model.model_name_or_path={bf16_pair / 'teacher'}", f"student.model_name_or_path={bf16_pair / 'student'}",
             "model.dtype=bfloat16", "student.dtype=bfloat16", "trainer.use_cpu=false", "trainer.bf16=true",
-            "placement.rollout=vllm", "+trainer.vllm_mode=colocate", "+trainer.vllm_gpu_memory_utilization=0.3",
-            "+trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"]
+            "placement.rollout=vllm", "+trainer.vllm_mode=colocate", "trainer.vllm_gpu_memory_utilization=0.3",
+            "trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"]
 
 
 def _launch_mono(*args: str) -> subprocess.CompletedProcess:

@@ -10,13 +10,13 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
-from test_memory_on_cpu import TINY, tiny_settings
+from test_memory_on_cpu import TINY, rl_settings, tiny_settings
 from transformers import AutoModelForCausalLM
 
 from rlt_mono import compose, lora, memory
 from rlt_mono.config import ConfigError
 from rlt_mono.fit import plan
-from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings, optimizer_bytes, teacher_weight_bytes
+from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
 
 
 def _lora_teacher(teacher, rank=4, seed=0):
@@ -176,14 +176,14 @@ def test_lora_phases_have_no_reference_copy_and_adapter_sized_state():
 
 def test_advice_offers_a_lora_teacher_when_only_it_fits():
     qwen7 = Arch.from_config(QWEN25_ARCHS["7b"])
-    settings = Settings(teacher=qwen7, student=qwen7, max_completion_length=4096, per_device_train_batch_size=1,
-                        gradient_accumulation_steps=32, steps_per_generation=32, reward_micro_batch_size=1,
-                        vllm_gpu_memory_utilization=0.5, offload_actor_in_generation=True, total_gib=48.0)
+    settings = rl_settings(qwen7, max_completion_length=4096, per_device_train_batch_size=1,
+                           gradient_accumulation_steps=32, steps_per_generation=32, reward_micro_batch_size=1,
+                           vllm_gpu_memory_utilization=0.5, offload_actor_in_generation=True, total_gib=48.0)
     result = plan(settings)
     assert not result.fits
     assert result.refusal().endswith(": model.lora_r=16")
     with pytest.raises(Exception, match="needs lora_r > 0"):
-        Settings(teacher=qwen7, student=qwen7, load_in_4bit=True)
+        rl_settings(qwen7, load_in_4bit=True)
 
 
 def test_target_modules_the_teacher_lacks_are_one_config_error(tmp_path):
