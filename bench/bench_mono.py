@@ -117,7 +117,7 @@ OPTIONS = {
     "--arms": dict(default="mono:1,dp:2,student_gpu:2,dp:4", help="scale: runs, comma-separated placement:gpus "
                    "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded)"),
     "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
-                     "share and the batch sizes (rlt_mono/fit.py); manual runs the options as given"),
+                     "share and the batch sizes (rlt_mono/memory_planner.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
                        "GPU for the run, as if the card had only that much free; the measured peaks leave it out"),
     "--activation-offloading": dict(choices=["true", "false"], help="trainer.activation_offloading"),
@@ -512,7 +512,7 @@ def predicted_peaks(cfg, trainer, arch: str) -> dict:
     planner does not cover (two GPUs)."""
     import torch
 
-    from rlt_mono import fit
+    from rlt_mono import memory_planner
 
     if cfg.placement.mode == "student_gpu":
         return {}
@@ -520,7 +520,8 @@ def predicted_peaks(cfg, trainer, arch: str) -> dict:
     prompts = list(trainer.train_dataset["prompt"])
     longest = max(len(ids) for ids in trainer.processing_class(prompts, add_special_tokens=False).input_ids)
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    plan = fit.plan(fit.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest))
+    settings = memory_planner.settings_from_config(cfg, total_gib=total_gib, arch=arch, prompt_length=longest)
+    plan = memory_planner.plan(settings)
     return {**{f"predicted/{name.lower()}": phase.gib for name, phase in plan.phases.items()},
             "predicted_table": plan.table(), "prompt_length": longest}
 

@@ -43,7 +43,7 @@ SKIP_FILES = ("README.md", "config.yaml", ".lock", "eval_table.md", "training_ar
 
 
 def pipeline(folder: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlt_mono.train", "pipeline_tiny", f"output_dir={folder}",
+    return subprocess.Popen([sys.executable, "-m", "rlt_mono.cli", "pipeline_tiny", f"output_dir={folder}",
                              *OVERRIDES], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = [sys.executable, "-m", "rlt_mono.train"]
-FIT = [sys.executable, "-m", "rlt_mono.fit"]
+TRAIN = [sys.executable, "-m", "rlt_mono.cli"]
+FIT = [sys.executable, "-m", "rlt_mono.memory_planner"]
 EVALUATE = [sys.executable, "-m", "rlt_mono.evaluate"]
 LIMIT_S = 240
 

@@ -9,7 +9,7 @@ Notebook use::
     trainer.teacher_reward.last_scores   # the last batch of explanations with their reward breakdown
     rlt_mono.release_trainer(trainer)    # free memory before the next build
 
-Names are imported on first use, so ``python -m rlt_mono.train --help`` and config errors need no torch.
+Names are imported on first use, so ``python -m rlt_mono.cli --help`` and config errors need no torch.
 """
 
 from __future__ import annotations

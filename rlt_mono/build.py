@@ -19,7 +19,7 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import checkpoints, device_memory, fit, launch, lora, runtime
+from rlt_mono import checkpoints, device_memory, launch, lora, memory_planner, runtime
 from rlt_mono.atomic_write import write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
@@ -201,7 +201,7 @@ def check_ranks_agree(trainer: RLTTrainer) -> None:
 
 
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
-    """``rlt_mono.fit`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
+    """``rlt_mono.memory_planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
     settings into ``cfg`` (True: the typed configs must be built again). On a CPU or with the student on another
     GPU nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))
@@ -211,11 +211,11 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
                         device, placement.mode)
         return False
     card = device_memory.read_capacity(device)  # the card less what other live processes hold
-    settings = fit.settings_from_config(cfg, total_gib=card.total / GIB, free_gib=card.usable / GIB,
-                                        teacher=Arch.from_config(teacher_config.to_dict()),
-                                        student=Arch.from_config(student_config.to_dict()),
-                                        prompt_length=prompt_length)
-    fit.fit_run_config(cfg, settings)
+    settings = memory_planner.settings_from_config(cfg, total_gib=card.total / GIB, free_gib=card.usable / GIB,
+                                                   teacher=Arch.from_config(teacher_config.to_dict()),
+                                                   student=Arch.from_config(student_config.to_dict()),
+                                                   prompt_length=prompt_length)
+    memory_planner.fit_run_config(cfg, settings)
     return cfg.get("memory") == "auto"
 
 

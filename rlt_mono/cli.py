@@ -1,9 +1,10 @@
-"""Command-line entry of every stage: ``python -m rlt_mono.train <run config> [hydra overrides ...]``.
+"""Command-line entry of every stage: ``python -m rlt_mono.cli <run config> [hydra overrides ...]``.
 
-``launch_mono.sh`` calls this. It composes the config (Hydra only: a mistake in a config name or an override
-is reported before torch is imported), exposes the GPUs the placement uses, and runs the config's ``stage``.
-An error the user can fix (``rlt_mono.errors.UserError``) ends the process with one line on stderr saying
-what to do and exit code 2; anything else is a bug: a one-line summary, then the traceback, exit code 1.
+``launch_mono.sh`` and the ``rlt-mono`` console command (pyproject.toml) call this. It composes the config (Hydra
+only: a mistake in a config name or an override is reported before torch is imported), exposes the GPUs the
+placement uses, and runs the config's ``stage``. An error the user can fix (``rlt_mono.errors.UserError``) ends the
+process with one line on stderr saying what to do and exit code 2; anything else is a bug: a one-line summary, then
+the traceback, exit code 1.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 from rlt_mono import checkpoints, launch, run_lock, runtime
 from rlt_mono.config import available_run_configs, compose, config_groups, default_cache_dir
 from rlt_mono.errors import UserError
-from rlt_mono.fit import MODES as MEMORY_MODES
+from rlt_mono.memory_planner import MODES as MEMORY_MODES
 from rlt_mono.placement import PlacementError, gpus_to_expose
 from rlt_mono.stages import STAGES
 
@@ -113,7 +114,7 @@ def hold_run_folder(cfg) -> None:
 
 def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
-    ``seed``, ``memory`` one of ``rlt_mono.fit.MODES``, ``resume_from_checkpoint`` only for the stages that
+    ``seed``, ``memory`` one of ``rlt_mono.memory_planner.MODES``, ``resume_from_checkpoint`` only for the stages that
     resume from a checkpoint, and no LoRA option for a stage that trains nothing (``rlt_mono.stages``)."""
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):

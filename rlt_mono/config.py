@@ -4,7 +4,7 @@ The Hydra tree in ``cfgs/`` has one group per concern (model, student, data, rew
 logging, ...), whose options are deltas over the group's ``_base.yaml`` where it has one. The root
 ``cfgs/train.yaml`` picks one option per group and holds the run-level keys (stage, run_name, seed, output_dir,
 run_dir, resume_from_checkpoint); a run config in ``cfgs/run_cfg/`` starts from it and states what its run changes.
-``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.train``) and by notebooks, so
+``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.cli``) and by notebooks, so
 both see the same configuration; ``instantiate`` turns one group into its dataclass with one-line errors.
 """
 

@@ -1,6 +1,6 @@
 """What a GPU offers a run: the card's total memory less what other live processes hold.
 
-The memory planner (``rlt_mono.fit``) plans against this, not against the memory free at one instant. Memory
+The memory planner (``rlt_mono.memory_planner``) plans against this, not against the memory free at one instant. Memory
 that a process which has just exited still holds comes back to the device within seconds; counted as taken, it
 made ``memory=auto`` refuse runs that fit the card when run by hand. So the rule is:
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rlt_mono.memory import GIB
@@ -136,6 +136,35 @@ def read_capacity(device) -> Capacity:
     for line in found.warnings(str(device), waited):
         logger.warning("GPU memory: %s", line)
     return found
+
+
+def process_used_reader(device) -> Callable[[], int]:
+    """A reading of the bytes this process holds on CUDA ``device`` as the device counts them (torch's own counters
+    do not show what vLLM's sleep mode maps and unmaps): NVML's figure for this process where NVML lists it with its
+    usage, which other processes on the card leave unchanged; otherwise (no NVML list, or this process not in it:
+    another pid namespace) the memory in use on the whole device, ``total - free``. The source is chosen at this
+    call; a later reading that NVML cannot give falls back to the whole device's."""
+    import torch
+
+    own = os.getpid()
+
+    def device_used() -> int:
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free
+
+    def listed_used() -> int | None:
+        return next((p.used for p in _processes(device) or () if p.pid == own and p.used is not None), None)
+
+    if listed_used() is None:
+        logger.info("GPU memory: NVML gives no usage of this process on %s: its readings are the memory in use on "
+                    "the whole device, other processes' included", device)
+        return device_used
+
+    def process_used() -> int:
+        used = listed_used()
+        return device_used() if used is None else used
+
+    return process_used
 
 
 def _processes(device) -> list[ProcessMemory] | None:

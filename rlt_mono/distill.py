@@ -19,7 +19,7 @@ file is written (filter on ``matched`` or ``total`` there if wanted).
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
 written are skipped. A question's samples are seeded by ``seed`` and the question alone
-(``rlt_mono.explanations.prompt_seed``), and a crash loses whole batches, so a resumed run writes the lines of an
+(``rlt_mono.explanation_sampler.prompt_seed``), and a crash loses whole batches, so a resumed run writes the lines of an
 uninterrupted one. Resumed with another ``rows_per_batch``, it writes the same explanations, but a question scored
 beside other questions can get scores that differ in the last digits (the reward pads its micro-batches to other
 widths), which may change the best of near-tied samples. Appends are keyed by question (``DistillFile``): each
@@ -51,7 +51,7 @@ from rlt_mono.atomic_write import append_to, write_text, writing
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import terminal_shows_bars
 from rlt_mono.errors import RunInterrupted, UserError
-from rlt_mono.explanations import (
+from rlt_mono.explanation_sampler import (
     SamplingOptions,
     check_resume_matches,
     explain,

@@ -42,8 +42,8 @@ from omegaconf import DictConfig, OmegaConf
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
-from rlt_mono.eval_results import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, interval_text, read_rows, summarize
-from rlt_mono.explanations import (
+from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, interval_text, read_rows, summarize
+from rlt_mono.explanation_sampler import (
     SamplingOptions,
     StageModels,
     check_resume_matches,

@@ -58,6 +58,15 @@ class RLTConfig(trl.GRPOConfig):
             "One rank only."
         },
     )
+    sleep_leak_warn_gib: float = field(
+        default=1.0,
+        metadata={
+            "help": "With vLLM colocated and asleep between generations on a GPU: one warning once the device memory "
+            "this process holds right after vLLM sleeps (or wakes) has grown by more than this many GiB over the "
+            "cycles after the warm-up, i.e. vLLM's sleep mode is not giving back what it took "
+            "(rlt_mono.sleep_leak; the readings are logged as memory/after_sleep_gib, memory/after_wake_gib)."
+        },
+    )
     vllm_detokenize: bool = field(
         default=False,
         metadata={
@@ -83,13 +92,14 @@ class RLTConfig(trl.GRPOConfig):
         numeric = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
                    "logging_steps", "save_steps", "ref_model_sync_steps", "num_generations", "steps_per_generation",
                    "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha",
-                   "eval_questions", "dynamic_sampling_rounds")
+                   "eval_questions", "dynamic_sampling_rounds", "sleep_leak_warn_gib")
         for name in numeric:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise ValueError(f"{name} must be a number, got {value!r}")
         positive = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-                    "max_completion_length", "logging_steps", "save_steps", "ref_model_sync_steps")
+                    "max_completion_length", "logging_steps", "save_steps", "ref_model_sync_steps",
+                    "sleep_leak_warn_gib")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -1,11 +1,11 @@
 """Data-parallel launch (``placement=dp``): one process (rank) per GPU, started by ``accelerate launch``.
 
-``launch_mono.sh <run config> placement=dp ...`` composes the config as for any run; ``rlt_mono.train`` then
+``launch_mono.sh <run config> placement=dp ...`` composes the config as for any run; ``rlt_mono.cli`` then
 sees ``placement.mode: dp`` and, instead of running the stage itself, hands the same command to accelerate:
 
     accelerate launch --config_file cfgs/accelerate/<strategy>.yaml --num_processes <N x machines>
         --num_machines M --machine_rank R --main_process_ip IP --main_process_port P
-        -m rlt_mono.train <run config> <overrides> output_dir=<the run's folder>
+        -m rlt_mono.cli <run config> <overrides> output_dir=<the run's folder>
 
 Every rank of the RL stage (``teacher_rlt``) runs a ``mono`` step on its own GPU (``rlt_mono.placement``):
 TRL's ``GRPOTrainer`` splits each step's prompts over the ranks, each rank generates with its own colocated
@@ -48,7 +48,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlt_mono import fit, memory, runtime
+from rlt_mono import memory, memory_planner, runtime
 from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import CONFIG_DIR, ConfigError
 from rlt_mono.errors import UserError
@@ -109,10 +109,10 @@ class LaunchPlan:
         ]
 
     def command(self, config: str, overrides: list[str]) -> list[str]:
-        """The whole command: accelerate's launcher (through ``main`` below) running ``rlt_mono.train`` with the
+        """The whole command: accelerate's launcher (through ``main`` below) running ``rlt_mono.cli`` with the
         run's config and overrides."""
         return [sys.executable, "-m", "rlt_mono.launch", *self.accelerate_args(),
-                "-m", "rlt_mono.train", config, *overrides]
+                "-m", "rlt_mono.cli", config, *overrides]
 
     def environment(self, errors_dir: str | Path) -> dict[str, str]:
         """What the ranks' environment adds to this process's."""
@@ -219,7 +219,7 @@ def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) 
                                                         f"{group}.model_name_or_path").to_dict())
              for group in ("model", "student")}
     # The card's size plays no part in what a rank holds on the CPU.
-    settings = fit.settings_from_config(cfg, total_gib=0.0, teacher=archs["model"], student=archs["student"])
+    settings = memory_planner.settings_from_config(cfg, total_gib=0.0, teacher=archs["model"], student=archs["student"])
     terms = memory.host_memory_terms(settings)
     ranks = plan.processes
     need = ranks * sum(nbytes for _, nbytes in terms)
@@ -343,7 +343,7 @@ def record_rank_error(err: UserError) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """``accelerate launch`` with the same arguments, run in this process so that a rank's failure ends in its
     exit code instead of torchrun's report and traceback (the ranks' own logs say what happened)."""
-    # here: python -m rlt_mono.train imports this module, and loads no torch before a run needs it
+    # here: python -m rlt_mono.cli imports this module, and loads no torch before a run needs it
     import torch.distributed.run  # noqa: F401  (creates torchrun's loggers, each with its own level)
     from accelerate.commands.launch import launch_command, launch_command_parser
     from torch.distributed.elastic.multiprocessing.api import SignalException

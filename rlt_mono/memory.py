@@ -2,8 +2,8 @@
 
 The prediction is of the **device-level** peak (what ``nvidia-smi`` shows, ``phase/<p>/device_peak_gib`` in a
 run's metrics), the figure a card's size limits. Nothing here imports torch: the inputs are the models'
-``config.json`` values and the run's settings, the outputs are bytes. ``rlt_mono.fit`` turns a prediction into
-a plan (the settings ``memory=auto`` picks, the advice when nothing fits) and has the command line.
+``config.json`` values and the run's settings, the outputs are bytes. ``rlt_mono.memory_planner`` turns a prediction
+into a plan (the settings ``memory=auto`` picks, the advice when nothing fits) and has the command line.
 
 What is modelled: placement ``mono`` (every role on one GPU), vLLM colocated with sleep mode, the reference and
 the student kept in CPU memory and swapped in for their pass, TRL 1.16's fused LM head for the policy and
@@ -55,7 +55,7 @@ return to the device (``vllm_enable_sleep_mode=false``: it is counted in every p
 docs/PERFORMANCE.md capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card
 it does not.
 
-Run it on a config: ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
+Run it on a config: ``python -m rlt_mono.memory_planner teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
 """
 
 from __future__ import annotations
@@ -188,8 +188,9 @@ class Arch:
 
 
 def setting(key: str):
-    """A ``Settings`` field that is a run setting: ``rlt_mono.fit`` reads it from config key ``key`` (dotted, in a
-    composed run config) and ``memory=auto`` writes it back there. It has no default here (see ``Settings``)."""
+    """A ``Settings`` field that is a run setting: ``rlt_mono.memory_planner`` reads it from config key ``key``
+    (dotted, in a composed run config) and ``memory=auto`` writes it back there. It has no default here (see
+    ``Settings``)."""
     return field(metadata={"config": key})
 
 
@@ -200,9 +201,9 @@ class Settings:
     The fields declared with ``setting(key)`` are run settings (``CONFIG_KEYS``). Their only defaults are in the
     composed YAML config (``cfgs/``), not here: the YAML is what users read and override, and Hydra already types
     its values through OmegaConf, so a second default in Python could only drift from it.
-    ``rlt_mono.fit.settings_from_config`` fills them from a config, ``memory=auto`` writes its changes back through
-    the same keys. The other fields are what no config key holds: the models, the longest prompt, the ranks, the
-    card, and the measured constants (module docstring), the only defaults here.
+    ``rlt_mono.memory_planner.settings_from_config`` fills them from a config, ``memory=auto`` writes its changes
+    back through the same keys. The other fields are what no config key holds: the models, the longest prompt, the
+    ranks, the card, and the measured constants (module docstring), the only defaults here.
     """
 
     teacher: Arch

@@ -19,8 +19,8 @@ turns that into decisions:
   the config through the same keys (``memory=auto``, ``write_settings``) or warns when the configured ones will not
   fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when nothing fits.
 
-Command line (no GPU needed): ``python -m rlt_mono.fit teacher_rlt_mono --gpu-gib 24 [--free-gib F] [--arch 1.5b]
-[--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
+Command line (no GPU needed): ``python -m rlt_mono.memory_planner teacher_rlt_mono --gpu-gib 24 [--free-gib F]
+[--arch 1.5b] [--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
 """
 
 from __future__ import annotations
@@ -388,9 +388,9 @@ def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.fit <run config> [overrides] --gpu-gib N [--auto]``: print the plan; exit 0 if it
+    """``python -m rlt_mono.memory_planner <run config> [overrides] --gpu-gib N [--auto]``: print the plan; exit 0 if it
     fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.fit", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory_planner", description=__doc__.splitlines()[0])
     parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
     parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")

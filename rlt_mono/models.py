@@ -1,12 +1,12 @@
 """Models by config group: the folder a ``model`` or ``student`` group names, and its tokenizer, config and weights.
 
-Shared by every stage that loads a model (``rlt_mono.build``, ``rlt_mono.sft``, ``rlt_mono.explanations``) and by
+Shared by every stage that loads a model (``rlt_mono.build``, ``rlt_mono.sft``, ``rlt_mono.explanation_sampler``) and by
 the data-parallel launcher (``rlt_mono.launch``), which makes each model's folder once before its ranks start.
 A name resolves to a local folder or a hub id: ``embedded:teacher`` / ``embedded:student`` to the tiny pair built
 locally (``rlt_mono.embedded``), a ``gguf_file`` to its dequantized folder (``rlt_mono.pretrained``). Each
 mistake (no such folder, a run folder instead of its ``final/``, a model that cannot be loaded) is a one-line
 ``ConfigError`` naming the config key. transformers is imported by the functions that load, so the launcher's
-module (imported by ``python -m rlt_mono.train``) does not import torch.
+module (imported by ``python -m rlt_mono.cli``) does not import torch.
 """
 
 from __future__ import annotations

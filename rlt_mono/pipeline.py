@@ -401,7 +401,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
         write_json(summary_path, summary)
         distilled = distilled_bytes(stage)
         start = time.perf_counter()
-        code = run_stage([sys.executable, "-m", "rlt_mono.train", stage.config, *overrides])
+        code = run_stage([sys.executable, "-m", "rlt_mono.cli", stage.config, *overrides])
         seconds = time.perf_counter() - start
         if code != 0:
             raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "

@@ -11,7 +11,7 @@ critic, in verl's terms; an extra reward model would join it). Modes:
 - ``student_gpu``: actor, rollout and reference on GPU 0; the student resident on GPU 1, scoring while GPU 0
   computes the reference and teacher log-probs.
 - ``auto``: ``mono`` on one GPU; for the RL stage on two or more, ``placement=split`` (``dp`` over two GPUs,
-  started by ``rlt_mono.train``).
+  started by ``rlt_mono.cli``).
 - ``dp``: data parallel, one process (rank) per GPU launched through ``accelerate launch``
   (``rlt_mono.launch``); each rank is a ``mono`` step on its own GPU ``cuda:<local rank>``: the actor (teacher,
   replicated on every rank: DDP, ``cfgs/accelerate/ddp.yaml``; or with ``placement.strategy=fsdp2`` sharded over
@@ -108,7 +108,7 @@ def resolve_placement(
     engine = _rollout_engine(rollout, gpu_count)
     if gpu_count == 0:
         return Placement("dp" if mode == "dp" else "mono", {role: "cpu" for role in Role}, frozenset(), engine)
-    resolved = mode if mode in ("student_gpu", "dp") else "mono"  # auto on two GPUs is launched as dp (train.py)
+    resolved = mode if mode in ("student_gpu", "dp") else "mono"  # auto on two GPUs is launched as dp (cli.py)
     gpu = f"cuda:{local_rank}" if resolved == "dp" else "cuda:0"
     devices = {role: gpu for role in Role}
     offloaded = {Role.REFERENCE} if offload_reference else set()

@@ -1,6 +1,6 @@
 """One writer per run folder: an OS file lock on ``<run folder>/.lock``, held for the whole run.
 
-``rlt_mono.train`` takes it once it knows the run's folder, before the stage starts, and gives it back when the
+``rlt_mono.cli`` takes it once it knows the run's folder, before the stage starts, and gives it back when the
 stage ends. A second process asking for the same folder stops at once with one line naming the holder (its pid,
 host, start time and command, written into the lock file). The lock is ``fcntl.flock``: the kernel releases it
 when its process ends, however it ends (``kill -9`` included), so a ``.lock`` left by a dead run is taken over
@@ -124,7 +124,7 @@ def release_all() -> None:
 
 
 def describe(record: dict | None) -> str:
-    """``pid 123 on host gpu1 since 2026-01-02 03:04:05: python -m rlt_mono.train ...``."""
+    """``pid 123 on host gpu1 since 2026-01-02 03:04:05: python -m rlt_mono.cli ...``."""
     if not record:
         return "it has not written its details yet"
     return (f"pid {record.get('pid')} on host {record.get('host')} since {record.get('since')}: "

@@ -73,9 +73,9 @@ CHECKPOINT_DESCRIPTION = ("resumable checkpoint: teacher, optimizer, schedule, R
 
 def launch_command() -> str | None:
     """The ``launch_mono.sh`` command line of this process when it is the command-line entry
-    (``python -m rlt_mono.train``, which ``launch_mono.sh`` runs), else ``None`` (a notebook, a test)."""
+    (``python -m rlt_mono.cli``, which ``launch_mono.sh`` runs), else ``None`` (a notebook, a test)."""
     entry = Path(sys.argv[0])
-    if entry.name != "train.py" or entry.parent.name != "rlt_mono":
+    if entry.name != "cli.py" or entry.parent.name != "rlt_mono":
         return None
     return shlex.join(["./launch_mono.sh", *sys.argv[1:]])
 

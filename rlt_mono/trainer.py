@@ -21,6 +21,9 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 - Every role is where the ``Placement`` puts it. When the student has a GPU of its own (placement=student_gpu), the
   student half of the reward starts there right after generation and runs while TRL's policy and reference
   passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
+- vLLM colocated and asleep between generations (GPU): the device memory this process holds right after each
+  wake-up and each sleep joins each step's log (``memory/after_wake_gib``, ``memory/after_sleep_gib``), and a growth
+  over the first cycles beyond ``sleep_leak_warn_gib`` warns once (``rlt_mono.sleep_leak``).
 """
 
 from __future__ import annotations
@@ -38,11 +41,13 @@ import trl
 from transformers import TrainerCallback
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, dynamic_sampling, lora, run_lock, trl_vllm
+from rlt_mono import checkpoints, device_memory, dynamic_sampling, lora, run_lock, trl_vllm
 from rlt_mono.config import ConfigError
+from rlt_mono.memory import GIB
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
+from rlt_mono.sleep_leak import SleepLeakTracker
 from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)
@@ -134,6 +139,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                 named_params=(lambda: lora.merged_named_params(self.model)) if lora.is_peft(self.model) else None)
         elif self.use_vllm and self.args.vllm_mode == "colocate":
             trl_vllm.time_weight_sync(self.vllm_generation, record_sync)
+        # vLLM's sleep/wake cycles, watched for a leak (None: no sleeping colocated engine on a GPU).
+        self.sleep_cycles = self._watch_vllm_sleep()
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):
@@ -195,6 +202,19 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self._student_job = self._student_pool.submit(_timed, self.teacher_reward.student_pass, samples)
             self._actor_scoring_start = time.perf_counter()
         return output
+
+    def _watch_vllm_sleep(self) -> SleepLeakTracker | None:
+        """Colocated vLLM asleep between generations on a GPU: a tracker of the device memory this process holds
+        right after each wake-up and each sleep (``rlt_mono.sleep_leak``: a leak warns once, the readings join each
+        step's log). None otherwise."""
+        if not (self.use_vllm and self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode
+                and self.accelerator.device.type == "cuda"):
+            return None
+        tracker = SleepLeakTracker(warn_bytes=int(self.args.sleep_leak_warn_gib * GIB))
+        read = device_memory.process_used_reader(self.accelerator.device)
+        trl_vllm.watch_sleep_cycles(self.vllm_generation.llm, lambda: tracker.woke(read()),
+                                    lambda: tracker.slept(read()))
+        return tracker
 
     def _step_actor_aside(self) -> None:
         """After the weight sync: vLLM has the weights, so the actor and its optimizer state wait on the CPU."""
@@ -339,6 +359,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             vllm_generation = getattr(self, "vllm_generation", None)
             if vllm_generation is not None and (asleep := trl_vllm.weights_asleep(vllm_generation)) is not None:
                 logs["vllm/asleep"] = float(asleep)
+            if self.sleep_cycles is not None:
+                logs.update(self.sleep_cycles.metrics())
         super().log(logs, start_time)
 
     def _phase_spread(self, logs: dict[str, float]) -> dict[str, float]:

@@ -252,6 +252,24 @@ def weights_asleep(generation) -> bool | None:
     return getattr(generation, "_llm_weights_sleeping", None)
 
 
+def watch_sleep_cycles(llm, awake: Callable[[], None], asleep: Callable[[], None]) -> None:
+    """Call ``awake`` each time vLLM's engine ``llm`` has woken its KV cache (the second of TRL's two wake-ups, after
+    the weights', or a wake-up of everything) and ``asleep`` each time it has gone to sleep: vLLM's ``LLM.wake_up
+    (tags)`` and ``LLM.sleep(level)`` wrapped on this instance, so TRL's calls and rlt_mono's go through them."""
+    wake_up, sleep = llm.wake_up, llm.sleep
+
+    def watched_wake_up(tags: list[str] | None = None) -> None:
+        wake_up(tags=tags)
+        if tags is None or "kv_cache" in tags:
+            awake()
+
+    def watched_sleep(*args, **kwargs) -> None:
+        sleep(*args, **kwargs)
+        asleep()
+
+    llm.wake_up, llm.sleep = watched_wake_up, watched_sleep
+
+
 def install_one_call_sync(generation, empty_cache: Callable[[], None], record_seconds: Callable[[float], None],
                           after_sync: Callable[[], None] | None = None,
                           named_params: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None):

@@ -9,13 +9,13 @@ import pytest
 import trl
 from omegaconf import DictConfig, OmegaConf
 
+from rlt_mono.cli import main as cli_main
 from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose, config_groups
 from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data import DataConfig
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.stages import STAGES
-from rlt_mono.train import main as train_main
 
 ROOT_CONFIG = CONFIG_DIR / "train.yaml"
 # A YAML key at any depth (list entries excluded).
@@ -72,7 +72,8 @@ def test_overrides_and_errors():
 def test_rlt_fields_do_not_shadow_grpo_config():
     ours = {f.name for f in dataclasses.fields(RLTConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize", "eval_questions",
-                    "activation_offloading", "offload_actor_in_generation", "dynamic_sampling_rounds"}
+                    "activation_offloading", "offload_actor_in_generation", "dynamic_sampling_rounds",
+                    "sleep_leak_warn_gib"}
     with pytest.raises(ValueError, match="explanation_samples_per_step must be >= 0"):
         RLTConfig(output_dir="/tmp/x", max_steps=1, explanation_samples_per_step=-1, use_cpu=True)
 
@@ -162,7 +163,7 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
      "error: trainer: activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
 ])
 def test_run_level_key_mistakes_are_one_line_before_any_stage_starts(argv, error, capsys):
-    assert train_main(argv) == 2
+    assert cli_main(argv) == 2
     assert capsys.readouterr().err == error + "\n"
 
 

@@ -28,14 +28,14 @@ def die_at_step_2(self, output_dir):
         os.kill(os.getpid(), signal.SIGKILL)
     save_rng_state(self, output_dir)
 RLTTrainer._save_rng_state = die_at_step_2
-from rlt_mono.train import main
+from rlt_mono.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
 
 def _run(out: Path, *extra: str, code: str | None = None) -> subprocess.Popen:
     command = [sys.executable, "-c", code, *RUN, f"output_dir={out}", *extra] if code else \
-        [sys.executable, "-m", "rlt_mono.train", *RUN, f"output_dir={out}", *extra]
+        [sys.executable, "-m", "rlt_mono.cli", *RUN, f"output_dir={out}", *extra]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

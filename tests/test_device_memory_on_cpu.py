@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from rlt_mono import build, device_memory, fit
+from rlt_mono import build, device_memory, memory_planner
 from rlt_mono.config import compose
 from rlt_mono.device_memory import ProcessMemory, capacity
 from rlt_mono.errors import UserError
@@ -167,17 +167,18 @@ def test_the_7b_run_that_ran_by_hand_is_not_refused_at_48_9_gib_free(device, cap
     assert "card 79.2 GiB, held by other processes 0.0, usable 79.2;" in caplog.text
     assert cfg.model.lora_r == 0  # full fine-tuning, as configured
     # the settings that ran by hand fit the same card
-    manual = fit.settings_from_config(compose("teacher_rlt_mono", [
+    manual = memory_planner.settings_from_config(compose("teacher_rlt_mono", [
         "memory=manual", "trainer.per_device_train_batch_size=2", "trainer.gradient_accumulation_steps=16",
         "trainer.steps_per_generation=16", "reward.micro_batch_size=2", "trainer.vllm_gpu_memory_utilization=0.3"]),
         total_gib=H100_TOTAL / GIB, free_gib=H100_TOTAL / GIB, arch="7b", prompt_length=200)
-    assert fit.plan(manual).fits
+    assert memory_planner.plan(manual).fits
     # planning against that instant's free memory is what refused it
-    at_that_instant = fit.settings_from_config(rl_config(), total_gib=H100_TOTAL / GIB,
-                                               free_gib=FREE_AT_THAT_INSTANT / GIB, arch="7b", prompt_length=200)
+    at_that_instant = memory_planner.settings_from_config(rl_config(), total_gib=H100_TOTAL / GIB,
+                                                          free_gib=FREE_AT_THAT_INSTANT / GIB, arch="7b",
+                                                          prompt_length=200)
     with pytest.raises(UserError, match=r"TRAIN needs 57\.7 GiB, the card has 48\.9 beside other processes' 30\.3: "
                                         r"model\.lora_r=16$"):
-        fit.fit_run_config(rl_config(), at_that_instant)
+        memory_planner.fit_run_config(rl_config(), at_that_instant)
 
 
 def test_memory_released_while_it_waits_is_the_cards(device):
@@ -216,7 +217,8 @@ def test_without_nvml_it_waits_while_free_memory_grows(device, caplog):
 
 
 def test_the_cli_shows_what_other_processes_hold():
-    shown = subprocess.run([sys.executable, "-m", "rlt_mono.fit", "teacher_rlt_mono", "--arch", "1.5b", "--gpu-gib",
-                            "24", "--free-gib", "20"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    shown = subprocess.run([sys.executable, "-m", "rlt_mono.memory_planner", "teacher_rlt_mono", "--arch", "1.5b",
+                            "--gpu-gib", "24", "--free-gib", "20"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
     assert "memory plan (predicted device-level peaks): card 24.0 GiB, held by other processes 4.0, usable 20.0;" \
         in shown.stdout

@@ -15,21 +15,21 @@ from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig, load_split
 from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
-from rlt_mono.eval_results import bootstrap_interval
+from rlt_mono.eval_stats import bootstrap_interval
 from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, compare_table, main, run_eval
-from rlt_mono.explanations import TransformersGenerator
+from rlt_mono.explanation_sampler import TransformersGenerator
 from rlt_mono.prompts import PromptFormat, end_tag
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 
 FMT = PromptFormat()
 ROOT = Path(__file__).resolve().parent.parent
-# Runs one stage as `python -m rlt_mono.train <args>` does, appending every VLLMGenerator.generate call to the file
+# Runs one stage as `python -m rlt_mono.cli <args>` does, appending every VLLMGenerator.generate call to the file
 # named by $RLT_MONO_VLLM_CALLS, one JSON line [prompt_ids, n, temperature, completions] per call. Passed with
 # `python -c`, it needs no `__main__` guard: vLLM's spawned engine process re-runs only a main module with a file.
 RECORD_VLLM_CALLS = """
 import json, os, sys
-from rlt_mono.explanations import VLLMGenerator
-from rlt_mono.train import main
+from rlt_mono.explanation_sampler import VLLMGenerator
+from rlt_mono.cli import main
 
 generate = VLLMGenerator.generate
 

@@ -35,7 +35,7 @@ def test_one_rank_per_gpu_by_default_and_the_accelerate_command():
     assert command[3:] == [
         "--config_file", str(ROOT / "cfgs" / "accelerate" / "ddp.yaml"), "--num_processes", "4",
         "--num_machines", "1", "--machine_rank", "0", "--main_process_ip", "127.0.0.1", "--main_process_port", "29555",
-        "-m", "rlt_mono.train", "teacher_rlt_mono", "placement=dp", "output_dir=/runs/a"]
+        "-m", "rlt_mono.cli", "teacher_rlt_mono", "placement=dp", "output_dir=/runs/a"]
     env = plan.environment("/tmp/errors")
     assert env[runtime.LAUNCHED_ENV] == "1" and env[launch.ERRORS_ENV] == "/tmp/errors"
     assert "ACCELERATE_USE_CPU" not in env
@@ -335,7 +335,7 @@ def test_gpu_ranks_holding_more_cpu_memory_than_the_machine_has_stop_before_star
 
 
 def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
-    from rlt_mono import train
+    from rlt_mono import cli
 
     launched = {}
 
@@ -346,12 +346,12 @@ def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
     monkeypatch.setattr(launch, "launch", fake_launch)
     monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
     # logging=local: the GPU config's default W&B logging needs wandb, which a CPU machine may lack
-    assert train.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3", "logging=local"]) == 0
+    assert cli.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3", "logging=local"]) == 0
     assert launched == {"mode": "dp", "processes": 2,
                         "overrides": ["trainer.max_steps=3", "logging=local", "placement=split"]}
     # one GPU, the CPU, or a stage other than RL: auto stays in one process (mono)
     for gpus, overrides in ((1, []), (2, ["+trainer.use_cpu=true"])):
         monkeypatch.setattr(runtime, "gpus_present", lambda gpus=gpus: gpus)
-        assert not train.auto_picks_split(compose("teacher_rlt_mono", ["placement=auto", *overrides]))
+        assert not cli.auto_picks_split(compose("teacher_rlt_mono", ["placement=auto", *overrides]))
     monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
-    assert not train.auto_picks_split(compose("distill_tiny", ["placement=auto"]))
+    assert not cli.auto_picks_split(compose("distill_tiny", ["placement=auto"]))

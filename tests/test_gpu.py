@@ -264,6 +264,56 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     release_trainer(trainer)
 
 
+def test_sleep_wake_cycles_keep_device_memory_flat(bf16_pair, tmp_path):
+    """22 RL steps of the tiny pair, each one cycle of generate -> sleep (level 2, TRL's) -> score and train ->
+    wake: the device memory this process holds right after each wake-up grows by at most 256 MiB over the cycles
+    after the warm-up, and the trainer's leak tracker (rlt_mono.sleep_leak) logs no warning. With
+    RLT_MONO_SLEEP_LEAK_READINGS=<file> set, the readings of every cycle are written there (JSON) for a report."""
+    if os.environ.get("RLT_MONO_GPU_CHILD") != "1":
+        # One sleep-mode engine per process (see the QLoRA test above): the test runs again in a process of its own.
+        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                f"{__file__}::test_sleep_wake_cycles_keep_device_memory_flat"],
+                               env={**{k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES},
+                                    "RLT_MONO_GPU_CHILD": "1"}, capture_output=True, text=True)
+        assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+        return
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from rlt_mono import build_trainer, compose, release_trainer
+    from rlt_mono.outputs import read_metrics
+
+    steps, bound = 22, 256 * 1024**2
+    overrides = [o for o in _vllm_pair(bf16_pair) if not o.startswith("trainer.max_steps=")]
+    cfg = compose("demo_tiny", [f"output_dir={tmp_path}", *overrides, f"trainer.max_steps={steps}",
+                                "trainer.save_steps=1000"])
+    trainer = build_trainer(cfg)
+    trainer.train()
+    tracker = trainer.sleep_cycles
+    # demo_cpu generates once per optimizer step (steps_per_generation = gradient_accumulation_steps = 2).
+    assert len(tracker.cycles) == steps
+    baseline = tracker.baseline()
+    if report := os.environ.get("RLT_MONO_SLEEP_LEAK_READINGS"):
+        Path(report).write_text(json.dumps({
+            "device": torch.cuda.get_device_name(), "card_bytes": torch.cuda.mem_get_info()[1],
+            "warmup_cycles": tracker.warmup_cycles, "baseline_cycles": tracker.baseline_cycles,
+            "baseline": dataclasses.asdict(baseline), "cycles": [dataclasses.asdict(c) for c in tracker.cycles]},
+            indent=1))
+    wake_growth = [cycle.after_wake - baseline.after_wake for cycle in tracker.cycles[tracker.warmup_cycles:]]
+    assert max(wake_growth) <= bound, [f"{g / 1024**2:.0f} MiB" for g in wake_growth]
+    assert tracker.warned_at is None
+    # The readings see vLLM's pool (0.3 of the card): it leaves the device when vLLM sleeps.
+    total = torch.cuda.mem_get_info()[1]
+    assert all(cycle.after_wake - cycle.after_sleep > 0.5 * 0.3 * total for cycle in tracker.cycles)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
+    assert len(rows) == steps
+    assert all(r["memory/after_wake_gib"] > r["memory/after_sleep_gib"] > 0 for r in rows)
+    assert all(r["memory/after_wake_growth_gib"] * 1024**3 <= bound
+               for r in rows[tracker.warmup_cycles + tracker.baseline_cycles:])
+    release_trainer(trainer)
+
+
 def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp_path):
     """placement=dp through launch_mono.sh and accelerate: one rank per GPU (two where there are two, else one),
     each with its own sleeping vLLM engine and the one-call weight sync; one metrics row per step, one RNG file

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rlt_mono.eval_results import MIN_ROWS_FOR_INTERVAL, summarize
+from rlt_mono.eval_stats import MIN_ROWS_FOR_INTERVAL, summarize
 from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, compare_table, main, questions_fingerprint, warn_too_few
 
 EXPECTED = 'an eval.json (a JSON object whose "metrics" map each figure to its "mean", "low", "high", "n")'

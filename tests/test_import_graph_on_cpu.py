@@ -5,7 +5,7 @@ or ``from b import name`` in module ``a``, at module level or inside a function,
 pointing at the submodule when ``name`` is one, relative imports resolved. A cycle fails the first test with
 its modules in order; an rlt_mono import inside a function (which would hide an edge until the function runs)
 fails the second. Third-party imports may sit inside functions (torch, transformers and vllm are imported where
-they are needed, so ``python -m rlt_mono.train --help`` stays quick: the third test).
+they are needed, so ``python -m rlt_mono.cli --help`` stays quick: the third test).
 """
 
 import ast
@@ -112,7 +112,7 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
 
 def test_the_import_graph_has_no_cycles():
     graph = import_graph()
-    assert len(graph) > 40 and graph[f"{PACKAGE}.train"], "the walk found the package's modules and their imports"
+    assert len(graph) > 40 and graph[f"{PACKAGE}.cli"], "the walk found the package's modules and their imports"
     found = cycles(graph)
     assert not found, "import cycles in rlt_mono (move what the modules share into a lower one):\n" + "\n".join(
         f"{' -> '.join(cycle)} (the modules in circles: {', '.join(sorted(component))})"
@@ -128,9 +128,9 @@ def test_no_package_import_sits_inside_a_function():
 
 
 def test_the_command_line_modules_import_no_torch():
-    """``python -m rlt_mono.train --help``, config errors and ``python -m rlt_mono.fit`` need neither torch nor
+    """``python -m rlt_mono.cli --help``, config errors and ``python -m rlt_mono.memory_planner`` need neither torch nor
     transformers: the modules they import keep those inside the functions that use them."""
-    probe = ("import sys\nimport rlt_mono.fit, rlt_mono.launch, rlt_mono.train\n"
+    probe = ("import sys\nimport rlt_mono.memory_planner, rlt_mono.launch, rlt_mono.cli\n"
              "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"

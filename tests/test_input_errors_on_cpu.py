@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from rlt_mono import train
+from rlt_mono import cli
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
@@ -106,7 +106,7 @@ def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, 
                                                   "token"),
 ])
 def test_the_planner_cli_refuses_impossible_sizes_in_one_line(flags, says, capsys):
-    from rlt_mono.fit import main
+    from rlt_mono.memory_planner import main
 
     assert main(["demo_tiny", *flags]) == 2
     assert capsys.readouterr().err == says + "\n"
@@ -129,5 +129,5 @@ def test_run_level_mistakes_end_in_one_line_before_any_model_loads(tmp_path, mon
         (tmp_path / "afile").write_text("x")
         monkeypatch.setenv("RLT_MONO_CACHE", str(tmp_path / "afile"))
     with pytest.raises(UserError) as err:
-        train.check_run_keys(cfg)
+        cli.check_run_keys(cfg)
     assert str(err.value) == says.replace("{tmp}", str(tmp_path))

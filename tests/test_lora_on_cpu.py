@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from rlt_mono import compose, lora, memory
 from rlt_mono.config import ConfigError
-from rlt_mono.fit import plan
 from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
+from rlt_mono.memory_planner import plan
 
 
 def _lora_teacher(teacher, rank=4, seed=0):

@@ -1,5 +1,5 @@
 """The memory planner's arithmetic (rlt_mono/memory.py) against hand-computed bytes; the plan, memory=auto's
-choice, its advice and the CLI (rlt_mono/fit.py)."""
+choice, its advice and the CLI (rlt_mono/memory_planner.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlt_mono import fit, memory
+from rlt_mono import memory, memory_planner
 from rlt_mono.errors import UserError
-from rlt_mono.fit import plan
 from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings
+from rlt_mono.memory_planner import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +53,7 @@ def compose_rl(*overrides):
 
 @functools.cache
 def _rl_defaults(teacher: Arch, student: Arch) -> Settings:
-    return fit.settings_from_config(compose_rl(), total_gib=80.0, teacher=teacher, student=student)
+    return memory_planner.settings_from_config(compose_rl(), total_gib=80.0, teacher=teacher, student=student)
 
 
 def rl_settings(teacher: Arch, student: Arch | None = None, **changes) -> Settings:
@@ -156,7 +156,7 @@ def test_bad_settings_are_user_errors():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.fit", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlt_mono.memory_planner", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -190,8 +190,9 @@ def test_cli_exit_codes_and_lines(tmp_path):
 
 def test_activation_offloading_is_credited_with_no_saving_and_never_advised():
     # measured on the GPU machine: it did not lower the device-level peak (rlt_mono.memory), so no setting reads it
-    on = fit.settings_from_config(compose_rl("trainer.activation_offloading=true"), total_gib=24.0, arch="1.5b")
-    assert plan(on) == plan(fit.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
+    on = memory_planner.settings_from_config(compose_rl("trainer.activation_offloading=true"), total_gib=24.0,
+                                             arch="1.5b")
+    assert plan(on) == plan(memory_planner.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
     assert not plan(on).fits and "activation_offloading" not in plan(on).advice
     assert "trainer.activation_offloading" not in memory.CONFIG_KEYS.values()
 
@@ -203,15 +204,15 @@ def qwen_settings(arch: str, **changes) -> Settings:
 
 def test_auto_keeps_completions_per_step_and_per_generation_and_fits():
     s = qwen_settings("1.5b", total_gib=24.0, free_gib=23.5)
-    chosen = fit.choose(s)
-    assert fit.plan(chosen).fits
+    chosen = memory_planner.choose(s)
+    assert memory_planner.plan(chosen).fits
     assert chosen.per_device_train_batch_size * chosen.gradient_accumulation_steps == 32
     assert chosen.per_device_train_batch_size * chosen.steps_per_generation == 32
     # the largest micro-batch that fits: the next larger divisor of 32 does not
     larger = 2 * chosen.per_device_train_batch_size
-    assert not fit.fits(dataclasses.replace(chosen, per_device_train_batch_size=larger,
-                                            gradient_accumulation_steps=32 // larger,
-                                            steps_per_generation=32 // larger))
+    assert not memory_planner.fits(dataclasses.replace(chosen, per_device_train_batch_size=larger,
+                                                       gradient_accumulation_steps=32 // larger,
+                                                       steps_per_generation=32 // larger))
     # the pool holds the teacher (x 1.1), the KV cache of the 32 sequences and 1.5 GiB, as a share of 24 GiB
     kv = 32 * 4296 * 2 * 28 * 256 * 2
     pool_gib = (1_543_714_304 * 2 * 1.1 + kv) / GIB + 1.5
@@ -219,30 +220,31 @@ def test_auto_keeps_completions_per_step_and_per_generation_and_fits():
 
 
 def test_auto_on_a_big_card_takes_the_largest_batches_and_a_small_pool():
-    chosen = fit.choose(qwen_settings("0.5b"))
-    assert (chosen.per_device_train_batch_size, chosen.reward_micro_batch_size) == (fit.MAX_MICRO_BATCH, 16)
+    chosen = memory_planner.choose(qwen_settings("0.5b"))
+    assert (chosen.per_device_train_batch_size, chosen.reward_micro_batch_size) == (memory_planner.MAX_MICRO_BATCH, 16)
     assert chosen.vllm_gpu_memory_utilization < 0.1  # the configured 0.3 would waste 17 GiB of an 80 GiB card
 
 
 def test_auto_moves_the_actor_aside_before_it_shrinks_the_kv_cache(caplog):
     s = qwen_settings("1.5b", total_gib=16.0, free_gib=15.5)
     with caplog.at_level("WARNING"):
-        chosen = fit.choose(s)
+        chosen = memory_planner.choose(s)
     # the whole generation batch's KV cache fits once the trainer waits on the CPU while vLLM generates
-    assert fit.plan(chosen).fits and chosen.offload_actor_in_generation
-    assert chosen.vllm_gpu_memory_utilization == fit._utilization(s, 32)
+    assert memory_planner.plan(chosen).fits and chosen.offload_actor_in_generation
+    assert chosen.vllm_gpu_memory_utilization == memory_planner._utilization(s, 32)
     assert "vLLM queues the rest" not in caplog.text
-    assert not fit.fits(dataclasses.replace(chosen, offload_actor_in_generation=False))
+    assert not memory_planner.fits(dataclasses.replace(chosen, offload_actor_in_generation=False))
     # 30,000-token completions: even then only half a generation batch's KV cache fits
     long = qwen_settings("0.5b", max_completion_length=30000, total_gib=14.0, free_gib=13.5)
     with caplog.at_level("WARNING"):
-        chosen = fit.choose(long)
-    assert fit.plan(chosen).fits and chosen.vllm_gpu_memory_utilization == fit._utilization(long, 16)
+        chosen = memory_planner.choose(long)
+    assert memory_planner.plan(chosen).fits
+    assert chosen.vllm_gpu_memory_utilization == memory_planner._utilization(long, 16)
     assert "holds the KV cache of 16 of the 32 sequences a generation makes (vLLM queues the rest" in caplog.text
 
 
 def test_auto_refusal_says_what_is_missing_and_the_cheapest_change():
-    refused = fit.plan(fit.choose(qwen_settings("7b", total_gib=48.0, free_gib=47.5)))
+    refused = memory_planner.plan(memory_planner.choose(qwen_settings("7b", total_gib=48.0, free_gib=47.5)))
     assert not refused.fits
     line = refused.refusal()
     assert line.startswith(f"{refused.peak.name} needs {refused.peak.gib:.1f} GiB, the card has 47.5 beside other "
@@ -252,10 +254,10 @@ def test_auto_refusal_says_what_is_missing_and_the_cheapest_change():
 def test_fit_run_config_auto_writes_its_choice_into_the_config(caplog):
     cfg = compose_rl()
     assert cfg.memory == "auto"  # the GPU run config's default
-    s = fit.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, arch="1.5b", prompt_length=200)
+    s = memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, arch="1.5b", prompt_length=200)
     with caplog.at_level("INFO"):
-        result = fit.fit_run_config(cfg, s)
-    chosen = fit.choose(s)
+        result = memory_planner.fit_run_config(cfg, s)
+    chosen = memory_planner.choose(s)
     assert result.fits and result.settings == chosen
     assert cfg.trainer.per_device_train_batch_size == chosen.per_device_train_batch_size
     assert cfg.trainer.gradient_accumulation_steps == chosen.gradient_accumulation_steps
@@ -267,9 +269,9 @@ def test_fit_run_config_auto_writes_its_choice_into_the_config(caplog):
 
 def test_fit_run_config_manual_keeps_the_settings_and_warns(caplog):
     cfg = compose_rl("memory=manual")
-    s = fit.settings_from_config(cfg, total_gib=24.0, arch="1.5b", prompt_length=200)
+    s = memory_planner.settings_from_config(cfg, total_gib=24.0, arch="1.5b", prompt_length=200)
     with caplog.at_level("INFO"):
-        result = fit.fit_run_config(cfg, s)
+        result = memory_planner.fit_run_config(cfg, s)
     assert not result.fits  # vLLM at 0.7 of a 24 GiB card leaves too little for the rest
     assert cfg.trainer.vllm_gpu_memory_utilization == 0.7
     assert "memory=manual: these settings will likely run out of GPU memory" in caplog.text
@@ -277,37 +279,37 @@ def test_fit_run_config_manual_keeps_the_settings_and_warns(caplog):
 
 def test_fit_run_config_auto_refuses_in_one_line():
     cfg = compose_rl()
-    s = fit.settings_from_config(cfg, total_gib=48.0, arch="7b", prompt_length=200)
+    s = memory_planner.settings_from_config(cfg, total_gib=48.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"^memory=auto: nothing fits this card: (GENERATE|SCORE|TRAIN) needs [0-9.]+ "
                                         r"GiB, the card has 48.0: "):
-        fit.fit_run_config(cfg, s)
+        memory_planner.fit_run_config(cfg, s)
     assert cfg.trainer.per_device_train_batch_size == 4  # nothing written
     # a 12 GiB card cannot even hold vLLM's copy of a 7B teacher
-    tiny_card = fit.settings_from_config(cfg, total_gib=12.0, arch="7b", prompt_length=200)
+    tiny_card = memory_planner.settings_from_config(cfg, total_gib=12.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"vLLM needs 17\.\d GiB for the teacher's weights and one sequence's KV "
                                         r"cache, the card has 12.0: a smaller teacher or a larger card$"):
-        fit.fit_run_config(cfg, tiny_card)
+        memory_planner.fit_run_config(cfg, tiny_card)
 
 
 def test_unknown_memory_mode_is_a_user_error():
     cfg = compose_rl("memory=fast")
     with pytest.raises(UserError, match="memory='fast': choose one of auto, manual"):
-        fit.fit_run_config(cfg, fit.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
+        memory_planner.fit_run_config(cfg, memory_planner.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
 
 
 def test_cli_auto_prints_what_it_would_set():
     shown = run_cli("teacher_rlt_mono", "--arch", "1.5b", "--gpu-gib", "24", "--auto")
     assert shown.returncode == 0, shown.stderr
-    chosen = fit.choose(fit.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
+    chosen = memory_planner.choose(memory_planner.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))
     assert (f"memory=auto: trainer.vllm_gpu_memory_utilization={chosen.vllm_gpu_memory_utilization} "
             in shown.stdout)
 
 
 def test_placement_auto_is_planned_as_mono_and_split_is_refused():
-    auto = fit.settings_from_config(compose_rl("placement=auto"), total_gib=80.0, arch="0.5b")
-    assert auto == fit.settings_from_config(compose_rl(), total_gib=80.0, arch="0.5b")
+    auto = memory_planner.settings_from_config(compose_rl("placement=auto"), total_gib=80.0, arch="0.5b")
+    assert auto == memory_planner.settings_from_config(compose_rl(), total_gib=80.0, arch="0.5b")
     with pytest.raises(UserError, match="placement=student_gpu: the memory planner covers every role on one GPU"):
-        fit.settings_from_config(compose_rl("placement=student_gpu"), total_gib=80.0, arch="0.5b")
+        memory_planner.settings_from_config(compose_rl("placement=student_gpu"), total_gib=80.0, arch="0.5b")
 
 
 def test_vllm_start_needs_its_pool_free_beside_the_teacher():
@@ -318,7 +320,7 @@ def test_vllm_start_needs_its_pool_free_beside_the_teacher():
     result = plan(tiny_settings(total_gib=1.0, free_gib=free, offload_actor_in_generation=True))
     assert memory.start_bytes(result.settings) == pool + 5920
     assert result.phases["GENERATE"].bytes == pool + 2368 and result.peak.gib <= free
-    assert not result.starts and not result.fits and not fit.fits(result.settings)
+    assert not result.starts and not result.fits and not memory_planner.fits(result.settings)
     assert result.refusal().startswith("vLLM's start needs 0.5 GiB free (its pool 0.50 GiB beside the teacher's")
     assert plan(tiny_settings(total_gib=1.0, free_gib=free + 1 / GIB, offload_actor_in_generation=True)).fits
     # a LoRA teacher: its own weights (5920 + float32 adapters 512 x 4) are what vLLM meets;
@@ -368,10 +370,16 @@ def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
         2960, 5920, 2960, 1480, 2 * 1480 * 2)
     with pytest.raises(UserError, match="a LoRA teacher is replicated"):
         tiny_settings(data_parallel_ranks=2, sharded=True, lora_r=4)
-    sharded = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4",
-                                                  "placement.strategy=fsdp2"), total_gib=80.0, arch="0.5b")
+    sharded = memory_planner.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4",
+                                                             "placement.strategy=fsdp2"), total_gib=80.0, arch="0.5b")
     assert sharded.sharded and sharded.shards == 4
-    assert not fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").sharded
+    assert not memory_planner.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").sharded
+
+
+def data_parallel_ranks(*overrides: str) -> int:
+    """The ranks the planner plans for a ``placement=dp`` run of the RL config with ``overrides``."""
+    return memory_planner.settings_from_config(compose_rl("placement=dp", *overrides), total_gib=80.0,
+                                               arch="0.5b").data_parallel_ranks
 
 
 def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatch):
@@ -380,15 +388,13 @@ def test_data_parallel_ranks_hold_ddp_gradient_buckets_in_every_phase(monkeypatc
         assert dict(two.phases[phase].terms)["DDP gradient buckets"] == 1480 * 4  # a float32 copy of the gradients
         assert "DDP gradient buckets" not in dict(one.phases[phase].terms)
     assert two.phases["TRAIN"].bytes == one.phases["TRAIN"].bytes + 1480 * 4
-    dp = fit.settings_from_config(compose_rl("placement=dp", "placement.num_processes=4"), total_gib=80.0, arch="0.5b")
-    assert dp.data_parallel_ranks == 4
+    assert data_parallel_ranks("placement.num_processes=4") == 4
     # num_processes unset: one rank per GPU this machine shows (CUDA_VISIBLE_DEVICES here), as the launcher starts
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
-    assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 3
-    assert fit.settings_from_config(compose_rl("placement=dp", "+trainer.use_cpu=true"), total_gib=80.0,
-                                    arch="0.5b").data_parallel_ranks == 1  # one CPU rank, as the launcher starts
+    assert data_parallel_ranks() == 3
+    assert data_parallel_ranks("+trainer.use_cpu=true") == 1  # one CPU rank, as the launcher starts
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    assert fit.settings_from_config(compose_rl("placement=dp"), total_gib=80.0, arch="0.5b").data_parallel_ranks == 1
+    assert data_parallel_ranks() == 1
 
 
 def test_what_a_process_holds_on_the_cpu_by_hand():

@@ -10,8 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _piped_run(*args) -> str:
-    """stdout and stderr of ``python -m rlt_mono.train ...`` into one pipe, as ``2>&1 | tee log`` gets them."""
-    result = subprocess.run([sys.executable, "-m", "rlt_mono.train", *args], cwd=ROOT, stdout=subprocess.PIPE,
+    """stdout and stderr of ``python -m rlt_mono.cli ...`` into one pipe, as ``2>&1 | tee log`` gets them."""
+    result = subprocess.run([sys.executable, "-m", "rlt_mono.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:]
     return result.stdout

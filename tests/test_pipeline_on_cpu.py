@@ -37,7 +37,7 @@ def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
 
 
 def _pipeline(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.train", "pipeline_tiny", f"output_dir={out}", "+study=true",
+    return subprocess.run([sys.executable, "-m", "rlt_mono.cli", "pipeline_tiny", f"output_dir={out}", "+study=true",
                            *SMALL],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
 

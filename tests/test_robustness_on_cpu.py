@@ -127,7 +127,7 @@ def test_an_unset_mandatory_key_is_one_line():
 
 # ---- the command line --------------------------------------------------------------------------------
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rlt_mono.train", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlt_mono.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 

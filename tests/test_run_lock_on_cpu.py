@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import run_lock, train
+from rlt_mono import cli, run_lock
 from rlt_mono.errors import UserError
 from rlt_mono.stages import Stage
 
@@ -59,7 +59,7 @@ def test_the_dispatcher_refuses_a_folder_in_use_before_the_stage_starts(tmp_path
     monkeypatch.setattr(Stage, "load", lambda self: started.append)
     holder = _holder(tmp_path)
     try:
-        assert train.main(["distill_tiny", f"output_dir={tmp_path}"]) == 2
+        assert cli.main(["distill_tiny", f"output_dir={tmp_path}"]) == 2
     finally:
         holder.kill()
         holder.wait()
@@ -79,7 +79,7 @@ def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stag
         raise UserError("stopped before writing anything")
 
     monkeypatch.setattr(Stage, "load", lambda self: stage)
-    assert train.main(["distill_tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
+    assert cli.main(["distill_tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
     assert seen["folder"] == tmp_path / "new" and seen["holder"] == os.getpid()
     assert seen["second writer"].startswith(f"output_dir={tmp_path}/new is in use by another run (pid {os.getpid()}")
     assert not (tmp_path / "new").exists()  # lock released, so the unused new folder was removed
@@ -90,13 +90,13 @@ def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_la
 
     cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path}"])
     monkeypatch.setenv("RLT_MONO_LAUNCHED", "1")
-    train.hold_run_folder(cfg)
+    cli.hold_run_folder(cfg)
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
     monkeypatch.delenv("RLT_MONO_LAUNCHED")
-    train.hold_run_folder(compose("teacher_sft_tiny", [f"output_dir={tmp_path}", "placement=dp",
+    cli.hold_run_folder(compose("teacher_sft_tiny", [f"output_dir={tmp_path}", "placement=dp",
                                                        "placement.num_machines=2", "placement.machine_rank=1"]))
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
-    train.hold_run_folder(cfg)
+    cli.hold_run_folder(cfg)
     assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["pid"] == os.getpid()
 
 

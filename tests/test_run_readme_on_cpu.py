@@ -59,7 +59,7 @@ def test_run_readme_of_a_notebook_run_that_stopped(tmp_path):
 
 
 def test_launch_command_is_known_only_for_the_command_line_entry(monkeypatch):
-    monkeypatch.setattr("sys.argv", ["/repo/rlt_mono/train.py", "demo_tiny", "data.source=my rows.jsonl"])
+    monkeypatch.setattr("sys.argv", ["/repo/rlt_mono/cli.py", "demo_tiny", "data.source=my rows.jsonl"])
     assert launch_command() == "./launch_mono.sh demo_tiny 'data.source=my rows.jsonl'"
     monkeypatch.setattr("sys.argv", ["/usr/bin/ipykernel_launcher.py", "-f", "kernel.json"])
     assert launch_command() is None

@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlt_mono import fit, memory
+from rlt_mono import memory, memory_planner
 from rlt_mono.config import CONFIG_DIR
 from rlt_mono.memory import QWEN25_ARCHS, Arch, Settings
 
@@ -61,14 +61,14 @@ def compose_rl(*overrides: str):
 
 
 def planned(cfg) -> Settings:
-    return fit.settings_from_config(cfg, total_gib=80.0, teacher=ARCH, student=ARCH, prompt_length=200)
+    return memory_planner.settings_from_config(cfg, total_gib=80.0, teacher=ARCH, student=ARCH, prompt_length=200)
 
 
 def estimate(s: Settings) -> tuple:
     """All the planner makes of ``s``: each phase's terms, the full-length sequences of KV cache in vLLM's pool,
     what vLLM's start needs, a process's CPU memory, and the values memory=auto picks."""
     phases, kv_sequences = memory.predict(s)
-    picked = {name: after for name, (_, after) in fit.changes(s, fit.choose(s)).items()}
+    picked = {name: after for name, (_, after) in memory_planner.changes(s, memory_planner.choose(s)).items()}
     return ({name: phase.terms for name, phase in phases.items()}, kv_sequences, memory.start_bytes(s),
             memory.host_memory_terms(s), picked)
 
@@ -125,15 +125,15 @@ def test_each_run_setting_is_written_back_where_it_was_read(name):
     cfg = compose_rl(*context)
     before = planned(cfg)
     varied = dataclasses.replace(before, **{name: value})
-    assert fit.write_settings(cfg, before, varied) == {name: (getattr(before, name), value)}
+    assert memory_planner.write_settings(cfg, before, varied) == {name: (getattr(before, name), value)}
     assert planned(cfg) == varied
 
 
 def test_memory_auto_writes_its_choice_where_it_reads_it():
     cfg = compose_rl()
-    before = fit.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
-                                      prompt_length=200)
-    chosen = fit.fit_run_config(cfg, before).settings
+    before = memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
+                                                 prompt_length=200)
+    chosen = memory_planner.fit_run_config(cfg, before).settings
     assert chosen != before
-    assert fit.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
-                                    prompt_length=200) == chosen
+    assert memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
+                                               prompt_length=200) == chosen

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from rlt_mono.config import compose
-from rlt_mono.eval_results import summarize
+from rlt_mono.eval_stats import summarize
 from rlt_mono.pipeline import plan
 from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
 from rlt_mono.study import STUDY_FILE, STUDY_TABLE_FILE, paired_difference, write_study

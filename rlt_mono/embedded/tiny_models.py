@@ -13,7 +13,7 @@ the real code paths (chat templates, tag handling, log-prob alignment, generatio
 produce good explanations. The build is bitwise reproducible (its time: docs/PERFORMANCE.md).
 
 torch and transformers are imported by the functions that build, not at the top: the ``embedded:`` model paths
-(``rlt_mono.models``) are resolved by the data-parallel launcher, whose module ``python -m rlt_mono.train`` imports
+(``rlt_mono.models``) are resolved by the data-parallel launcher, whose module ``python -m rlt_mono.cli`` imports
 before it has checked the config (and a built pair is found without either).
 
 Usage::

@@ -1,9 +1,9 @@
-"""The stages of rlt_mono, one module each, named as the stage; ``STAGES`` is the registry ``rlt_mono.train``
+"""The stages of rlt_mono, one module each, named as the stage; ``STAGES`` is the registry ``rlt_mono.cli``
 dispatches on.
 
 Each module declares its ``STAGE`` (``rlt_mono.stages.base.Stage``: its run function as a "module:function"
 string, the models it loads and trains, whether it keeps checkpoints and reads the dataset). Declarations import
-nothing heavy, so ``python -m rlt_mono.train --help`` and config errors stay quick.
+nothing heavy, so ``python -m rlt_mono.cli --help`` and config errors stay quick.
 
 A new stage: a module here declaring its ``STAGE``, its line below, and a run config (cfgs/run_cfg/) naming it.
 """

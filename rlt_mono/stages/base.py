@@ -1,6 +1,6 @@
 """What a stage declares: ``Stage``, the one interface every module of ``rlt_mono.stages`` fills in.
 
-A declaration is light (no torch, no transformers): ``rlt_mono.train`` reads it to check a run's keys before
+A declaration is light (no torch, no transformers): ``rlt_mono.cli`` reads it to check a run's keys before
 anything heavy loads, and imports the stage's code only when it runs it (``Stage.load``).
 """
 
@@ -19,7 +19,7 @@ MODEL_GROUPS = ("model", "student")
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of rlt_mono: the run config's ``stage`` key names it, ``python -m rlt_mono.train`` runs it."""
+    """One stage of rlt_mono: the run config's ``stage`` key names it, ``python -m rlt_mono.cli`` runs it."""
 
     # The run config's ``stage`` value, and the name of the module of rlt_mono.stages that declares it.
     name: str
@@ -29,7 +29,7 @@ class Stage:
     # The config groups its run configs compose (cfgs/<group>/); those of MODEL_GROUPS name the models it loads.
     config_groups: tuple[str, ...] = ()
     # The config group of the model it trains; None for a stage that trains nothing (a LoRA option on one of its
-    # model_groups would be ignored, so rlt_mono.train refuses it).
+    # model_groups would be ignored, so rlt_mono.cli refuses it).
     trains: str | None = None
     # It keeps resumable checkpoints (resume_from_checkpoint means something to it); a stage without them
     # continues, or redoes its work, when it runs again with the same output_dir.
