@@ -120,12 +120,15 @@ def _first_difference(left, right) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--point", action="append", choices=list(KILL_POINTS), dest="points",
+                        help="only this kill point (repeatable; default: every one)")
     args = parser.parse_args()
     results = {}
     with tempfile.TemporaryDirectory(prefix="kill-") as tmp:
         reference = Path(tmp) / "uninterrupted"
         finish(pipeline(reference))
-        for point, trigger in KILL_POINTS.items():
+        for point in args.points or KILL_POINTS:
+            trigger = KILL_POINTS[point]
             folder = Path(tmp) / point.split()[0]
             after = kill_when(pipeline(folder), folder / trigger)
             finish(pipeline(folder))
@@ -134,8 +137,8 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
-                                    "machine": "CPU, 2 cores", "command": "python bench/kill_pipeline.py --out "
-                                    f"{args.out}", "overrides": OVERRIDES, "kill_points": results}, indent=1) + "\n")
+                                    "machine": "CPU, 2 cores", "command": " ".join(["python", *sys.argv]),
+                                    "overrides": OVERRIDES, "kill_points": results}, indent=1) + "\n")
     return 0
 
 
