@@ -15,8 +15,10 @@
 # Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
 # needed (a rerun continues where the last stopped: rlt_mono.pipeline), or `study` then `wait` until it is done.
 # Model parts are the .gguf that `python -m rlt_mono.pretrained fetch <name>` caches, cut with
-# `split -b 62000000 -d` and named <prefix>.partNN (prefixes below); each is carried in its own call (a call
-# carries at most 64 MiB). The reasoning-gym wheel (data=gsm_symbolic) travels beside a stack part.
+# `split -b <bytes> -d` and named <prefix>.partNN (prefixes below); each is carried in its own call (a call
+# carries at most 64 MiB with the tracked tree, about 23 MB now: parts of 40000000 bytes fit). The reasoning-gym
+# wheel (data=gsm_symbolic) travels beside a stack part. The machine goes back after 30 s without a call: make the
+# next `wait` call at once, with nothing in between.
 set -euo pipefail
 parts=/root/parts
 cache=/root/rltcache
