@@ -53,6 +53,7 @@ from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import CONFIG_DIR, ConfigError
 from rlt_mono.errors import UserError
 from rlt_mono.models import load_config, model_path
+from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,9 @@ STRATEGIES = {
     "ddp": "the teacher replicated on every rank (DistributedDataParallel)",
     "fsdp2": "the teacher and its reference sharded over the ranks (FSDP2)",
 }
-# Stages a data-parallel launch runs: the RL stage, and the SFT stages (transformers' own DDP: each rank a shard of
-# the rows, gradients all-reduced; no vLLM, reference or student).
-DP_STAGES = ("teacher_rlt", "teacher_sft", "student_sft")
+# Stages a data-parallel launch runs (their Stage.data_parallel): the RL stage, and the SFT stages (transformers'
+# own DDP: each rank a shard of the rows, gradients all-reduced; no vLLM, reference or student).
+DP_STAGES = tuple(name for name, stage in STAGES.items() if stage.data_parallel)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,15 @@ def test_a_stage_declaration_is_checked():
         Stage(name="x", run="rlt_mono.sft")
     with pytest.raises(ValueError, match="trains='student' is not in model_groups"):
         Stage(name="x", run="rlt_mono.sft:run_sft", config_groups=("model", "data"), trains="student")
+    with pytest.raises(ValueError, match="data_parallel needs a model it trains"):
+        Stage(name="x", run="rlt_mono.distill:run_distill", config_groups=("model", "data"), data_parallel=True)
+
+
+def test_placement_dp_runs_exactly_the_stages_declared_data_parallel():
+    from rlt_mono import launch
+
+    assert set(launch.DP_STAGES) == {"teacher_sft", "teacher_rlt", "student_sft"}
+    assert all(STAGES[name].trains for name in launch.DP_STAGES)
 
 
 def test_the_registry_imports_no_heavy_library():

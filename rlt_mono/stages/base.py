@@ -36,6 +36,8 @@ class Stage:
     keeps_checkpoints: bool = False
     # It reads the dataset of the ``data`` group (a pipeline's data=... reaches it).
     reads_data: bool = False
+    # placement=dp can run it on several GPUs, one rank each (rlt_mono.launch); only stages that train can.
+    data_parallel: bool = False
 
     def __post_init__(self) -> None:
         module, _, function = self.run.partition(":")
@@ -43,6 +45,8 @@ class Stage:
             raise ValueError(f"Stage {self.name}: run={self.run!r} is not 'module:function'")
         if self.trains is not None and self.trains not in self.model_groups:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")
+        if self.data_parallel and self.trains is None:
+            raise ValueError(f"Stage {self.name}: data_parallel needs a model it trains (trains=None)")
 
     @property
     def model_groups(self) -> tuple[str, ...]:

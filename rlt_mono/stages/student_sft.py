@@ -12,4 +12,5 @@ STAGE = Stage(
     config_groups=("student", "data", "sft", "logging"),
     trains="student",
     keeps_checkpoints=True,
+    data_parallel=True,
 )

@@ -13,4 +13,5 @@ STAGE = Stage(
     trains="model",
     keeps_checkpoints=True,
     reads_data=True,
+    data_parallel=True,
 )
