@@ -222,15 +222,21 @@ def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_
     assert timer.pop_metrics()["swap/gib"] > 0
 
 
+def ran_in_own_process(test_name: str) -> bool:
+    """Run ``test_name`` again in a pytest process of its own and assert it passed; True there (the caller
+    returns), False inside that process (the caller runs the test). vLLM's sleep-mode allocator takes one engine per
+    process, and this module's gpu_run holds one."""
+    if os.environ.get("RLT_MONO_GPU_CHILD") == "1":
+        return False
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test_name}"],
+                           env={**{k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES},
+                                "RLT_MONO_GPU_CHILD": "1"}, capture_output=True, text=True)
+    assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+    return True
+
+
 def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights(bf16_pair, tmp_path):
-    if os.environ.get("RLT_MONO_GPU_CHILD") != "1":
-        # vLLM's sleep-mode allocator takes one engine per process, and this module's gpu_run holds one: the
-        # test runs again in a process of its own.
-        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                f"{__file__}::test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights"],
-                               env={**{k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES},
-                                    "RLT_MONO_GPU_CHILD": "1"}, capture_output=True, text=True)
-        assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+    if ran_in_own_process("test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weights"):
         return
     from safetensors.torch import load_file
 
@@ -269,13 +275,7 @@ def test_sleep_wake_cycles_keep_device_memory_flat(bf16_pair, tmp_path):
     wake: the device memory this process holds right after each wake-up grows by at most 256 MiB over the cycles
     after the warm-up, and the trainer's leak tracker (rlt_mono.sleep_leak) logs no warning. With
     RLT_MONO_SLEEP_LEAK_READINGS=<file> set, the readings of every cycle are written there (JSON) for a report."""
-    if os.environ.get("RLT_MONO_GPU_CHILD") != "1":
-        # One sleep-mode engine per process (see the QLoRA test above): the test runs again in a process of its own.
-        child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                f"{__file__}::test_sleep_wake_cycles_keep_device_memory_flat"],
-                               env={**{k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES},
-                                    "RLT_MONO_GPU_CHILD": "1"}, capture_output=True, text=True)
-        assert child.returncode == 0, child.stdout[-6000:] + child.stderr[-3000:]
+    if ran_in_own_process("test_sleep_wake_cycles_keep_device_memory_flat"):
         return
     import dataclasses
     import json
