@@ -20,23 +20,17 @@ from rlt_mono.study import (
     TEACHER_EVALS,
     arm_entry,
     pooled_over_seeds,
-    question_values,
+    question_means,
     read_seed,
     teacher_entry,
+    values_by_seed,
 )
-
-
-def per_question(runs, step: str, held_out: str) -> dict[str, float]:
-    """Each question's correctness averaged over the seeds of one lease that ran ``step``."""
-    by_seed = [question_values(run.eval_rows[step], "correct", held_out) for run in runs
-               if run.eval_rows[step] is not None]
-    questions = {q for values in by_seed for q in values}
-    return {q: sum(v[q] for v in by_seed if q in v) / sum(q in v for v in by_seed) for q in questions}
 
 
 def cross_lease_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: str) -> dict | None:
     """``b - a`` per shared question (each side averaged over its lease's seeds), with its bootstrap interval."""
-    a, b = per_question(runs_a, step_a, held_out), per_question(runs_b, step_b, held_out)
+    a, b = (question_means(values_by_seed(runs, step, "correct", held_out))
+            for runs, step in ((runs_a, step_a), (runs_b, step_b)))
     pooled = pooled_over_seeds({0: {q: b[q] - a[q] for q in b if q in a}})
     return None if pooled is None else {"mean": pooled["mean"], "ci95": pooled["ci95"],
                                         "questions": pooled["questions"]}

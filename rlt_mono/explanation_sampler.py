@@ -36,6 +36,7 @@ from rlt_mono.build import resolve_placement_for
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_split, render_prompts
 from rlt_mono.errors import UserError
+from rlt_mono.memory import GIB
 from rlt_mono.models import dtype_name, load_model, load_tokenizer, model_kwargs, model_path, stop_token_ids
 from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
@@ -213,7 +214,7 @@ class VLLMGenerator:
         self.max_new_tokens, self.stop_strings, self.top_p, self.seed = max_new_tokens, stop_strings, top_p, seed
         # A set KV cache size skips vLLM's memory profiling, which stops the start ("Error in memory profiling")
         # when another process on the GPU frees memory meanwhile, as processes side by side do (bench/study_gsm.sh).
-        kv_cache = {"kv_cache_memory_bytes": int(kv_cache_gib * 1024**3)} if kv_cache_gib else {}
+        kv_cache = {"kv_cache_memory_bytes": int(kv_cache_gib * GIB)} if kv_cache_gib else {}
         with run_lock.engine_start():
             self.llm = LLM(model=model_path, dtype=dtype, seed=seed, gpu_memory_utilization=gpu_memory_utilization,
                            max_model_len=max_prompt_tokens + max_new_tokens, enable_sleep_mode=True,

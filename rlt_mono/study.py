@@ -254,14 +254,19 @@ def pooled_over_seeds(values_by_seed: dict[int, dict[str, float]], resamples: in
     values_by_seed = {s: values for s, values in values_by_seed.items() if values}
     if not values_by_seed:
         return None
-    questions = sorted({question for values in values_by_seed.values() for question in values})
-    means = [float(np.mean([values[q] for values in values_by_seed.values() if q in values])) for q in questions]
-    summary = summarize(means, CONFIDENCE, resamples, seed)
+    means = question_means(values_by_seed)
+    summary = summarize(list(means.values()), CONFIDENCE, resamples, seed)
     per_seed = {s: float(np.mean(list(values.values()))) for s, values in sorted(values_by_seed.items())}
     spread = list(per_seed.values())
     return {"mean": summary["mean"], "ci95": [summary["low"], summary["high"]], "per_seed": per_seed,
             "seed_spread": {"min": min(spread), "max": max(spread), "std": float(np.std(spread))},
-            "questions": len(questions)}
+            "questions": len(means)}
+
+
+def question_means(values_by_seed: dict[int, dict[str, float]]) -> dict[str, float]:
+    """``{question: its value averaged over the seeds that have it}``, questions sorted."""
+    questions = sorted({question for values in values_by_seed.values() for question in values})
+    return {q: float(np.mean([values[q] for values in values_by_seed.values() if q in values])) for q in questions}
 
 
 def paired_over_seeds(pairs: dict[int, tuple[dict[str, float], dict[str, float]]], resamples: int = 2000,
@@ -290,7 +295,8 @@ def _ran(runs: list[SeedRun], step: str) -> dict:
             "missing": not ran}
 
 
-def _values(runs: list[SeedRun], step: str, field: str, held_out: str) -> dict[int, dict[str, float]]:
+def values_by_seed(runs: list[SeedRun], step: str, field: str, held_out: str) -> dict[int, dict[str, float]]:
+    """``{seed: question_values}`` of ``step``'s rows of one held-out set, for each seed whose ``step`` ran."""
     return {run.seed: question_values(run.eval_rows[step], field, held_out) for run in runs
             if run.eval_rows[step] is not None}
 
@@ -340,8 +346,8 @@ def arm_entry(runs: list[SeedRun], name: str, resamples: int, seed: int) -> dict
     step, _, trained_on = STUDENT_ARMS[name]
     arm = {"name": name, "trained_on": trained_on, "eval_step": STEP_FOLDER_NAMES[step], **_ran(runs, step)}
     for held_out in HELD_OUT_SETS:
-        accuracy = pooled_over_seeds(_values(runs, step, "correct", held_out), resamples, seed)
-        unparsed = pooled_over_seeds(_values(runs, step, "unparsed", held_out), resamples, seed)
+        accuracy = pooled_over_seeds(values_by_seed(runs, step, "correct", held_out), resamples, seed)
+        unparsed = pooled_over_seeds(values_by_seed(runs, step, "unparsed", held_out), resamples, seed)
         arm[f"held_out_{held_out}"] = None if accuracy is None else {
             "accuracy": accuracy["mean"], "ci95": accuracy["ci95"], "per_seed": accuracy["per_seed"],
             "seed_spread": accuracy["seed_spread"], "unparsed_frac": None if unparsed is None else unparsed["mean"],
@@ -354,7 +360,7 @@ def teacher_entry(runs: list[SeedRun], name: str, resamples: int, seed: int) -> 
     step = TEACHER_EVALS[name]
     teacher = {"name": name, "eval_step": STEP_FOLDER_NAMES[step], **_ran(runs, step)}
     for held_out in HELD_OUT_SETS:
-        figures = {figure: pooled_over_seeds(_values(runs, step, field, held_out), resamples, seed)
+        figures = {figure: pooled_over_seeds(values_by_seed(runs, step, field, held_out), resamples, seed)
                    for figure, field in TEACHER_FIELDS.items()}
         teacher[f"held_out_{held_out}"] = figures if figures["reward"] is not None else None
     return teacher
