@@ -4,10 +4,14 @@ A lease may end before every arm has run (the GPU machine is lent for 30 minutes
 earlier lease's folders. This takes each arm from the lease named for it, keeps where it came from, and compares
 arms of different leases paired over the held-out questions they share (every lease draws the same held-out sets:
 data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a lease the
-figures are rlt_mono.study's. Usage:
+figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<lease>``: the
+RL teachers of a lease that stopped RL at 150 steps): such an entry is listed and enters the correlation, not the
+differences. The correlation is between a teacher's mean held-out reward and the held-out accuracy of the students
+trained on its explanations: one point per seed where each seed has its own teacher (RL), one point per teacher
+where all seeds share it (the SFT teacher, scored once), per held-out set. Usage:
 
     python bench/study_combine.py --lease <name>=<seed folder>,<seed folder>... [--lease ...] \
-        --arm <arm>=<lease name> ... --out <study.json> [--command "..."] [--device "..."]
+        --arm <arm>[@<label>]=<lease name> ... --out <study.json> [--command "..."] [--device "..."]
 """
 
 import argparse
@@ -19,6 +23,7 @@ from rlt_mono.study import (
     STUDENT_ARMS,
     TEACHER_EVALS,
     arm_entry,
+    pearson,
     pooled_over_seeds,
     question_means,
     read_seed,
@@ -36,6 +41,38 @@ def cross_lease_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: s
                                         "questions": pooled["questions"]}
 
 
+def teacher_student_points(teachers: list[dict], arms: list[dict]) -> list[dict]:
+    """(teacher reward, student accuracy) points of each entry label that has both a teacher and a student arm: per
+    seed where the teacher ran in every seed its students did, else one point (the teacher's mean reward, the
+    students' mean accuracy over their seeds)."""
+    arm_of = {arm["label"]: arm for arm in arms}
+    points = []
+    for teacher in teachers:
+        arm = arm_of.get(teacher["label"])
+        for held_out in HELD_OUT_SETS:
+            rewards = teacher[f"held_out_{held_out}"]
+            student = None if arm is None else arm[f"held_out_{held_out}"]
+            if rewards is None or student is None:
+                continue
+            by_seed, accuracy = rewards["reward"]["per_seed"], student["per_seed"]
+            point = {"teacher": teacher["label"], "held_out": held_out}
+            if set(accuracy) <= set(by_seed):
+                points += [{**point, "seeds": [s], "teacher_reward": by_seed[s], "student_accuracy": accuracy[s]}
+                           for s in accuracy]
+            else:
+                points.append({**point, "seeds": sorted(accuracy), "teacher_reward": rewards["reward"]["mean"],
+                               "student_accuracy": sum(accuracy.values()) / len(accuracy)})
+    return points
+
+
+def correlation(points: list[dict]) -> dict:
+    """Pearson r of the points, over all of them and per held-out set (None with fewer than 3)."""
+    def r(chosen):
+        return pearson([p["teacher_reward"] for p in chosen], [p["student_accuracy"] for p in chosen])
+    return {"pearson": r(points), **{f"pearson_{h}": r([p for p in points if p["held_out"] == h])
+                                     for h in HELD_OUT_SETS}, "points": points}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lease", action="append", required=True, help="<name>=<seed folder>,<seed folder>...")
@@ -46,11 +83,15 @@ def main() -> None:
     args = parser.parse_args()
     leases = {name: [read_seed(Path(f)) for f in folders.split(",")]
               for name, folders in (item.split("=", 1) for item in args.lease)}
-    chosen = dict(item.split("=", 1) for item in args.arm)
-    arms = [{**arm_entry(leases[chosen[name]], name, 2000, 0), "lease": chosen[name]}
-            for name in STUDENT_ARMS if name in chosen]
-    teachers = [{**teacher_entry(leases[chosen[name]], name, 2000, 0), "lease": chosen[name]}
-                for name in TEACHER_EVALS if name in chosen]
+    entries = dict(item.split("=", 1) for item in args.arm)  # label -> lease
+    unknown = [label for label in entries if label.split("@")[0] not in STUDENT_ARMS]
+    if unknown:
+        parser.error(f"unknown arm {unknown}: the arms are {list(STUDENT_ARMS)}, optionally with @<label>")
+    chosen = {label: lease for label, lease in entries.items() if "@" not in label}
+    arms = [{**arm_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
+            for label, lease in entries.items()]
+    teachers = [{**teacher_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
+                for label, lease in entries.items() if label.split("@")[0] in TEACHER_EVALS]
     differences = {}
     for b, a in (("rl_teacher", "sft_teacher"), ("rl_teacher", "raw_traces"), ("rl_teacher", "base"),
                  ("sft_teacher", "raw_traces"), ("sft_teacher", "base"), ("raw_traces", "base")):
@@ -59,7 +100,8 @@ def main() -> None:
                 differences[f"{held_out}: {b} ({chosen[b]}) - {a} ({chosen[a]})"] = cross_lease_difference(
                     leases[chosen[a]], STUDENT_ARMS[a][0], leases[chosen[b]], STUDENT_ARMS[b][0], held_out)
     study = {"leases": {name: [str(run.folder) for run in runs] for name, runs in leases.items()},
-             "arms": arms, "teachers": teachers, "differences": differences, "commands": args.commands,
+             "arms": arms, "teachers": teachers, "differences": differences,
+             "correlation": correlation(teacher_student_points(teachers, arms)), "commands": args.commands,
              "device": args.device}
     args.out.write_text(json.dumps(study, indent=1) + "\n")
     table = ["| arm | lease | seeds | held-out templates [95% CI] | held-out instances [95% CI] |",
@@ -67,11 +109,19 @@ def main() -> None:
     for arm in arms:
         cells = [f"{s['accuracy']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" if s else "—"
                  for s in (arm["held_out_templates"], arm["held_out_instances"])]
-        table.append(f"| {arm['name']} | {arm['lease']} | {', '.join(map(str, arm['seeds'])) or '—'} | "
+        table.append(f"| {arm['label']} | {arm['lease']} | {', '.join(map(str, arm['seeds'])) or '—'} | "
                      f"{cells[0]} | {cells[1]} |")
     table += ["", "| difference, paired over questions | mean [95% CI] | questions |", "| --- | --- | --- |"]
     table += [f"| {name} | {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['questions']} |"
               for name, d in differences.items() if d]
+    r = study["correlation"]
+    table += ["", "Teacher reward vs its students' accuracy, Pearson r: " + ", ".join(
+        f"{key.removeprefix('pearson').strip('_') or 'both sets'} {'—' if r[key] is None else f'{r[key]:+.2f}'}"
+        for key in ("pearson", *(f"pearson_{h}" for h in HELD_OUT_SETS))) + f" ({len(r['points'])} points)."]
+    table += ["", "| teacher | held-out | seeds | teacher reward | student accuracy |",
+              "| --- | --- | --- | --- | --- |"]
+    table += [f"| {p['teacher']} | {p['held_out']} | {', '.join(map(str, p['seeds']))} | {p['teacher_reward']:.2f} | "
+              f"{p['student_accuracy']:.3f} |" for p in r["points"]]
     args.out.with_name("study_table.md").write_text("\n".join(table) + "\n")
 
 

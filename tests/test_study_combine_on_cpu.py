@@ -1,0 +1,48 @@
+"""bench/study_combine.py: the teacher-reward / student-accuracy points and their correlation across leases."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+spec = importlib.util.spec_from_file_location("study_combine", Path(__file__).parents[1] / "bench" / "study_combine.py")
+combine = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(combine)
+
+
+def _teacher(label, rewards_by_seed):
+    sets = {}
+    for held_out, by_seed in rewards_by_seed.items():
+        sets[f"held_out_{held_out}"] = {"reward": {"per_seed": by_seed,
+                                                   "mean": sum(by_seed.values()) / len(by_seed)}}
+    return {"label": label, **sets}
+
+
+def _arm(label, accuracy_by_seed):
+    return {"label": label, **{f"held_out_{h}": {"per_seed": a} for h, a in accuracy_by_seed.items()}}
+
+
+def test_a_teacher_of_every_seed_gives_a_point_per_seed_and_a_shared_teacher_one_point():
+    teachers = [_teacher("sft_teacher", {"templates": {0: -7.0}, "instances": {0: -8.0}}),
+                _teacher("rl_teacher", {"templates": {0: -5.0, 1: -6.0}, "instances": {0: -5.5, 1: -6.5}})]
+    arms = [_arm("sft_teacher", {"templates": {0: 0.1, 1: 0.2, 2: 0.3}, "instances": {0: 0.2, 1: 0.2, 2: 0.5}}),
+            _arm("rl_teacher", {"templates": {0: 0.4, 1: 0.1}, "instances": {0: 0.3, 1: 0.2}}),
+            _arm("base", {"templates": {2: 0.05}, "instances": {2: 0.1}})]
+    points = combine.teacher_student_points(teachers, arms)
+    assert [(p["teacher"], p["held_out"], p["seeds"], p["teacher_reward"], p["student_accuracy"]) for p in points] == [
+        ("sft_teacher", "templates", [0, 1, 2], -7.0, pytest.approx(0.2)),
+        ("sft_teacher", "instances", [0, 1, 2], -8.0, pytest.approx(0.3)),
+        ("rl_teacher", "templates", [0], -5.0, 0.4), ("rl_teacher", "templates", [1], -6.0, 0.1),
+        ("rl_teacher", "instances", [0], -5.5, 0.3), ("rl_teacher", "instances", [1], -6.5, 0.2)]
+    r = combine.correlation(points)
+    # templates: rewards (-7, -5, -6), accuracies (0.2, 0.4, 0.1): deviations (-1, 1, 0) and
+    # (-1/30, 1/6, -2/15) -> r = 0.2 / (sqrt(2) * sqrt(0.04667)) = 0.6547.
+    assert r["pearson_templates"] == pytest.approx(0.2 / (2 ** 0.5 * (7 / 150) ** 0.5), abs=1e-6)
+    assert r["pearson_instances"] is not None and r["pearson"] is not None and len(r["points"]) == 6
+
+
+def test_a_label_without_its_student_arm_gives_no_point():
+    teachers = [_teacher("rl_teacher@150", {"templates": {1: -5.0}, "instances": {1: -6.0}})]
+    assert combine.teacher_student_points(teachers, [_arm("rl_teacher", {"templates": {1: 0.2},
+                                                                         "instances": {1: 0.2}})]) == []
+    assert combine.correlation([])["pearson"] is None
