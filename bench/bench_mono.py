@@ -116,8 +116,9 @@ OPTIONS = {
                        "teacher (default: rlt_mono's config, ddp)"),
     "--arms": dict(default="mono:1,dp:2,student_gpu:2,dp:4", help="scale: runs, comma-separated placement:gpus "
                    "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded)"),
-    "--memory": dict(choices=["auto", "manual"], default="manual", help="memory: auto lets the planner pick vLLM's "
-                     "share and the batch sizes (rlt_mono/memory_planner.py); manual runs the options as given"),
+    "--memory": dict(choices=["auto", "speed", "manual"], default="manual", help="memory: auto lets the planner pick "
+                     "vLLM's share and the batch sizes (rlt_mono/memory_planner.py), speed also the generation batch "
+                     "(rlt_mono/speed_plan.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
                        "GPU for the run, as if the card had only that much free; the measured peaks leave it out"),
     "--activation-offloading": dict(choices=["true", "false"], help="trainer.activation_offloading"),

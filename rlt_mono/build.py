@@ -100,10 +100,13 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # TRL's sampler draws generation_batch_size / num_generations distinct prompts per generation; with fewer
     # rows it yields no batch and the run ends after 0 steps.
     check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
-    # ---- memory: fit the run to the card before a model loads (cfg.memory: auto or manual) ---------------
+    # ---- memory: fit the run to the card before a model loads (cfg.memory: auto, speed or manual) --------
     if fit_memory(cfg, placement, teacher_config, load_config(student_path, "student.model_name_or_path"),
-                  longest_prompt(dataset, tokenizer)):  # memory=auto wrote its settings into cfg: read them again
+                  longest_prompt(dataset, tokenizer)):  # memory=auto|speed wrote its settings into cfg: read them again
         args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
+        # memory=speed may raise the generation batch: the rows must fill it too.
+        check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source,
+                          skipped)
     # ---- models ---------------------------------------------------------------------------------------
     bars_only_in_terminal()  # the weight-loading bars too: none in a log file or a pipe
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
@@ -202,13 +205,13 @@ def check_ranks_agree(trainer: RLTTrainer) -> None:
 
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
     """``rlt_mono.memory_planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
-    settings into ``cfg`` (True: the typed configs must be built again). On a CPU or with the student on another
-    GPU nothing is planned."""
+    settings into ``cfg`` (True: the typed configs must be built again); ``memory=speed`` likewise. On a CPU or with
+    the student on another GPU nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))
     if device.type != "cuda" or placement.beside_actor(Role.STUDENT):
-        if cfg.get("memory") == "auto":
-            logger.info("memory=auto plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
-                        device, placement.mode)
+        if cfg.get("memory") != "manual":
+            logger.info("memory=%s plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
+                        cfg.get("memory"), device, placement.mode)
         return False
     card = device_memory.read_capacity(device)  # the card less what other live processes hold
     settings = memory_planner.settings_from_config(cfg, total_gib=card.total / GIB, free_gib=card.usable / GIB,
@@ -216,7 +219,7 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
                                                    student=Arch.from_config(student_config.to_dict()),
                                                    prompt_length=prompt_length)
     memory_planner.fit_run_config(cfg, settings)
-    return cfg.get("memory") == "auto"
+    return cfg.get("memory") != "manual"
 
 
 def longest_prompt(dataset, tokenizer) -> int:

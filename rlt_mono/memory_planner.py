@@ -1,4 +1,5 @@
-"""Fit an RL run to the card before any model loads: ``memory=auto`` picks the settings, ``memory=manual`` checks them.
+"""Fit an RL run to the card before any model loads: ``memory=auto`` and ``memory=speed`` pick the settings,
+``memory=manual`` checks them.
 
 ``rlt_mono.memory`` predicts each phase's device-level peak from the model configs and the settings; this module
 turns that into decisions:
@@ -13,14 +14,22 @@ turns that into decisions:
   each at most ``MAX_MICRO_BATCH``. A generation batch whose KV cache does not fit beside the trainer first gets
   the trainer out of the way while vLLM generates (``offload_actor_in_generation``), then a smaller pool (vLLM
   queues sequences: slower, never out of memory).
+  Gradient checkpointing is the planner's, not the config's: off at the largest micro-batch that fits without it,
+  on (at the largest micro-batch that fits with it) only when no micro-batch fits without it. Recomputing costs
+  every micro-batch one more forward pass, while a smaller micro-batch costs only less work per kernel, so no
+  recomputation comes before the micro-batch's size. The plan log says which and why (``speed_plan.decisions``).
+- ``choose(settings, speed=True)``: what ``memory=speed`` runs with (``rlt_mono.speed_plan``): the same, with the
+  largest generation batch whose KV cache fits (a multiple of the completions per step, capped), so that one
+  generation feeds several optimizer steps; the plan log says what that changes.
 - ``settings_from_config(cfg, ...)``: the ``Settings`` of a run config, each run setting read through its config
   key (``memory.CONFIG_KEYS``, declared once on the field); the YAML holds every default (``memory.Settings``).
 - ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, writes ``choose``'s settings back into
-  the config through the same keys (``memory=auto``, ``write_settings``) or warns when the configured ones will not
-  fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when nothing fits.
+  the config through the same keys (``memory=auto`` or ``speed``, ``write_settings``) or warns when the configured
+  ones will not fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when
+  nothing fits.
 
 Command line (no GPU needed): ``python -m rlt_mono.memory_planner teacher_rlt_mono --gpu-gib 24 [--free-gib F]
-[--arch 1.5b] [--auto] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
+[--arch 1.5b] [--auto | --speed] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from rlt_mono.memory import (
     start_bytes,
     weight_bytes,
 )
+from rlt_mono.speed_plan import completions_per_step, decisions, generation_batch, generation_batches
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +74,7 @@ VLLM_WORKING_GIB = 1.5
 VLLM_WORKING_SHARE = 0.10
 # The adapter rank the advice suggests when only a LoRA or QLoRA teacher fits.
 ADVICE_LORA_RANK = 16
-MODES = ("auto", "manual")
+MODES = ("auto", "speed", "manual")
 
 
 # ---- the plan and its advice ------------------------------------------------------------------------------
@@ -231,37 +241,39 @@ def _largest_fitting(s: Settings, options: list[dict]) -> Settings:
     return s
 
 
-def choose(s: Settings) -> Settings:
-    """The settings ``memory=auto`` runs with (see the module docstring). When nothing fits, the least this run
-    needs (micro-batches of 1, a pool for one sequence): ``plan`` of it then says by how much it misses and what
-    else to change."""
-    completions = s.per_device_train_batch_size * s.gradient_accumulation_steps
-    generation_batch = s.per_device_train_batch_size * s.steps_per_generation
-    # Size the pool with micro-batches of 1, so that it gets what the card can give.
-    smallest = dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions,
-                                   steps_per_generation=generation_batch, reward_micro_batch_size=1)
-    # The whole generation batch's KV cache; failing that, with the actor aside while vLLM generates; failing
-    # that, a smaller share of the batch at once.
+def choose(s: Settings, speed: bool = False) -> Settings:
+    """The settings ``memory=auto`` runs with, or with ``speed`` ``memory=speed`` (see the module docstring). When
+    nothing fits, the least this run needs (micro-batches of 1, gradient checkpointing, a pool for one sequence):
+    ``plan`` of it then says by how much it misses and what else to change."""
+    completions, configured = completions_per_step(s), generation_batch(s)
+    # Each generation batch with its whole KV cache in the pool, the trainer beside it (as configured), then aside
+    # while vLLM generates; failing every one, the configured batch with a smaller share of it at once.
     aside = not s.load_in_4bit  # a 4-bit teacher moved aside frees nothing (rlt_mono.memory.predict)
-    tries = [(smallest.offload_actor_in_generation and aside, generation_batch), (aside, generation_batch)]
-    sequences = generation_batch // 2
+    tries = [(away, batch, batch) for batch in (generation_batches(s) if speed else [configured])
+             for away in (s.offload_actor_in_generation and aside, aside)]
+    sequences = configured // 2
     while sequences >= 1:
-        tries.append((aside, sequences))
+        tries.append((aside, configured, sequences))
         sequences //= 2
-    for aside, sequences in tries:
-        sized = dataclasses.replace(smallest, offload_actor_in_generation=aside,
+    for away, batch, sequences in tries:
+        # The pool gets what the card can give beside the least the trainer needs.
+        sized = dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions,
+                                    steps_per_generation=batch, reward_micro_batch_size=1, gradient_checkpointing=True,
+                                    offload_actor_in_generation=away,
                                     vllm_gpu_memory_utilization=_utilization(s, sequences))
         if fits(sized):
             break
     else:
         return sized
-    if sequences < generation_batch:
-        logger.warning("memory=auto: vLLM's pool holds the KV cache of %d of the %d sequences a generation makes "
-                       "(vLLM queues the rest: slower generation)", sequences, generation_batch)
+    if sequences < batch:
+        logger.warning("memory=%s: vLLM's pool holds the KV cache of %d of the %d sequences a generation makes "
+                       "(vLLM queues the rest: slower generation)", "speed" if speed else "auto", sequences, batch)
+    # No recomputation at the largest micro-batch that fits without it; failing that, the largest with it.
     micro_batches = [b for b in range(min(MAX_MICRO_BATCH, completions), 0, -1)
-                     if completions % b == 0 and generation_batch % b == 0]
+                     if completions % b == 0 and batch % b == 0]
     sized = _largest_fitting(sized, [{"per_device_train_batch_size": b, "gradient_accumulation_steps": completions // b,
-                                      "steps_per_generation": generation_batch // b} for b in micro_batches])
+                                      "steps_per_generation": batch // b, "gradient_checkpointing": checkpointing}
+                                     for checkpointing in (False, True) for b in micro_batches])
     rewards = [r for r in (16, 8, 4, 2, 1) if r <= MAX_MICRO_BATCH]
     return _largest_fitting(sized, [{"reward_micro_batch_size": r} for r in rewards])
 
@@ -349,9 +361,10 @@ def data_parallel_ranks(cfg) -> int:
 
 
 def fit_run_config(cfg, settings: Settings) -> Plan:
-    """The build step: log the plan; ``memory=auto`` writes ``choose``'s settings into ``cfg`` (logged as
-    ``key: before -> after``); ``memory=manual`` keeps them and warns if they will not fit. Raises ``UserError``
-    (one line: the phase, its need, the free memory, the advice) when ``memory=auto`` finds nothing that fits."""
+    """The build step: log the plan; ``memory=auto`` and ``memory=speed`` write ``choose``'s settings into ``cfg``
+    (logged as ``key: before -> after``, with ``decisions``); ``memory=manual`` keeps them and warns if they will not
+    fit. Raises ``UserError`` (one line: the phase, its need, the free memory, the advice) when ``memory=auto`` or
+    ``speed`` finds nothing that fits."""
     mode = cfg.memory
     if mode not in MODES:
         raise UserError(f"memory={mode!r}: choose one of {', '.join(MODES)}")
@@ -362,15 +375,17 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
             logger.warning("memory=manual: these settings will likely run out of GPU memory (%s); memory=auto picks "
                            "settings that fit", result.refusal())
         return result
-    chosen = choose(settings)
+    chosen = choose(settings, speed=mode == "speed")
     result = plan(chosen)
-    logger.info("memory=auto:\n%s", result.table())
+    logger.info("memory=%s:\n%s", mode, result.table())
     if not result.fits:
-        raise UserError(f"memory=auto: nothing fits this card: {auto_refusal(result)}")
+        raise UserError(f"memory={mode}: nothing fits this card: {auto_refusal(result)}")
+    for line in decisions(settings, chosen, speed=mode == "speed"):
+        logger.info("%s", line)
     changed = write_settings(cfg, settings, chosen)
     if changed:
-        logger.info("memory=auto set %s", ", ".join(f"{CONFIG_KEYS[name]}: {before} -> {after}"
-                                                     for name, (before, after) in changed.items()))
+        logger.info("memory=%s set %s", mode, ", ".join(f"{CONFIG_KEYS[name]}: {before} -> {after}"
+                                                       for name, (before, after) in changed.items()))
     return result
 
 
@@ -388,8 +403,8 @@ def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.memory_planner <run config> [overrides] --gpu-gib N [--auto]``: print the plan; exit 0 if it
-    fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
+    """``python -m rlt_mono.memory_planner <run config> [overrides] --gpu-gib N [--auto | --speed]``: print the plan;
+    exit 0 if it fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
     parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory_planner", description=__doc__.splitlines()[0])
     parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
@@ -399,8 +414,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", choices=list(QWEN25_ARCHS), help="Qwen2.5 architecture of a model without a "
                         "local folder (embedded:, hub ids, GGUF options)")
     parser.add_argument("--prompt-length", type=int, default=512, help="the longest prompt in tokens")
-    parser.add_argument("--auto", action="store_true", help="show what memory=auto would pick")
+    picks = parser.add_mutually_exclusive_group()
+    picks.add_argument("--auto", action="store_true", help="show what memory=auto would pick")
+    picks.add_argument("--speed", action="store_true", help="show what memory=speed would pick")
     args = parser.parse_intermixed_args(argv)
+    mode = "speed" if args.speed else "auto" if args.auto else None
     if problem := argument_problem(args.gpu_gib, args.free_gib, args.prompt_length):
         sys.stderr.write(f"error: {problem}\n")
         return 2
@@ -408,17 +426,18 @@ def main(argv: list[str] | None = None) -> int:
         cfg = compose(args.run_config, args.overrides)
         settings = settings_from_config(cfg, total_gib=args.gpu_gib, free_gib=args.free_gib, arch=args.arch,
                                         prompt_length=args.prompt_length)
-        chosen = choose(settings) if args.auto else settings
+        chosen = choose(settings, speed=args.speed) if mode else settings
         result = plan(chosen)
     except UserError as err:
         sys.stderr.write(f"error: {err}\n")
         return 2
     sys.stdout.write(result.table() + "\n")
-    if args.auto and result.fits:
+    if mode and result.fits:
         chosen_values = {name: after for name, (_, after) in changes(settings, chosen).items()}
-        sys.stdout.write(f"memory=auto: {wording(chosen_values) or 'no change'}\n")
+        sys.stdout.write("".join(f"{line}\n" for line in decisions(settings, chosen, speed=args.speed)))
+        sys.stdout.write(f"memory={mode}: {wording(chosen_values) or 'no change'}\n")
     if not result.fits:
-        sys.stderr.write(f"error: {auto_refusal(result) if args.auto else result.refusal()}\n")
+        sys.stderr.write(f"error: {auto_refusal(result) if mode else result.refusal()}\n")
         return 2
     return 0
 

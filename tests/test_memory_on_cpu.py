@@ -221,7 +221,15 @@ def test_auto_keeps_completions_per_step_and_per_generation_and_fits():
 
 def test_auto_on_a_big_card_takes_the_largest_batches_and_a_small_pool():
     chosen = memory_planner.choose(qwen_settings("0.5b"))
-    assert (chosen.per_device_train_batch_size, chosen.reward_micro_batch_size) == (memory_planner.MAX_MICRO_BATCH, 16)
+    # without recomputation a 4296-token sequence keeps 24 layers x 61,184 B per token (plus the final norm's
+    # 2 x 896 x 2 B per token) = 6,323,712,000 B: 8 of them (47.1 GiB) fit beside the rest, 16 (94.2 GiB) do not;
+    # no recomputation comes before the micro-batch's size, though 16 would fit with it
+    assert memory.train_activation_bytes(dataclasses.replace(chosen, per_device_train_batch_size=1)) == 6_323_712_000
+    assert (chosen.per_device_train_batch_size, chosen.reward_micro_batch_size) == (8, 16)
+    assert not chosen.gradient_checkpointing
+    sixteen = dict(per_device_train_batch_size=16, gradient_accumulation_steps=2, steps_per_generation=2)
+    assert not memory_planner.fits(dataclasses.replace(chosen, **sixteen))
+    assert memory_planner.fits(dataclasses.replace(chosen, **sixteen, gradient_checkpointing=True))
     assert chosen.vllm_gpu_memory_utilization < 0.1  # the configured 0.3 would waste 17 GiB of an 80 GiB card
 
 
@@ -293,7 +301,7 @@ def test_fit_run_config_auto_refuses_in_one_line():
 
 def test_unknown_memory_mode_is_a_user_error():
     cfg = compose_rl("memory=fast")
-    with pytest.raises(UserError, match="memory='fast': choose one of auto, manual"):
+    with pytest.raises(UserError, match="memory='fast': choose one of auto, speed, manual"):
         memory_planner.fit_run_config(cfg, memory_planner.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
 
 

@@ -27,11 +27,12 @@ NOT_RUN_SETTINGS = {
     "startup_context_gib": "a measurement (memory.STARTUP_CONTEXT_GIB)",
 }
 # Each run setting's config key -> a value other than the default's, and the overrides under which that value
-# changes memory (bf16: with 16-bit weights the activations are 16-bit either way).
+# changes memory (bf16: with 16-bit weights the activations are 16-bit either way; gradient accumulation: at 4096
+# tokens memory=auto keeps the configured micro-batch of 4 either way, at 1024 it picks 16 and the accumulation).
 VARIATIONS = {
     "trainer.vllm_gpu_memory_utilization": (0.5, []),
     "trainer.per_device_train_batch_size": (2, []),
-    "trainer.gradient_accumulation_steps": (16, []),
+    "trainer.gradient_accumulation_steps": (16, ["trainer.max_completion_length=1024"]),
     "trainer.steps_per_generation": (16, []),
     "reward.micro_batch_size": (8, []),
     "trainer.gradient_checkpointing": (False, []),
