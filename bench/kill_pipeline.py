@@ -26,12 +26,12 @@ from pathlib import Path
 from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERRIDES = ["pipeline.teacher_sft.overrides=['sft.max_steps=4','sft.save_steps=2']",
+OVERRIDES = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4','sft.save_steps=2']",
              "pipeline.teacher_rlt.overrides=['trainer.max_steps=6','trainer.save_steps=2',"
              "'trainer.max_completion_length=24']",
-             "pipeline.distill.overrides=['data.max_rows=8','distill.rows_per_batch=2']",
-             "pipeline.student_sft.overrides=['sft.max_steps=4','sft.save_steps=2']",
-             "pipeline.eval.overrides=['data.max_rows=3']"]
+             "pipeline.distill.overrides=['size=tiny','data.max_rows=8','distill.rows_per_batch=2']",
+             "pipeline.student_sft.overrides=['size=tiny','sft.max_steps=4','sft.save_steps=2']",
+             "pipeline.eval.overrides=['size=tiny','data.max_rows=3']"]
 # kill point -> the file whose appearance triggers the kill (a glob inside the pipeline folder)
 KILL_POINTS = {"teacher_rlt after its first checkpoint": "2_teacher_rlt/checkpoint-2/trainer_state.json",
                "distill after its first rows": "3_distill/distill.jsonl",

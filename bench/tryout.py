@@ -43,33 +43,37 @@ class Case:
     says: str = ""  # a fragment the one line must contain
 
 
+# The SFT stages on the embedded tiny pair (student SFT on the rows' own traces: no distill run needed).
+TEACHER_SFT = [*TRAIN, "teacher_sft", "size=tiny"]
+STUDENT_SFT = [*TRAIN, "student_sft", "size=tiny", "data=embedded", "sft.explanation_column=reasoning_trace"]
 EVAL_JSON = json.dumps({"metrics": {"student/accuracy": {"mean": 0.5, "ci95": [0.1, 0.9], "n": 2}}, "questions": 2,
                         "questions_sha256": "a"})
 CASES = [
     # teacher/student SFT options
-    Case("sft negative learning rate", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r", "sft.learning_rate=-1"],
+    Case("sft negative learning rate", [*TEACHER_SFT, "output_dir={tmp}/r", "sft.learning_rate=-1"],
          says="learning_rate"),
-    Case("sft negative batch", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r",
+    Case("sft negative batch", [*TEACHER_SFT, "output_dir={tmp}/r",
                                 "sft.per_device_train_batch_size=-2"], says="per_device_train_batch_size"),
-    Case("sft zero accumulation", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r",
+    Case("sft zero accumulation", [*TEACHER_SFT, "output_dir={tmp}/r",
                                    "sft.gradient_accumulation_steps=0"], says="gradient_accumulation_steps"),
-    Case("sft max_steps=0", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r", "sft.max_steps=0"], says="max_steps"),
-    Case("sft max_length shorter than every row", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r",
+    Case("sft max_steps=0", [*TEACHER_SFT, "output_dir={tmp}/r", "sft.max_steps=0"], says="max_steps"),
+    Case("sft max_length shorter than every row", [*TEACHER_SFT, "output_dir={tmp}/r",
                                                    "sft.max_length=4"], says="sft.max_length"),
-    Case("sft max_length=0", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r", "sft.max_length=0"],
+    Case("sft max_length=0", [*TEACHER_SFT, "output_dir={tmp}/r", "sft.max_length=0"],
          says="max_length"),
-    Case("teacher_sft with LoRA", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/r", "model.lora_r=4"],
+    Case("teacher_sft with LoRA", [*TEACHER_SFT, "output_dir={tmp}/r", "model.lora_r=4"],
          says="lora_r"),
-    Case("student_sft null model", [*TRAIN, "student_sft_tiny", "output_dir={tmp}/r",
+    Case("student_sft null model", [*STUDENT_SFT, "output_dir={tmp}/r",
                                     "student.model_name_or_path=null"], says="model_name_or_path"),
-    Case("student_sft on a run folder instead of final/", [*TRAIN, "student_sft_tiny", "output_dir={tmp}/r",
+    Case("student_sft on a run folder instead of final/", [*STUDENT_SFT, "output_dir={tmp}/r",
                                                            "student.model_name_or_path={tmp}/run",
                                                            "student.gguf_file=null"],
          files={"run/final/config.json": "{}", "run/config.yaml": "stage: teacher_sft\n"}, says="final"),
-    Case("output_dir is a file", [*TRAIN, "teacher_sft_tiny", "output_dir={tmp}/afile"], files={"afile": "x"},
+    Case("output_dir is a file", [*TEACHER_SFT, "output_dir={tmp}/afile"], files={"afile": "x"},
          says="afile"),
-    Case("unknown run config", [*TRAIN, "teacher_sft_tinyy"], says="teacher_sft_tinyy"),
-    Case("unknown key", [*TRAIN, "teacher_sft_tiny", "sft.learning_rat=1e-5"], says="learning_rat"),
+    Case("unknown run config", [*TRAIN, "teacher_sftt"], says="teacher_sftt"),
+    Case("unknown size", [*TRAIN, "teacher_sft", "size=tinyy"], says="size/tinyy"),
+    Case("unknown key", [*TEACHER_SFT, "sft.learning_rat=1e-5"], says="learning_rat"),
     # RL options
     Case("RL lora on lm_head", [*TRAIN, "demo_tiny", "output_dir={tmp}/r", "model.lora_r=4",
                                 "model.lora_target_modules=[lm_head]"], says="lm_head"),
@@ -79,9 +83,9 @@ CASES = [
     Case("RL logging=wandb without wandb", [*TRAIN, "demo_tiny", "output_dir={tmp}/r", "logging=wandb"],
          says="wandb"),
     # distill / eval
-    Case("distill with LoRA options", [*TRAIN, "distill_tiny", "output_dir={tmp}/r", "model.lora_r=4"],
+    Case("distill with LoRA options", [*TRAIN, "distill", "size=tiny", "output_dir={tmp}/r", "model.lora_r=4"],
          says="lora"),
-    Case("eval zero rows", [*TRAIN, "eval_tiny", "output_dir={tmp}/r", "data.max_rows=0"], says="max_rows"),
+    Case("eval zero rows", [*TRAIN, "eval", "size=tiny", "output_dir={tmp}/r", "data.max_rows=0"], says="max_rows"),
     # compare / rescore
     Case("compare another JSON shape", [*EVALUATE, "compare", "{tmp}/a.json", "{tmp}/b.json"],
          files={"a.json": "[1, 2]", "b.json": EVAL_JSON}, says="a.json"),

@@ -31,7 +31,7 @@ Generation uses vLLM on a GPU (asleep while the reward's models score) and
 Run::
 
     ./launch_mono.sh cfgs/run_cfg/distill.yaml model.model_name_or_path=outputs/teacher_rlt_mono/<time>/final
-    ./launch_mono.sh cfgs/run_cfg/distill_tiny.yaml output_dir=outputs/distill_tiny/x   # CPU, embedded pair
+    ./launch_mono.sh cfgs/run_cfg/distill.yaml size=tiny output_dir=outputs/distill_tiny/x   # CPU, embedded pair
 """
 
 from __future__ import annotations

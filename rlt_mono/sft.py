@@ -27,7 +27,7 @@ held-out loss before/after).
 
 Run::
 
-    ./launch_mono.sh cfgs/run_cfg/teacher_sft_tiny.yaml                     # CPU, embedded tiny teacher
+    ./launch_mono.sh cfgs/run_cfg/teacher_sft.yaml size=tiny                # CPU, embedded tiny teacher
     ./launch_mono.sh cfgs/run_cfg/teacher_sft.yaml data=custom data.source=rows.jsonl
     ./launch_mono.sh cfgs/run_cfg/student_sft.yaml data.source=outputs/distill/.../rows.jsonl
 """

@@ -1,7 +1,7 @@
 """A dataclass's defaults are the values runs use: the root config's options and the group bases, key by key.
 
-The root cfgs/train.yaml is composed with the stage groups it leaves unset picked (their base or default
-option), and each group is compared with the dataclass ``rlt_mono.config.instantiate`` builds from it. For the
+The root cfgs/train.yaml is composed with each stage group's base (or default option) in place of the option its
+size picks, and each group is compared with the dataclass ``rlt_mono.config.instantiate`` builds from it. For the
 TRL subclasses (``RLTConfig``, ``SFTStageConfig``) only the fields rlt_mono declares are compared: TRL's own
 fields keep TRL's defaults on purpose (redeclaring them would shadow ``trl.GRPOConfig``), and the bases hold
 the RLT run's values for them.
@@ -30,7 +30,7 @@ GROUPS = {
     "trainer": (RLTConfig, trl.GRPOConfig),
     "sft": (SFTStageConfig, trl.SFTConfig),
 }
-# The root leaves the stage groups unset; their base (or default option) stands in.
+# The stage groups' bases (or default option) in place of the options size=full picks.
 STAGE_GROUPS = ["trainer=_base", "sft=_base", "distill=default", "eval=default"]
 
 

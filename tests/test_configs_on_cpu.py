@@ -124,20 +124,69 @@ def test_each_run_composes_the_groups_its_stage_reads(name):
 def test_the_root_leaves_stage_and_run_name_to_the_run_configs():
     root = compose(str(ROOT_CONFIG))
     assert OmegaConf.is_missing(root, "stage") and OmegaConf.is_missing(root, "run_name")
-    assert set(root) == {"model", "student", "data", "reward", "placement", "logging",  # the stage groups: null
+    assert set(root) == {"model", "student", "data", "reward", "placement", "logging",
+                         "trainer", "sft", "distill", "eval",  # each stage's own group, picked by size=full
                          "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint", "memory"}
+
+
+# The run config of each stage; the size group sizes it (cfgs/size/).
+STAGE_CONFIGS = ["teacher_sft", "teacher_rlt_mono", "distill", "student_sft", "eval"]
+
+
+def test_no_run_config_is_a_size_twin_of_another():
+    """A stage on other hardware is its run config with size=<option>, not a copy named <config>_<option>."""
+    names = set(available_run_configs())
+    twins = [name for name in names for size in config_groups()["size"]
+             if name.endswith(f"_{size}") and name.removesuffix(f"_{size}") in names]
+    assert not twins
+
+
+@pytest.mark.parametrize("name", STAGE_CONFIGS)
+def test_size_tiny_runs_each_stage_on_the_tiny_pair_on_cpu(name):
+    full, tiny = compose(name), compose(name, ["size=tiny"])
+    assert compose(name, ["size=full"]) == full  # full: the default
+    assert set(tiny) == set(full) and tiny.stage == full.stage  # the same groups: a run config's drops stay dropped
+    models = [group for group in ("model", "student") if group in tiny]
+    assert models and all(tiny[group].model_name_or_path.startswith("embedded:") for group in models)
+    assert all(not full[group].model_name_or_path.startswith("embedded:") for group in models)
+    assert tiny.logging.report_to == []  # no tracker on CPU
+    for group in ("trainer", "sft"):
+        if group in tiny:
+            assert tiny[group].use_cpu and not tiny[group].bf16
+    for group in ("distill", "eval"):
+        if group in tiny:
+            assert tiny[group].max_new_tokens == 64 and tiny.data.max_rows is not None  # a few short rows
+
+
+def test_each_model_is_described_once():
+    """A model that is both a model (teacher) and a student option is described by its student option; the model
+    option of the same name defers to it and adds only the teacher's keys (cfgs/model/_base.yaml, which defers to
+    cfgs/student/_base.yaml for the keys both roles share)."""
+    assert OmegaConf.load(CONFIG_DIR / "model" / "_base.yaml").defaults == ["/student/_base@_here_", "_self_"]
+    shared = set(config_groups()["model"]) & set(config_groups()["student"]) - {"tiny"}  # tiny: two models
+    assert shared
+    for name in shared:
+        raw = OmegaConf.load(CONFIG_DIR / "model" / f"{name}.yaml")
+        assert set(raw) == {"defaults"} and raw.defaults == ["_base", f"/student/{name}@_here_", "_self_"], name
+        cfg = compose("teacher_rlt_mono", [f"model={name}", f"student={name}"])
+        assert {k: cfg.model[k] for k in cfg.student} == OmegaConf.to_container(cfg.student), name
+    described = [OmegaConf.load(path).get("model_name_or_path") for group in ("model", "student")
+                 for path in sorted((CONFIG_DIR / group).glob("[!_]*.yaml"))]
+    described = [model for model in described if model is not None]
+    assert len(described) == len(set(described)), "a model described in two files"
 
 
 @pytest.mark.parametrize("group", sorted(p.parent.name for p in CONFIG_DIR.glob("*/_base.yaml")))
 def test_group_options_are_deltas_over_their_base(group):
     """Every option starts from _base.yaml (hidden from the options) and sets every key the base leaves ???."""
-    base = OmegaConf.load(CONFIG_DIR / group / "_base.yaml")
+    host = {"sft": ["teacher_sft", "size=tiny"]}.get(group, ["demo_tiny"])
+    base = compose(host[0], [*host[1:], f"{group}=_base"])[group]  # with what it defers to (model: student/_base)
     required = {key for key in base if OmegaConf.is_missing(base, key)}
     assert "_base" not in config_groups()[group]
-    host = {"sft": "teacher_sft_tiny"}.get(group, "demo_tiny")
     for option in config_groups()[group]:
-        assert OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml").defaults == ["_base", "_self_"], option
-        composed = compose(host, [f"{group}={option}"])[group]
+        defaults = OmegaConf.load(CONFIG_DIR / group / f"{option}.yaml").defaults
+        assert defaults in (["_base", "_self_"], ["_base", f"/student/{option}@_here_", "_self_"]), option
+        composed = compose(host[0], [*host[1:], f"{group}={option}"])[group]
         assert list(composed)[:len(base)] == list(base), option  # the base's keys, in its order
         assert not [key for key in required if OmegaConf.is_missing(composed, key)], option
 
@@ -149,14 +198,15 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
 
 
 @pytest.mark.parametrize(("argv", "error"), [
-    (["distill_tiny", "resume_from_checkpoint=true"],
+    (["distill", "size=tiny", "resume_from_checkpoint=true"],
      "error: stage distill keeps no checkpoints: drop resume_from_checkpoint (run it again with "
      "output_dir=<its folder> to continue it)"),
-    (["eval_tiny", "stage=???"], "error: stage is not set: the run config sets it (or add stage=... to the command)"),
+    (["eval", "size=tiny", "stage=???"],
+     "error: stage is not set: the run config sets it (or add stage=... to the command)"),
     (["demo_tiny", "run_name=???"],
      "error: run_name is not set: the run config sets it (or add run_name=... to the command)"),
     (["demo_tiny", "seed=x"], "error: seed must be an integer, got 'x'"),
-    (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, manual"),
+    (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, speed, manual"),
     (["demo_tiny", "trainer.offload_actor_in_generation=maybe"],
      "error: trainer: offload_actor_in_generation must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.activation_offloading=true"],

@@ -82,8 +82,8 @@ def _score(reward, tokenizer, row, completion_ids):
 
 def test_distill_keeps_the_best_of_k_scored_as_a_direct_reward_call(tmp_path, generations, tokenizer, student,
                                                                     teacher):
-    cfg = compose("distill_tiny", [f"output_dir={tmp_path}", "data.max_rows=3", "distill.samples_per_question=3",
-                                   "distill.max_new_tokens=40"])
+    cfg = compose("distill", ["size=tiny", f"output_dir={tmp_path}", "data.max_rows=3",
+                              "distill.samples_per_question=3", "distill.max_new_tokens=40"])
     run_distill(cfg)
     rows = load_split(DataConfig(**OmegaConf.to_container(cfg.data)), 0, "train")
     written = _lines(tmp_path / DISTILL_FILE)
@@ -112,10 +112,10 @@ def test_distill_resumes_with_only_the_missing_questions(tmp_path, generations):
     overrides = [f"output_dir={tmp_path}", "distill.selection=all", "distill.samples_per_question=2",
                  "distill.max_new_tokens=24"]
     path = tmp_path / DISTILL_FILE
-    run_distill(compose("distill_tiny", [*overrides, "data.max_rows=2"]))
+    run_distill(compose("distill", ["size=tiny", *overrides, "data.max_rows=2"]))
     first = path.read_text()
     assert len(_lines(path)) == 4  # 2 questions x 2 samples
-    run_distill(compose("distill_tiny", [*overrides, "data.max_rows=3"]))  # one more question
+    run_distill(compose("distill", ["size=tiny", *overrides, "data.max_rows=3"]))  # one more question
     assert path.read_text().startswith(first)
     assert [len(call[0]) for call in generations] == [2, 1]
     questions = [line["question"] for line in _lines(path)]
@@ -125,19 +125,19 @@ def test_distill_resumes_with_only_the_missing_questions(tmp_path, generations):
     # A crash while writing: the last question has one complete line and one cut short.
     text = path.read_text()
     path.write_text(text[:-15])
-    run_distill(compose("distill_tiny", [*overrides, "data.max_rows=3"]))
+    run_distill(compose("distill", ["size=tiny", *overrides, "data.max_rows=3"]))
     assert path.read_text().startswith(first) and len(_lines(path)) == 6
     assert len(generations[-1][0]) == 1 and [line["question"] for line in _lines(path)] == questions
-    run_distill(compose("distill_tiny", [*overrides, "data.max_rows=3"]))  # nothing left: nothing generated
+    run_distill(compose("distill", ["size=tiny", *overrides, "data.max_rows=3"]))  # nothing left: nothing generated
     assert len(generations) == 3
 
     with pytest.raises(UserError, match=r"was written with distill.selection=\"all\", not \"best\""):
-        run_distill(compose("distill_tiny", [f"output_dir={tmp_path}", "distill.samples_per_question=2"]))
+        run_distill(compose("distill", ["size=tiny", f"output_dir={tmp_path}", "distill.samples_per_question=2"]))
 
 
 def test_eval_numbers_match_a_direct_computation(tmp_path, generations, tokenizer, student, teacher):
-    cfg = compose("eval_tiny", [f"output_dir={tmp_path}", "data.max_rows=3", "eval.max_new_tokens=40",
-                                "eval.student_max_new_tokens=64", "eval.bootstrap_resamples=500"])
+    cfg = compose("eval", ["size=tiny", f"output_dir={tmp_path}", "data.max_rows=3", "eval.max_new_tokens=40",
+                           "eval.student_max_new_tokens=64", "eval.bootstrap_resamples=500"])
     run_eval(cfg)
     result = json.loads((tmp_path / EVAL_FILE).read_text())
     records = _lines(tmp_path / ROWS_FILE)
@@ -195,8 +195,8 @@ def test_eval_student_accuracy_alone_with_controlled_answers(tmp_path, monkeypat
                            "<|end_of_solution|>")["input_ids"]] for r in reply]
 
     monkeypatch.setattr(TransformersGenerator, "generate", answer)
-    run_eval(compose("eval_tiny", [f"output_dir={tmp_path / 'out'}", "model.model_name_or_path=null", "data=custom",
-                                   f"data.source={data}", "data.eval_rows=5"]))
+    run_eval(compose("eval", ["size=tiny", f"output_dir={tmp_path / 'out'}", "model.model_name_or_path=null",
+                              "data=custom", f"data.source={data}", "data.eval_rows=5"]))
     result = json.loads((tmp_path / "out" / EVAL_FILE).read_text())
     assert result["teacher"] is None and set(result["metrics"]) == {"student/accuracy", "student/unparsed_frac"}
     assert result["metrics"]["student/accuracy"]["mean"] == 0.5 and result["metrics"]["student/accuracy"]["n"] == 4
@@ -247,15 +247,15 @@ def test_compare_renders_one_table(tmp_path, capsys):
 
 def test_stage_options_are_checked_before_a_model_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"^distill: selection must be one of \('best', 'all'\), got 'top'$"):
-        run_distill(compose("distill_tiny", [f"output_dir={tmp_path}", "distill.selection=top"]))
+        run_distill(compose("distill", ["size=tiny", f"output_dir={tmp_path}", "distill.selection=top"]))
     with pytest.raises(ConfigError, match="leave nothing to evaluate"):
-        run_eval(compose("eval_tiny", [f"output_dir={tmp_path}", "model.model_name_or_path=null",
-                                       "eval.student_accuracy=false"]))
+        run_eval(compose("eval", ["size=tiny", f"output_dir={tmp_path}", "model.model_name_or_path=null",
+                                  "eval.student_accuracy=false"]))
     with pytest.raises(ConfigError, match="distill needs a teacher"):
-        run_distill(compose("distill_tiny", [f"output_dir={tmp_path}", "model.model_name_or_path=null"]))
-    OmegaConf.save(compose("eval_tiny"), tmp_path / "config.yaml")  # another stage's folder is left alone
+        run_distill(compose("distill", ["size=tiny", f"output_dir={tmp_path}", "model.model_name_or_path=null"]))
+    OmegaConf.save(compose("eval", ["size=tiny"]), tmp_path / "config.yaml")  # another stage's folder is left alone
     with pytest.raises(UserError, match=r"^output_dir=.* was written with stage=\"eval\", not \"distill\""):
-        run_distill(compose("distill_tiny", [f"output_dir={tmp_path}"]))
+        run_distill(compose("distill", ["size=tiny", f"output_dir={tmp_path}"]))
 
 
 def _run_stage_recording_vllm(calls_path, *args, timeout=600):
@@ -285,12 +285,13 @@ def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path):
               "model.dtype=bfloat16", "student.dtype=bfloat16", "placement.rollout=vllm"]
     distill_overrides = [*models, f"output_dir={tmp_path / 'distill'}", "data.max_rows=4",
                          "distill.samples_per_question=4", "distill.vllm_gpu_memory_utilization=0.3"]
-    distill_calls = _run_stage_recording_vllm(tmp_path / "distill_calls.jsonl", "distill_tiny", *distill_overrides)
-    eval_calls = _run_stage_recording_vllm(tmp_path / "eval_calls.jsonl", "eval_tiny", *models,
+    distill_calls = _run_stage_recording_vllm(tmp_path / "distill_calls.jsonl", "distill", "size=tiny",
+                                               *distill_overrides)
+    eval_calls = _run_stage_recording_vllm(tmp_path / "eval_calls.jsonl", "eval", "size=tiny", *models,
                                            f"output_dir={tmp_path / 'eval'}", "data.max_rows=4",
                                            "eval.vllm_gpu_memory_utilization=0.3")
 
-    cfg = compose("distill_tiny", distill_overrides)
+    cfg = compose("distill", ["size=tiny", *distill_overrides])
     written = _lines(tmp_path / "distill" / DISTILL_FILE)
     rows = load_split(DataConfig(**OmegaConf.to_container(cfg.data)), 0, "train")
     assert [r["question"] for r in written] == [r["question"] for r in rows]

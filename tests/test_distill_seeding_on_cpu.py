@@ -21,7 +21,7 @@ OVERRIDES = ["data.max_rows=6", "distill.selection=all", "distill.samples_per_qu
 def uninterrupted(tmp_path_factory, one_thread):
     """An uninterrupted run in batches of two questions: its folder and its lines."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    run_distill(compose("distill_tiny", [f"output_dir={folder}", *OVERRIDES, "distill.rows_per_batch=2"]))
+    run_distill(compose("distill", ["size=tiny", f"output_dir={folder}", *OVERRIDES, "distill.rows_per_batch=2"]))
     lines = (folder / DISTILL_FILE).read_text().splitlines(keepends=True)
     assert len(lines) == 12 and len(set(lines)) == 12  # 6 questions x 2 distinct samples
     return folder, lines
@@ -31,7 +31,7 @@ def _crash_and_resume(uninterrupted, folder, kept_text, *overrides) -> list[str]
     """The uninterrupted run's folder with ``distill.jsonl`` cut to ``kept_text``, run again; its lines."""
     shutil.copytree(uninterrupted, folder)
     (folder / DISTILL_FILE).write_text(kept_text)
-    run_distill(compose("distill_tiny", [f"output_dir={folder}", *OVERRIDES, *overrides]))
+    run_distill(compose("distill", ["size=tiny", f"output_dir={folder}", *OVERRIDES, *overrides]))
     return (folder / DISTILL_FILE).read_text().splitlines(keepends=True)
 
 

@@ -89,8 +89,8 @@ def test_dp_keys_under_another_placement_are_an_error_not_ignored():
 
 def test_the_training_stages_run_data_parallel_and_the_others_do_not():
     with pytest.raises(ConfigError, match="stage distill runs in one process: leave placement=dp out"):
-        launch.plan_launch(compose("distill_tiny", ["placement=dp"]), 2)
-    sft = compose("teacher_sft_tiny", ["placement=dp", "placement.num_processes=2"])
+        launch.plan_launch(compose("distill", ["size=tiny", "placement=dp"]), 2)
+    sft = compose("teacher_sft", ["size=tiny", "placement=dp", "placement.num_processes=2"])
     table = launch.plan_launch(sft, 0).table(sft)  # sft.use_cpu (tiny_cpu): CPU ranks
     assert "  1     1      cpu     resident" in table and "the model trained by teacher_sft" in table
     assert "rows per optimizer step: 16 per rank x 2 ranks = 32" in table
@@ -296,7 +296,7 @@ def test_ctrl_c_stops_every_rank_and_says_where_to_resume(tmp_path):
 
 def test_sft_on_two_ranks_writes_one_run(tmp_path):
     out = tmp_path / "sft"
-    done = subprocess.run([str(ROOT / "launch_mono.sh"), "teacher_sft_tiny", "placement=dp",
+    done = subprocess.run([str(ROOT / "launch_mono.sh"), "teacher_sft", "size=tiny", "placement=dp",
                            "placement.num_processes=2", "sft.max_steps=4", "sft.save_steps=2", f"output_dir={out}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -354,4 +354,4 @@ def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
         monkeypatch.setattr(runtime, "gpus_present", lambda gpus=gpus: gpus)
         assert not cli.auto_picks_split(compose("teacher_rlt_mono", ["placement=auto", *overrides]))
     monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
-    assert not cli.auto_picks_split(compose("distill_tiny", ["placement=auto"]))
+    assert not cli.auto_picks_split(compose("distill", ["size=tiny", "placement=auto"]))

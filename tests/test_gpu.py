@@ -429,7 +429,7 @@ def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pai
 
     out = tmp_path / "sft_fsdp2"
     ranks, launch = _fsdp2_launcher(
-        "teacher_sft_tiny", out, f"model.model_name_or_path={bf16_pair / 'teacher'}", "model.dtype=bfloat16",
+        "teacher_sft", out, "size=tiny", f"model.model_name_or_path={bf16_pair / 'teacher'}", "model.dtype=bfloat16",
         "sft.use_cpu=false", "sft.bf16=true", "sft.max_steps=4", "sft.save_steps=2")
 
     done = launch()

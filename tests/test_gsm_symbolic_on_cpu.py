@@ -124,6 +124,6 @@ def test_the_tiny_pipeline_runs_on_gsm_symbolic_end_to_end(tmp_path):
     distilled = [json.loads(line) for line in (root / "3_distill" / "distill.jsonl").open()]
     assert distilled and {" ".join(r["question"].split()) for r in distilled} <= train
     evaluated = json.loads((root / "6_eval_student" / "eval.json").read_text())
-    assert evaluated["questions"] == 6  # eval_tiny: the first 6 held-out rows, 3 of each set
+    assert evaluated["questions"] == 6  # eval at size=tiny: the first 6 held-out rows, 3 of each set
     assert [evaluated["by_heldout"][name]["questions"] for name in ("instances", "templates")] == [3, 3]
     assert "student/unparsed_frac" in evaluated["metrics"]

@@ -26,7 +26,7 @@ from rlt_mono.sft import _usable_rows, build_sft
 ])
 def test_sft_options_are_refused_in_one_line(tmp_path, override, says):
     with pytest.raises(ConfigError) as err:
-        build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", override]))
+        build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'run'}", override]))
     assert str(err.value) == says
 
 
@@ -35,7 +35,7 @@ def test_every_row_longer_than_max_length_says_raise_it_before_the_model_loads(t
         raise AssertionError("the model loaded before the rows were checked")
 
     monkeypatch.setattr("rlt_mono.sft.load_model", no_model_load)
-    cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "sft.max_length=4", "data.max_rows=8"])
+    cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'run'}", "sft.max_length=4", "data.max_rows=8"])
     with pytest.raises(UserError, match=r"^every one of the 8 train rows is longer than sft.max_length=4 tokens "
                                           r"before its completion starts: raise sft.max_length$"):
         build_sft(cfg)
@@ -113,15 +113,15 @@ def test_the_planner_cli_refuses_impossible_sizes_in_one_line(flags, says, capsy
 
 
 @pytest.mark.parametrize("config, override, says", [
-    ("distill_tiny", "model.lora_r=4", "model.lora_r=4: distill trains nothing (LoRA adapters are teacher_rlt's "
-                                       "option): set model.lora_r=0"),
+    ("distill", "model.lora_r=4", "model.lora_r=4: distill trains nothing (LoRA adapters are teacher_rlt's "
+                                  "option): set model.lora_r=0"),
     ("demo_tiny", "logging=wandb", "logging=wandb needs the wandb package, which is not installed: pip install "
                                    "wandb (or choose logging=local)"),
     ("demo_tiny", "trainer.max_steps=1", "RLT_MONO_CACHE={tmp}/afile is a file, not a folder: point it at a folder "
                                          "(or unset it for ~/.cache/rlt_mono)"),
 ])
 def test_run_level_mistakes_end_in_one_line_before_any_model_loads(tmp_path, monkeypatch, config, override, says):
-    cfg = compose(config, [f"output_dir={tmp_path / 'run'}", override])
+    cfg = compose(config, ["size=tiny", f"output_dir={tmp_path / 'run'}", override])  # the tiny pair on CPU
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb"
                         else real_find_spec(name, *a))  # as on a machine without wandb

@@ -28,8 +28,9 @@ def test_rl_run_into_a_pipe_logs_one_line_per_step(tmp_path):
 
 
 def test_sft_run_into_a_pipe_prints_one_line_per_step(tmp_path):
-    output = _piped_run("teacher_sft_tiny", f"output_dir={tmp_path}", "sft.max_steps=2", "sft.diversity_prompts=0",
-                        "sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=1", "data.eval_rows=8")
+    output = _piped_run("teacher_sft", "size=tiny", f"output_dir={tmp_path}", "sft.max_steps=2",
+                        "sft.diversity_prompts=0", "sft.per_device_train_batch_size=8",
+                        "sft.gradient_accumulation_steps=1", "data.eval_rows=8")
     assert "\r" not in output
     lines = output.split("\n")
     # transformers' PrinterCallback (disable_tqdm): each logged step's dict on a line of its own

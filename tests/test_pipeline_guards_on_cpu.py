@@ -54,7 +54,7 @@ def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_
     assert summary["teacher_rlt"]["folder"] == "2_teacher_rlt"  # relative to the pipeline folder
     assert summary["teacher_rlt"]["config"]["model.model_name_or_path"] == "1_teacher_sft/final"
     launched.clear()
-    changed = "pipeline.eval.overrides=['data.max_rows=2']"
+    changed = "pipeline.eval.overrides=['size=tiny','data.max_rows=2']"
     with pytest.raises(UserError, match=r"^pipeline step eval_teacher in .*5_eval_teacher ran with other settings "
                                         r"than now \(data.max_rows: 6 -> 2\): set them back to continue it, or add "
                                         r"\+rerun_changed=true"):
@@ -65,7 +65,7 @@ def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_
     assert launched == ["3_distill", "5_eval_teacher", "6_eval_student"]
     assert len(list(root.glob("5_eval_teacher.changed-*"))) == 1
     launched.clear()
-    _run(root, "pipeline.teacher_sft.overrides=['sft.max_steps=3']", changed, "+rerun_changed=true")
+    _run(root, "pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=3']", changed, "+rerun_changed=true")
     assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]  # all read teacher_sft
 
 

@@ -13,12 +13,12 @@ from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stage's own overrides, from the command line: a Hydra list of quoted strings.
-SMALL = ["pipeline.teacher_sft.overrides=['sft.max_steps=4']",
+SMALL = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4']",
          "pipeline.teacher_rlt.overrides=['trainer.max_steps=2','trainer.save_steps=2',"
          "'trainer.max_completion_length=24']",
-         "pipeline.distill.overrides=['data.max_rows=4']",
-         "pipeline.student_sft.overrides=['sft.max_steps=2']",
-         "pipeline.eval.overrides=['data.max_rows=3']"]
+         "pipeline.distill.overrides=['size=tiny','data.max_rows=4']",
+         "pipeline.student_sft.overrides=['size=tiny','sft.max_steps=2']",
+         "pipeline.eval.overrides=['size=tiny','data.max_rows=3']"]
 
 
 def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
@@ -32,8 +32,8 @@ def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
     assert f"student.model_name_or_path={tmp_path}/4_student_sft/final" in steps["eval_student"].overrides
     assert "model.model_name_or_path=null" in steps["eval_student"].overrides
     assert [p.folder.name for p in steps.values()] == [f"{i}_{s}" for i, s in enumerate(STEPS, start=1)]
-    with pytest.raises(ConfigError, match="pipeline.distill.config=eval_tiny runs stage 'eval', not 'distill'"):
-        plan(compose("pipeline_tiny", ["pipeline.distill.config=eval_tiny"]), tmp_path)
+    with pytest.raises(ConfigError, match="pipeline.distill.config=eval runs stage 'eval', not 'distill'"):
+        plan(compose("pipeline_tiny", ["pipeline.distill.config=eval"]), tmp_path)
 
 
 def _pipeline(out: Path) -> subprocess.CompletedProcess:

@@ -59,7 +59,7 @@ def test_the_dispatcher_refuses_a_folder_in_use_before_the_stage_starts(tmp_path
     monkeypatch.setattr(Stage, "load", lambda self: started.append)
     holder = _holder(tmp_path)
     try:
-        assert cli.main(["distill_tiny", f"output_dir={tmp_path}"]) == 2
+        assert cli.main(["distill", "size=tiny", f"output_dir={tmp_path}"]) == 2
     finally:
         holder.kill()
         holder.wait()
@@ -79,7 +79,7 @@ def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stag
         raise UserError("stopped before writing anything")
 
     monkeypatch.setattr(Stage, "load", lambda self: stage)
-    assert cli.main(["distill_tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
+    assert cli.main(["distill", "size=tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
     assert seen["folder"] == tmp_path / "new" and seen["holder"] == os.getpid()
     assert seen["second writer"].startswith(f"output_dir={tmp_path}/new is in use by another run (pid {os.getpid()}")
     assert not (tmp_path / "new").exists()  # lock released, so the unused new folder was removed
@@ -88,12 +88,12 @@ def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stag
 def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_launcher(tmp_path, monkeypatch):
     from rlt_mono.config import compose
 
-    cfg = compose("teacher_sft_tiny", [f"output_dir={tmp_path}"])
+    cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}"])
     monkeypatch.setenv("RLT_MONO_LAUNCHED", "1")
     cli.hold_run_folder(cfg)
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
     monkeypatch.delenv("RLT_MONO_LAUNCHED")
-    cli.hold_run_folder(compose("teacher_sft_tiny", [f"output_dir={tmp_path}", "placement=dp",
+    cli.hold_run_folder(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "placement=dp",
                                                        "placement.num_machines=2", "placement.machine_rank=1"]))
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
     cli.hold_run_folder(cfg)

@@ -3,6 +3,7 @@ SFT lowers the held-out explanation loss, the final model loads and differs from
 inputs stop with one-line errors."""
 
 import dataclasses
+import itertools
 import json
 from dataclasses import replace
 
@@ -55,8 +56,8 @@ def _labelled(example):
 
 def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_path, tiny_pair):
     rows = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": TRACE}])
-    run = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'run'}", "data=custom",
-                                                 f"data.source={rows}"]))
+    run = build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'run'}", "data=custom",
+                                            f"data.source={rows}"]))
     tokenizer = run.trainer.processing_class
     prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
     assert tokenizer.convert_ids_to_tokens(loss_ids) == [*TRACE_TOKENS, "<|end_of_explanation|>", "<|im_end|>"]
@@ -67,8 +68,8 @@ def test_teacher_example_has_a_loss_on_exactly_the_explanation_and_end_tags(tmp_
     assert prompt_ids == tokenizer(rl_prompt, add_special_tokens=False)["input_ids"]
     assert run.rows == {"train": 1, "heldout": 0, "skipped": 0, "truncated": 0}
     # a max_length that cuts the explanation: the loss keeps its start, and the row is counted as truncated
-    cut = build_sft(compose("teacher_sft_tiny", [f"output_dir={tmp_path / 'cut'}", "data=custom", f"data.source={rows}",
-                                                 f"sft.max_length={len(prompt_ids) + 5}"]))
+    cut = build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'cut'}", "data=custom",
+                                            f"data.source={rows}", f"sft.max_length={len(prompt_ids) + 5}"]))
     cut_prompt_ids, cut_loss_ids = _labelled(cut.trainer.train_dataset[0])
     assert (cut_prompt_ids, tokenizer.convert_ids_to_tokens(cut_loss_ids)) == (prompt_ids, TRACE_TOKENS[:5])
     assert cut.rows["truncated"] == 1
@@ -78,8 +79,8 @@ def test_student_example_has_a_loss_on_exactly_the_assistant_turn(tmp_path, tiny
     distilled = "Add two and five: 7."
     rows = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "reasoning_trace": TRACE,
                                   "explanation": distilled}])
-    run = build_sft(compose("student_sft_tiny", [f"output_dir={tmp_path / 'run'}", "data=custom",
-                                                 f"data.source={rows}", "sft.explanation_column=explanation"]))
+    run = build_sft(compose("student_sft", ["size=tiny", f"output_dir={tmp_path / 'run'}", "data=custom",
+                                            f"data.source={rows}", "sft.explanation_column=explanation"]))
     tokenizer = run.trainer.processing_class
     prompt_ids, loss_ids = _labelled(run.trainer.train_dataset[0])
     prompt_format = PromptFormat()
@@ -98,7 +99,7 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     # the tiny student has never seen the teacher chat: it starts where a real warm-up does.
     overrides = [f"output_dir={out}", "model.model_name_or_path=embedded:student", "data.embedded_rows=96",
                  "data.eval_rows=32", "sft.learning_rate=3e-3", "sft.save_steps=4", *FAST]
-    run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=4"]))
+    run_sft(compose("teacher_sft", ["size=tiny", *overrides, "sft.max_steps=4"]))
 
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["steps"] == 4 and summary["rows"] == {"train": 64, "heldout": 32, "skipped": 0, "truncated": 0}
@@ -122,7 +123,7 @@ def test_teacher_sft_lowers_the_heldout_loss_writes_a_loadable_model_and_resumes
     state_file.write_text(json.dumps(state))
     (state_file.parent / checkpoints.MANIFEST).unlink()
     checkpoints.write_manifest(state_file.parent, 4)  # the checkpoint stays verified
-    run_sft(compose("teacher_sft_tiny", [*overrides, "sft.max_steps=6", "resume_from_checkpoint=true"]))
+    run_sft(compose("teacher_sft", ["size=tiny", *overrides, "sft.max_steps=6", "resume_from_checkpoint=true"]))
     resumed = json.loads((out / SUMMARY_FILE).read_text())
     assert resumed["steps"] == 6 and resumed["heldout_loss_before"] == summary["heldout_loss_before"]
     assert [row["step"] for row in read_metrics(out / METRICS_FILE) if "loss" in row] == [1, 2, 3, 4, 5, 6]
@@ -148,20 +149,21 @@ def test_rows_are_split_by_question_like_data_py_and_keep_the_explanation_column
 def test_bad_inputs_stop_with_one_line_errors(tmp_path, tiny_pair):
     no_trace = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION}])
     cases = [
-        (compose("teacher_sft_tiny", ["data=custom", f"data.source={no_trace}"]),
+        (compose("teacher_sft", ["size=tiny", "data=custom", f"data.source={no_trace}"]),
          r"teacher_sft trains on column 'reasoning_trace', which data.source=.* does not have .*"
          r"set sft.explanation_column"),
-        (compose("student_sft_tiny", ["data=custom", f"data.source={no_trace}", "sft.explanation_column=solutoin"]),
+        (compose("student_sft", ["size=tiny", "data=custom", f"data.source={no_trace}",
+                                 "sft.explanation_column=solutoin"]),
          "student_sft trains on column 'solutoin'"),
         (compose("student_sft", []), r"data.source must be set"),
-        (compose("teacher_sft_tiny", ["+sft.max_stepz=3"]), r"sft: unknown keys \['max_stepz'\]"),
-        (compose("teacher_sft_tiny", ["stage=teacher_stf"]), "stage='teacher_stf': rlt_mono.sft runs student_sft or "
-                                                             "teacher_sft"),
+        (compose("teacher_sft", ["size=tiny", "+sft.max_stepz=3"]), r"sft: unknown keys \['max_stepz'\]"),
+        (compose("teacher_sft", ["size=tiny", "stage=teacher_stf"]),
+         "stage='teacher_stf': rlt_mono.sft runs student_sft or teacher_sft"),
     ]
     empty = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "explanation": "x"},
                                   {"question": QUESTION, "solution": SOLUTION, "explanation": " "}])
-    cases.append((compose("student_sft_tiny", ["data=custom", f"data.source={empty}",
-                                               "sft.explanation_column=explanation"]),
+    cases.append((compose("student_sft", ["size=tiny", "data=custom", f"data.source={empty}",
+                                          "sft.explanation_column=explanation"]),
                   r"rows.jsonl: row 1: column 'explanation' is empty \(fix the row, or set data.on_bad_row=skip"))
     for index, (cfg, message) in enumerate(cases):
         cfg.output_dir = str(tmp_path / f"run{index}")
@@ -185,10 +187,9 @@ def test_sft_configs_have_rlt_warmup_settings_and_instantiate(tmp_path):
     assert {f.name for f in dataclasses.fields(SFTStageConfig)} - {f.name for f in dataclasses.fields(trl.SFTConfig)} \
         == {"explanation_column", "early_stopping_patience", "diversity_prompts", "diversity_samples",
             "diversity_temperature", "diversity_max_new_tokens"}
-    for name, stage in [("teacher_sft_tiny", "teacher_sft"), ("student_sft_tiny", "student_sft"),
-                        ("teacher_sft", "teacher_sft"), ("student_sft", "student_sft")]:
-        cfg = compose(name, [f"output_dir={tmp_path}"])
-        assert (cfg.stage, cfg.output_dir, cfg.resume_from_checkpoint) == (stage, str(tmp_path), None)
+    for name, size in itertools.product(("teacher_sft", "student_sft"), ("tiny", "full")):
+        cfg = compose(name, [f"size={size}", f"output_dir={tmp_path}"])
+        assert (cfg.stage, cfg.output_dir, cfg.resume_from_checkpoint) == (name, str(tmp_path), None)
         sft = dict(cfg.sft, output_dir=str(tmp_path), bf16=False, use_cpu=True, optim="adamw_torch")  # CPU-checkable
         args = instantiate(SFTStageConfig, sft, "sft")
         assert args.completion_only_loss is True and args.eos_token is None

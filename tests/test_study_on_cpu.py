@@ -87,7 +87,7 @@ def test_a_study_pipeline_wires_each_control_to_its_source(tmp_path):
     assert "sft.explanation_column=reasoning_trace" in raw
     assert (f"student.model_name_or_path={tmp_path}/9_student_sft_raw_traces/final"
             in steps["eval_student_raw_traces"].overrides)
-    assert steps["student_sft_raw_traces"].config == "student_sft_tiny"  # the student_sft stage's run config
+    assert steps["student_sft_raw_traces"].config == "student_sft"  # the student_sft stage's run config
 
 
 def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_the_figure(tmp_path):

@@ -74,12 +74,12 @@ def test_sft_stops_on_a_rising_heldout_loss_and_keeps_the_best_checkpoint(tmp_pa
     monkeypatch.setattr(StageSFTTrainer, "prediction_step", prediction_step)
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO, logger="rlt_mono.sft"):
-        run_sft(compose("teacher_sft_tiny", [f"output_dir={out}", "model.model_name_or_path=embedded:student",
-                                             "sft.max_steps=12", "sft.eval_strategy=steps", "sft.eval_steps=1",
-                                             "sft.save_steps=1", "sft.save_total_limit=1",
-                                             "sft.early_stopping_patience=2", "sft.learning_rate=1e-3",
-                                             "sft.diversity_prompts=4", "sft.diversity_samples=3",
-                                             "sft.diversity_max_new_tokens=24", *FAST]))
+        run_sft(compose("teacher_sft", ["size=tiny", f"output_dir={out}", "model.model_name_or_path=embedded:student",
+                                        "sft.max_steps=12", "sft.eval_strategy=steps", "sft.eval_steps=1",
+                                        "sft.save_steps=1", "sft.save_total_limit=1",
+                                        "sft.early_stopping_patience=2", "sft.learning_rate=1e-3",
+                                        "sft.diversity_prompts=4", "sft.diversity_samples=3",
+                                        "sft.diversity_max_new_tokens=24", *FAST]))
     summary = json.loads((out / SUMMARY_FILE).read_text())
     assert summary["steps"] == 4
     assert summary["early_stopping"] == {"patience": 2, "stopped_early": True, "best_step": 2,
