@@ -9,7 +9,10 @@
 # Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log and $OUT/gpu_tests_<n>.log (n: GPUs the tests saw).
 set -euo pipefail
 arms=$1 tests=${2:-}
-stack=$(bash .gpu-stack/call-3/install_gpu_stack.sh | tail -1)  # stops here (set -e) if the install fails
+# The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts) or from ../shared/device's stash_part.sh calls.
+if [ -f /root/parts/install_gpu_stack.sh ]; then install=(/root/parts/install_gpu_stack.sh /root/parts)
+else install=(.gpu-stack/call-3/install_gpu_stack.sh); fi
+stack=$(bash "${install[@]}" | tail -1)  # stops here (set -e) if the install fails
 eval "$stack"
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
