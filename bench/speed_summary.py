@@ -1,0 +1,89 @@
+"""results/speed_05b/{pairs,speed}.json from bench/speed_05b.sh's raw results (docs/PERFORMANCE.md, "Speed").
+
+- ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
+  order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
+  ratio (goal: <= 1.0).
+- ``speed.json``: rlt_mono at ``memory=speed`` against the pairs' rlt arms. A speed run's steps are not alike (the
+  step that generates also makes the completions of the next ones), so its figure is the mean step over whole
+  generations: the steps from the second generation's first step to the step before the third's, i.e. one full
+  generation cycle after the warm-up one. Completion tokens per second of the whole step = completions per step x
+  completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median step).
+
+    python bench/speed_summary.py <folder with pairs_raw.json and speed.json> --out results/speed_05b \\
+        --commit <sha> --device nvidia-h200 --command "bash bench/speed_05b.sh start 5 5"
+"""
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def pair_ratios(arms: list[dict]) -> list[dict]:
+    """Consecutive (rlt, trl) or (trl, rlt) arms as pairs with ``ratio = rlt / trl`` of their median step."""
+    if len(arms) % 2:
+        raise ValueError(f"{len(arms)} arms: pairs need an even number")
+    pairs = []
+    for first, second in zip(arms[::2], arms[1::2]):
+        by_mode = {first["mode"]: first, second["mode"]: second}
+        if set(by_mode) != {"rlt", "trl"}:
+            raise ValueError(f"a pair must hold one rlt and one trl arm, got {first['mode']}, {second['mode']}")
+        rlt, trl = by_mode["rlt"]["median_step_seconds"], by_mode["trl"]["median_step_seconds"]
+        pairs.append({"order": f"{first['mode']},{second['mode']}", "rlt_median_step_s": rlt,
+                      "trl_median_step_s": trl, "ratio": rlt / trl})
+    return pairs
+
+
+def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
+    """Mean step over the second whole generation cycle (the first holds the engine's warm-up)."""
+    cycle = step_seconds[steps_per_generation: 2 * steps_per_generation]
+    if len(cycle) < steps_per_generation:
+        raise ValueError(f"{len(step_seconds)} steps hold no second cycle of {steps_per_generation}")
+    return sum(cycle) / len(cycle)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--command", required=True)
+    a = parser.parse_args()
+    raw = json.loads((a.folder / "pairs_raw.json").read_text())
+    arms = [arm for arm in raw if arm["status"] == "ok"]
+    pairs = pair_ratios(arms)
+    shared = {"commit": a.commit, "device": a.device, "command": a.command,
+              "work": "random-weight Qwen2.5-0.5B teacher and student, 32 completions x 1,024 forced tokens per "
+                      "optimizer step (bench/bench_mono.py)"}
+    ratios = [p["ratio"] for p in pairs]
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "pairs.json").write_text(json.dumps({
+        **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
+        "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
+    speed = json.loads((a.folder / "speed.json").read_text())[0]
+    config = speed["grpo_config"]
+    per_generation = config["steps_per_generation"] * config["per_device_train_batch_size"] // (
+        config["per_device_train_batch_size"] * config["gradient_accumulation_steps"])
+    step = cycle_mean(speed["step_seconds"], per_generation)
+    default = statistics.median(p["rlt_median_step_s"] for p in pairs)
+    tokens = speed["completions_per_step"] * speed["completion_length"]
+    (a.out / "speed.json").write_text(json.dumps({
+        **shared, "memory": speed["memory"], "optimizer_steps_per_generation": per_generation,
+        "step_seconds": speed["step_seconds"], "cycle_mean_step_s": step, "default_median_step_s": default,
+        "completion_tokens_per_s": tokens / step, "default_completion_tokens_per_s": tokens / default,
+        "speedup": default / step, "goal": "speedup >= 3", "phases_of_the_generating_step": {
+            k: v for k, v in speed.items() if k.startswith(("phase/", "perf/"))},
+        "plan": speed["predicted_table"], "settings": config}, indent=1) + "\n")
+    lines = ["| pair | order | rlt s/step | TRL s/step | rlt / TRL |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
+              for i, p in enumerate(pairs, 1)]
+    lines += [f"| median | | | | {statistics.median(ratios):.3f} |", "",
+              f"memory=speed: {per_generation} optimizer steps per generation, {step:.2f} s per step over a whole "
+              f"cycle vs {default:.2f} s (the pairs' rlt median): {tokens / step:,.0f} vs {tokens / default:,.0f} "
+              f"completion tokens/s, {default / step:.2f}x"]
+    (a.out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
