@@ -1,47 +1,15 @@
 """How often the equations written in distilled explanations are arithmetically right (a diagnostic of the study).
 
-An equation is a run of numbers joined by + - * / × ÷ followed by "=" and a number ("73 + 35 + 20 = 128"); it is
-right when the left side, evaluated, equals the right side. Other statements are not read. Usage:
+Equations are read and checked by ``rlt_mono.arithmetic.check`` (its docstring says what counts). Usage:
 
     python bench/explanation_arithmetic.py <distill.jsonl>[:<column>] ... --out <file.json>
 """
 
 import argparse
-import ast
 import json
-import operator
-import re
 from pathlib import Path
 
-EQUATION = re.compile(r"((?:\d[\d,]*(?:\.\d+)?\s*[-+*/×÷]\s*)+\d[\d,]*(?:\.\d+)?)\s*=\s*\$?(\d[\d,]*(?:\.\d+)?)")
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def evaluate(expression: str) -> float:
-    """The value of a +-*/ expression of numbers (no other syntax is accepted)."""
-    def walk(node):
-        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](walk(node.left), walk(node.right))
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-            return node.value
-        raise ValueError(expression)
-    return walk(ast.parse(expression.replace(",", "").replace("×", "*").replace("÷", "/"), mode="eval").body)
-
-
-def check(text: str) -> tuple[int, int]:
-    """(right, wrong) equations in ``text``."""
-    right = wrong = 0
-    for left, result in EQUATION.findall(text):
-        try:
-            value = evaluate(left)
-        except (ValueError, ZeroDivisionError, SyntaxError):
-            continue
-        target = float(result.replace(",", ""))
-        if abs(value - target) <= 1e-6 * max(1.0, abs(target)):
-            right += 1
-        else:
-            wrong += 1
-    return right, wrong
+from rlt_mono.arithmetic import check
 
 
 def main() -> None:

@@ -6,15 +6,17 @@ prompt as in RL training (``rlt_mono.data.render_prompts``: question + solution,
 opened explanation tag) and samples ``distill.samples_per_question`` explanations, each ending at
 ``<|end_of_explanation|>`` or EOS. ``TeacherKLReward`` scores every one with the student (``student``) and the
 teacher's own log-probs (it runs the teacher itself, as it does when TRL hands none over). With
-``distill.selection: best`` the highest total is kept, with ``all`` every sample.
+``distill.selection: best`` the highest total is kept, with ``all`` every sample, with ``best_correct`` the highest
+total among the samples whose equations are all right (``rlt_mono.arithmetic``), or the highest total when none is.
 
 Output, in ``<output_dir>/distill.jsonl``, one JSON line per kept explanation: ``question``, ``solution``,
 ``explanation`` (the generated text before the closing tag, exactly what the reward scored), the row's own
 ``reasoning_trace`` and ``answer`` when it has them (the raw-trace student baseline trains on the same rows), ``r_ss``,
-``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``teacher`` (as configured) and
-``sample_index``. This file *is* the student SFT dataset: the student SFT stage reads its ``question``,
-``solution`` and ``explanation`` columns and renders ``PromptFormat.student_completion`` itself, so no second
-file is written (filter on ``matched`` or ``total`` there if wanted).
+``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``wrong_equations`` (the explanation's
+equations that ``rlt_mono.arithmetic.check`` finds wrong), ``teacher`` (as configured) and ``sample_index``. This
+file *is* the student SFT dataset: the student SFT stage reads its ``question``, ``solution`` and ``explanation``
+columns and renders ``PromptFormat.student_completion`` itself, so no second file is written (filter on ``matched``
+or ``total`` there if wanted).
 
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
@@ -47,6 +49,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from rlt_mono.arithmetic import check
 from rlt_mono.atomic_write import append_to, write_text, writing
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.console import terminal_shows_bars
@@ -67,7 +70,7 @@ from rlt_mono.rewards import TeacherRewardConfig
 logger = logging.getLogger(__name__)
 
 DISTILL_FILE = "distill.jsonl"
-SELECTIONS = ("best", "all")
+SELECTIONS = ("best", "all", "best_correct")
 # A resumed run must score like the run that wrote the file, or the rows of one file would not be comparable.
 RESUME_KEYS = ("model.model_name_or_path", "model.gguf_file", "student.model_name_or_path", "student.gguf_file",
                "reward", "distill.samples_per_question", "distill.selection", "distill.temperature")
@@ -190,7 +193,7 @@ def run_distill(cfg: DictConfig) -> Path:
                                max_prompt_tokens=max(len(ids) for ids in prompt_ids),
                                stop_strings=(models.prompt_format.explanation_end,))
     # ---- explain, score, append -----------------------------------------------------------------------
-    written = 0
+    written = no_correct_sample = 0
     out = DistillFile(out_path, then=f"resume with output_dir={output_dir}")
     try:
         with tqdm(total=len(rows), initial=len(rows) - len(todo), desc="distill", unit="question",
@@ -200,6 +203,8 @@ def run_distill(cfg: DictConfig) -> Path:
                 samples = explain(models, generator, batch, options.samples_per_question, options.temperature)
                 kept = [_distill_row(row, s, cfg.model.model_name_or_path)
                         for row, per_row in zip(batch, samples) for s in _select(per_row, options.selection)]
+                if options.selection == "best_correct":
+                    no_correct_sample += sum(line["wrong_equations"] > 0 for line in kept)
                 appended = out.append(kept)
                 if appended < len(batch):
                     logger.warning("distill: %d questions of this batch were in %s already (written by another "
@@ -218,14 +223,22 @@ def run_distill(cfg: DictConfig) -> Path:
     finally:
         out.close()
         generator.close()
+    if options.selection == "best_correct" and no_correct_sample:
+        logger.warning("distill: %d of %d questions had no sample with every equation right; each keeps its best "
+                       "by reward (wrong_equations > 0 in %s)", no_correct_sample, len(todo), out_path)
     logger.info("distill: wrote %d questions to %s (%s)", written, out_path,
                 ", ".join(f"{k} {v:.1f}" for k, v in models.phases.pop_metrics().items() if k.endswith("seconds")))
     return output_dir
 
 
 def _select(samples: list[dict], selection: str) -> list[dict]:
-    """``best``: the highest total (the first such sample on a tie); ``all``: every sample."""
-    return samples if selection == "all" else [max(samples, key=lambda s: s["total"])]
+    """``best``: the highest total (the first such sample on a tie); ``all``: every sample; ``best_correct``: the
+    highest total among the samples with no wrong equation, the highest of all when every sample has one."""
+    if selection == "all":
+        return samples
+    if selection == "best_correct":
+        samples = [s for s in samples if check(s["explanation"])[1] == 0] or samples
+    return [max(samples, key=lambda s: s["total"])]
 
 
 def _distill_row(row: dict, sample: dict, teacher: str) -> dict:
@@ -237,6 +250,7 @@ def _distill_row(row: dict, sample: dict, teacher: str) -> dict:
         **{name: row[name] for name in ("reasoning_trace", "answer") if row.get(name)},
         **{name: sample[name] for name in ("r_ss", "r_kl", "match_penalty", "total")},
         "matched": not sample["unmatched"],
+        "wrong_equations": check(sample["explanation"])[1],
         "teacher": teacher,
         "sample_index": sample["sample_index"],
     }

@@ -246,7 +246,8 @@ def test_compare_renders_one_table(tmp_path, capsys):
 
 
 def test_stage_options_are_checked_before_a_model_loads(tmp_path):
-    with pytest.raises(ConfigError, match=r"^distill: selection must be one of \('best', 'all'\), got 'top'$"):
+    with pytest.raises(ConfigError,
+                       match=r"^distill: selection must be one of \('best', 'all', 'best_correct'\), got 'top'$"):
         run_distill(compose("distill", ["size=tiny", f"output_dir={tmp_path}", "distill.selection=top"]))
     with pytest.raises(ConfigError, match="leave nothing to evaluate"):
         run_eval(compose("eval", ["size=tiny", f"output_dir={tmp_path}", "model.model_name_or_path=null",
