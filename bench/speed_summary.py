@@ -1,22 +1,31 @@
-"""results/speed_05b/{pairs,speed}.json from bench/speed_05b.sh's raw results (docs/PERFORMANCE.md, "Speed").
+"""The speed benchmarks' summaries from bench/speed.sh's raw results (docs/PERFORMANCE.md, "Speed").
 
+``--target 05b`` (``results/speed_05b/``):
 - ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
   ratio (goal: <= 1.0).
-- ``speed.json``: rlt_mono at ``memory=speed`` against the pairs' rlt arms. A speed run's steps are not alike (the
-  step that generates also makes the completions of the next ones), so its figure is the mean step over whole
+- ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms. A speed run's
+  steps are not alike (the step that generates also makes the completions of the next ones), so its figure is the mean step over whole
   generations: the steps from the second generation's first step to the step before the third's, i.e. one full
   generation cycle after the warm-up one. Completion tokens per second of the whole step = completions per step x
   completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median step).
 
-    python bench/speed_summary.py <folder with pairs_raw.json and speed.json> --out results/speed_05b \\
-        --commit <sha> --device nvidia-h200 --command "bash bench/speed_05b.sh start 5 5"
+``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_manual.json`` / ``step_auto.json`` with its
+median step and phase seconds (steps after the first), the roofline of each phase (``bench/roofline.py``) and the
+ratios (goal: step <= 1.3x its roofline).
+
+    python bench/speed_summary.py <folder with the raw JSON> --target 05b|7b --out results/speed_<target> \
+        --commit <sha> --device nvidia-h200 --command "bash bench/speed.sh start <target> ..."
 """
 
 import argparse
 import json
 import statistics
 from pathlib import Path
+
+from roofline import DEVICES, PHASES, Work, roofline
+
+from rlt_mono.memory import QWEN25_ARCHS, Arch
 
 
 def pair_ratios(arms: list[dict]) -> list[dict]:
@@ -42,6 +51,28 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
     return sum(cycle) / len(cycle)
 
 
+def seven_b(runs: list[dict], device: str) -> list[dict]:
+    """Each run's median step and phases beside their roofline at ``device``'s rates."""
+    entries = []
+    for run in runs:
+        config = run["grpo_config"]
+        work = Work(Arch.from_config(QWEN25_ARCHS[run["arch"]]), run["completions_per_step"], run["completion_length"],
+                    run["prompt_length"], recompute=config["gradient_checkpointing"])
+        bound = roofline(work, *DEVICES[device])
+        phases = {phase: run.get(f"phase/{phase}/seconds") for phase in PHASES}
+        entries.append({
+            "memory": run["memory"], "status": run["status"], "median_step_s": run.get("median_step_seconds"),
+            "step_seconds": run.get("step_seconds"), "phase_seconds": phases, "roofline_s": bound,
+            "roofline_step_s": sum(bound.values()),
+            "phase_ratio": {p: None if phases[p] is None else phases[p] / bound[p] for p in PHASES},
+            "step_ratio": None if run.get("median_step_seconds") is None
+            else run["median_step_seconds"] / sum(bound.values()),
+            "settings": {k: config[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                                "steps_per_generation", "gradient_checkpointing", "optim",
+                                                "vllm_gpu_memory_utilization")}})
+    return entries
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
@@ -49,7 +80,18 @@ def main() -> None:
     parser.add_argument("--commit", required=True)
     parser.add_argument("--device", required=True)
     parser.add_argument("--command", required=True)
+    parser.add_argument("--target", choices=["05b", "7b"], default="05b")
     a = parser.parse_args()
+    if a.target == "7b":
+        runs = [run for name in ("step_manual.json", "step_auto.json") if (a.folder / name).exists()
+                for run in json.loads((a.folder / name).read_text())]
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "step.json").write_text(json.dumps({
+            "commit": a.commit, "device": a.device, "command": a.command, "goal": "step <= 1.3x its roofline",
+            "work": "random-weight Qwen2.5-7B teacher and student, 32 completions x 4,096 forced tokens per step, "
+                    "full fine-tuning, 8-bit Adam (bench/bench_mono.py)", "runs": seven_b(runs, a.device)},
+            indent=1) + "\n")
+        return
     raw = json.loads((a.folder / "pairs_raw.json").read_text())
     arms = [arm for arm in raw if arm["status"] == "ok"]
     pairs = pair_ratios(arms)
@@ -61,7 +103,7 @@ def main() -> None:
     (a.out / "pairs.json").write_text(json.dumps({
         **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
         "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
-    speed = json.loads((a.folder / "speed.json").read_text())[0]
+    speed = json.loads((a.folder / "speed_raw.json").read_text())[0]
     config = speed["grpo_config"]
     per_generation = config["steps_per_generation"] * config["per_device_train_batch_size"] // (
         config["per_device_train_batch_size"] * config["gradient_accumulation_steps"])

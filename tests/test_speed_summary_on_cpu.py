@@ -1,11 +1,14 @@
 """bench/speed_summary.py: pairs of alternating arms, their ratios, and a memory=speed run's whole-cycle step."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
 
-spec = importlib.util.spec_from_file_location("speed_summary", Path(__file__).parents[1] / "bench" / "speed_summary.py")
+BENCH = Path(__file__).parents[1] / "bench"
+sys.path.insert(0, str(BENCH))  # as when run as a script: it imports bench/roofline.py
+spec = importlib.util.spec_from_file_location("speed_summary", BENCH / "speed_summary.py")
 summary = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(summary)
 
@@ -34,3 +37,21 @@ def test_the_speed_step_is_the_mean_of_the_second_whole_generation_cycle():
     assert summary.cycle_mean([30.0, 1.0, 1.0, 1.0, 10.0, 1.0, 1.0, 2.0, 12.0], 4) == pytest.approx(3.5)
     with pytest.raises(ValueError, match="no second cycle"):
         summary.cycle_mean([30.0, 1.0, 1.0, 1.0, 10.0], 4)
+
+
+def test_a_7b_run_is_set_beside_its_roofline():
+    run = {"arch": "7b", "completions_per_step": 32, "completion_length": 4096, "prompt_length": 0, "memory": "manual",
+           "status": "ok", "median_step_seconds": 73.4, "step_seconds": [90.0, 73.0, 73.4, 74.0],
+           "phase/generate/seconds": 33.7, "phase/score/seconds": 16.2, "phase/train/seconds": 19.8,
+           "grpo_config": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 16,
+                           "steps_per_generation": 16, "gradient_checkpointing": True, "optim": "adamw_bnb_8bit",
+                           "vllm_gpu_memory_utilization": 0.3}}
+    [entry] = summary.seven_b([run], "nvidia-h100")
+    # The issue's roofline of this step: about 26 + 7.5 + 10 = 43 s, so 73.4 s is 1.71x.
+    assert entry["roofline_step_s"] == pytest.approx(43, abs=1.0)
+    assert entry["step_ratio"] == pytest.approx(73.4 / entry["roofline_step_s"]) == pytest.approx(1.71, abs=0.04)
+    assert entry["phase_ratio"]["score"] == pytest.approx(16.2 / entry["roofline_s"]["score"])
+    assert entry["settings"]["optim"] == "adamw_bnb_8bit"
+    failed = summary.seven_b([{**run, "status": "out_of_memory", "median_step_seconds": None,
+                               "phase/train/seconds": None}], "nvidia-h100")[0]
+    assert failed["step_ratio"] is None and failed["phase_ratio"]["train"] is None

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The speed benchmarks of docs/PERFORMANCE.md ("Speed") on the GPU machine, random-weight Qwen2.5 pairs
+# (bench/bench_mono.py), in the background so that they outlive a device call (at most 10 minutes each); run from the
+# repository root after the GPU stack is stashed (bench/gpu_pipeline.sh stash):
+#   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5]
+#       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
+#       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps);
+#       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
+#   bash bench/speed.sh start 7b [steps, default 5]
+#       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
+#       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto.
+#   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then copy the JSON and logs to $OUT
+# Each run writes its JSON after every arm, so a lease that ends early keeps the arms that finished.
+# python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
+set -euo pipefail
+root=/root/speed
+case "$1" in
+  start)
+    mkdir -p "$root"
+    stack=$(bash /root/parts/install_gpu_stack.sh /root/parts | tail -1)
+    bench="python3 bench/bench_mono.py all"
+    case "${2:-}" in
+      05b)
+        pairs=${3:-5} steps=${4:-5} modes=rlt,trl
+        for ((i = 1; i < pairs; i++)); do
+          if [ $((i % 2)) -eq 1 ]; then modes+=,trl,rlt; else modes+=,rlt,trl; fi
+        done
+        runs="$bench --modes rlt --memory speed --arch 0.5b --completion-length 1024 --steps 17 \
+--workdir /tmp/bench_speed --out $root/speed_raw.json > $root/speed.log 2>&1
+$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --workdir /tmp/bench_pairs \
+--out $root/pairs_raw.json > $root/pairs.log 2>&1" ;;
+      7b)
+        steps=${3:-5} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit --workdir /tmp/bench_7b"
+        runs="$bench --modes rlt $same --steps $steps --micro-batch 2 --score-micro-batch 2 --util 0.3 \
+--out $root/step_manual.json > $root/step_manual.log 2>&1
+$bench --modes rlt $same --steps $steps --memory auto --out $root/step_auto.json > $root/step_auto.log 2>&1" ;;
+      *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps]" >&2; exit 2 ;;
+    esac
+    printf '%s\nexport PYTHONUNBUFFERED=1\n%s\necho done > %s/DONE\n' "$stack" "$runs" "$root" > "$root/run.sh"
+    rm -f "$root/DONE"
+    setsid nohup bash "$root/run.sh" > "$root/run.log" 2>&1 < /dev/null &
+    sleep 2; cat "$root/run.sh" | tail -n +2 ;;
+  wait)
+    end=$((SECONDS + $2))
+    while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
+    cp "$root"/*.json "$root"/*.log "$OUT"/ 2>/dev/null || true
+    grep -h '"mode"' "$root"/*.log 2>/dev/null | cut -c1-200 | tail -12
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv ;;
+  *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] | wait <seconds>" >&2; exit 2 ;;
+esac
