@@ -5,10 +5,11 @@
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
   ratio (goal: <= 1.0).
 - ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms. A speed run's
-  steps are not alike (the step that generates also makes the completions of the next ones), so its figure is the mean step over whole
-  generations: the steps from the second generation's first step to the step before the third's, i.e. one full
-  generation cycle after the warm-up one. Completion tokens per second of the whole step = completions per step x
-  completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median step).
+  steps are not alike (the step that generates also makes the completions of the next ones), so its figure is the
+  mean step over whole generations: the steps from the second generation's first step to the step before the
+  third's, i.e. one full generation cycle after the warm-up one. Completion tokens per second of the whole step =
+  completions per step x completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median
+  step).
 
 ``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_manual.json`` / ``step_auto.json`` with its
 median step and phase seconds (steps after the first), the roofline of each phase (``bench/roofline.py``) and the
