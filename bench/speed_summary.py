@@ -106,8 +106,7 @@ def main() -> None:
         "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
     speed = json.loads((a.folder / "speed_raw.json").read_text())[0]
     config = speed["grpo_config"]
-    per_generation = config["steps_per_generation"] * config["per_device_train_batch_size"] // (
-        config["per_device_train_batch_size"] * config["gradient_accumulation_steps"])
+    per_generation = config["steps_per_generation"] // config["gradient_accumulation_steps"]  # optimizer steps
     step = cycle_mean(speed["step_seconds"], per_generation)
     default = statistics.median(p["rlt_median_step_s"] for p in pairs)
     tokens = speed["completions_per_step"] * speed["completion_length"]

@@ -209,7 +209,7 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
     the student on another GPU nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))
     if device.type != "cuda" or placement.beside_actor(Role.STUDENT):
-        if cfg.get("memory") != "manual":
+        if cfg.get("memory") in memory_planner.PLANNING_MODES:
             logger.info("memory=%s plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
                         cfg.get("memory"), device, placement.mode)
         return False
@@ -219,7 +219,7 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
                                                    student=Arch.from_config(student_config.to_dict()),
                                                    prompt_length=prompt_length)
     memory_planner.fit_run_config(cfg, settings)
-    return cfg.get("memory") != "manual"
+    return cfg.get("memory") in memory_planner.PLANNING_MODES
 
 
 def longest_prompt(dataset, tokenizer) -> int:

@@ -229,7 +229,7 @@ def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) 
             f"{need / memory.GIB:.2f} GiB")
     aside = ranks * sum(nbytes for _, nbytes in memory.host_memory_terms(
         dataclasses.replace(settings, offload_actor_in_generation=True)))
-    may_aside = cfg.get("memory") in ("auto", "speed") and aside > need
+    may_aside = cfg.get("memory") in memory_planner.PLANNING_MODES and aside > need
     if may_aside:
         line += f", {aside / memory.GIB:.2f} GiB if memory={cfg.get('memory')} sets the teacher aside"
     if available is None:

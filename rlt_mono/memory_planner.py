@@ -62,7 +62,13 @@ from rlt_mono.memory import (
     start_bytes,
     weight_bytes,
 )
-from rlt_mono.speed_plan import completions_per_step, decisions, generation_batch, generation_batches
+from rlt_mono.speed_plan import (
+    completions_per_step,
+    decisions,
+    generation_batch,
+    generation_batches,
+    least_trainer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +80,9 @@ VLLM_WORKING_GIB = 1.5
 VLLM_WORKING_SHARE = 0.10
 # The adapter rank the advice suggests when only a LoRA or QLoRA teacher fits.
 ADVICE_LORA_RANK = 16
-MODES = ("auto", "speed", "manual")
+# The memory modes that choose the run's settings (choose), and every mode.
+PLANNING_MODES = ("auto", "speed")
+MODES = (*PLANNING_MODES, "manual")
 
 
 # ---- the plan and its advice ------------------------------------------------------------------------------
@@ -257,9 +265,7 @@ def choose(s: Settings, speed: bool = False) -> Settings:
         sequences //= 2
     for away, batch, sequences in tries:
         # The pool gets what the card can give beside the least the trainer needs.
-        sized = dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions,
-                                    steps_per_generation=batch, reward_micro_batch_size=1, gradient_checkpointing=True,
-                                    offload_actor_in_generation=away,
+        sized = dataclasses.replace(least_trainer(s, batch, checkpointing=True), offload_actor_in_generation=away,
                                     vllm_gpu_memory_utilization=_utilization(s, sequences))
         if fits(sized):
             break

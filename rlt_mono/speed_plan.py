@@ -52,6 +52,15 @@ def generation_batches(s: Settings) -> list[int]:
     return list(range(cap // unit * unit, 0, -unit))
 
 
+def least_trainer(s: Settings, batch: int, checkpointing: bool) -> Settings:
+    """``s`` with the least the trainer needs beside a generation of ``batch`` completions: micro-batch 1 (the
+    accumulation and steps per generation that keep the completions per step and per generation), reward micro-batch
+    1, gradient checkpointing as given."""
+    return dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions_per_step(s),
+                               steps_per_generation=batch, reward_micro_batch_size=1,
+                               gradient_checkpointing=checkpointing)
+
+
 def speed_notes(before: Settings, after: Settings) -> list[str]:
     """What ``memory=speed`` changed of the algorithm, in plain lines for the plan log."""
     step, generation = completions_per_step(after), generation_batch(after)
@@ -71,9 +80,7 @@ def checkpointing_reason(s: Settings) -> str:
     if not s.gradient_checkpointing:
         return (f"gradient checkpointing off: micro-batch {s.per_device_train_batch_size} trains without recomputing "
                 f"activations (TRAIN {predict(s)[0]['TRAIN'].gib:.1f} GiB, the run may use {s.free:.1f})")
-    without = dataclasses.replace(s, per_device_train_batch_size=1, gradient_accumulation_steps=completions_per_step(s),
-                                  steps_per_generation=generation_batch(s), reward_micro_batch_size=1,
-                                  gradient_checkpointing=False)
+    without = least_trainer(s, generation_batch(s), checkpointing=False)
     return (f"gradient checkpointing on: without it TRAIN needs {predict(without)[0]['TRAIN'].gib:.1f} GiB even at "
             f"micro-batch 1, the run may use {s.free:.1f}")
 
