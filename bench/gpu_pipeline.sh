@@ -86,7 +86,7 @@ case "${1:-}" in
     tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
     cd /root/study
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
-      --exclude='1_teacher_sft' --exclude='*.partial-*' seed* aggregate logs orchestrator.log 2>/dev/null || true
+      --exclude='1_teacher_sft' --exclude='*.partial-*' seed* aggregate* logs orchestrator.log 2>/dev/null || true
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

@@ -27,6 +27,10 @@ those stages' overrides, so a stage's own ``data.*`` overrides (e.g. ``data.max_
 ``steps=[...]`` (``+steps=[...]`` where the config has no ``steps`` key) launches only the named steps and
 leaves the others as they are, their outputs read where a later step needs them.
 
+``+pipeline.<stage>.extra_overrides=[...]`` adds overrides after the stage's own ``overrides`` without restating
+them (a command line cannot append to a list), e.g. ``"+pipeline.distill.extra_overrides=['distill.selection=
+best_correct']"`` (Hydra's grammar wants each quoted): bench/study_gsm.sh distils the same teachers a second way.
+
 ``study: true`` adds the controls that say whether RL made the teacher better (the "Does it teach?" study):
 
     distill_sft_teacher      the SFT-only teacher (1_teacher_sft) explains the same rows as distill
@@ -150,7 +154,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     plans = []
     for step in steps_of(cfg):
         stage = stage_of(step)
-        own = [str(o) for o in stages[stage].get("overrides") or []]
+        own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
         forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
         overrides = (*forwarded, *own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))

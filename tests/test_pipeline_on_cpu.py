@@ -36,6 +36,19 @@ def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
         plan(compose("pipeline_tiny", ["pipeline.distill.config=eval"]), tmp_path)
 
 
+def test_extra_overrides_follow_the_stage_own_and_reach_its_composed_config(tmp_path):
+    extra = "+pipeline.distill.extra_overrides=['distill.selection=best_correct','data.max_rows=5']"
+    steps = {p.stage: p for p in plan(compose("pipeline_tiny", [extra]), tmp_path)}
+    own = [str(o) for o in compose("pipeline_tiny").pipeline.distill.overrides]
+    overrides = list(steps["distill"].overrides)
+    first_extra = overrides.index("distill.selection=best_correct")
+    assert overrides[first_extra - len(own):first_extra] == own  # after the stage's own, in order
+    assert overrides[first_extra + 1] == "data.max_rows=5"
+    assert steps["distill"].settings["distill.selection"] == "best_correct"
+    assert steps["distill"].settings["data.max_rows"] == 5
+    assert "distill.selection=best_correct" not in steps["teacher_rlt"].overrides  # only the named stage
+
+
 def _pipeline(out: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rlt_mono.cli", "pipeline_tiny", f"output_dir={out}", "+study=true",
                            *SMALL],
