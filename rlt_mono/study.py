@@ -213,7 +213,8 @@ class SeedRun:
 
 
 def seed_of(folder: Path) -> int:
-    """A pipeline folder's seed: ``seed`` of its ``config.yaml`` when present, else the N of a ``seed<N>`` name."""
+    """A pipeline folder's seed: ``seed`` of its ``config.yaml`` when present, else the N of a ``seed<N>`` or
+    ``seed<N>-<anything>`` name."""
     config = folder / CONFIG_FILE
     if config.is_file():
         try:
@@ -222,7 +223,7 @@ def seed_of(folder: Path) -> int:
             raise UserError(f"{config}: unreadable ({err})") from err
         if seed is not None:
             return int(seed)
-    if match := re.fullmatch(r"seed(\d+)", folder.name):
+    if match := re.fullmatch(r"seed(\d+)(?:-.+)?", folder.name):  # seed3, or seed3-best_correct (bench/study_gsm.sh)
         return int(match.group(1))
     raise UserError(f"{folder}: no seed in {CONFIG_FILE} and the folder is not named seed<N>")
 

@@ -9,7 +9,7 @@ import pytest
 
 from rlt_mono.errors import UserError
 from rlt_mono.plots import trailing_mean
-from rlt_mono.study import AGGREGATE_FILES, STEP_FOLDER_NAMES, STUDY_FILE, STUDY_TABLE_FILE, aggregate, main
+from rlt_mono.study import AGGREGATE_FILES, STEP_FOLDER_NAMES, STUDY_FILE, STUDY_TABLE_FILE, aggregate, main, seed_of
 
 TEMPLATES, INSTANCES = ("t1", "t2", "t3"), ("i1", "i2")
 # arm eval step -> seed -> correctness per question (t1, t2, t3, i1, i2); None: an uncheckable answer
@@ -186,3 +186,13 @@ def test_folders_without_a_seed_or_with_the_same_seed_are_refused(tmp_path):
     (nameless / "config.yaml").write_text("seed: 7\n")
     with pytest.raises(UserError, match="another seed"):
         aggregate([nameless, twin], tmp_path / "out")
+
+
+def test_a_folder_named_after_its_seed_and_a_selection_reads_as_that_seed(tmp_path):
+    """bench/study_gsm.sh's seed<N>-<selection> folders: one whose pipeline never ran has no config.yaml."""
+    assert seed_of(tmp_path / "seed3-best_correct") == 3
+    assert seed_of(tmp_path / "seed12") == 12
+    with pytest.raises(UserError, match="no seed"):
+        seed_of(tmp_path / "seed3best")
+    with pytest.raises(UserError, match="no seed"):
+        seed_of(tmp_path / "myseed3")
