@@ -22,7 +22,7 @@
 #    time (rlt_mono.run_lock.engine_start).
 # 3. The other folders' steps are linked into their seed's folder, then python -m rlt_mono.study aggregate writes
 #    study.json, study_table.md and the curves in <root>/aggregate (and <root>/aggregate-<selection>).
-# A pipeline that fails is run once more (it continues from the failed stage).
+# A pipeline that fails is run once more, 30 s later (it continues from the failed stage).
 # Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. bench/gpu_pipeline.sh study|wait drive it on
 # the GPU machine.
 set -uo pipefail
@@ -40,7 +40,9 @@ start=$SECONDS
 pipeline() {  # <folder> <seed> <steps> [overrides]: a second attempt continues from a stage that failed
   local folder=$1 seed=$2 steps=$3; shift 3
   ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "+steps=[$steps]" "${extra[@]}" "$@" && return 0
-  echo "pipeline $folder failed: one more attempt from the stage that failed"
+  # a vLLM start that failed on another process's memory moves (lease 7) is likelier to pass a little later
+  echo "pipeline $folder failed: one more attempt from the stage that failed, in 30 s"
+  sleep 30
   ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "+steps=[$steps]" "${extra[@]}" "$@"
 }
 selection() {  # <folder> <seed> <steps>: a pipeline whose distill keeps $also

@@ -38,6 +38,8 @@ ENGINE_LOCK_ENV = "RLT_MONO_ENGINE_LOCK"
 
 # Folders this process holds (resolved path -> the open lock file's descriptor), until release_all.
 _held: dict[Path, int] = {}
+# True while this process holds the engine-start lock (engine_start).
+_starting_here = False
 
 
 class FolderInUse(UserError):
@@ -88,6 +90,7 @@ def engine_lock_path() -> Path:
 def engine_start(what: str = "vLLM engine") -> Iterator[None]:
     """Hold the machine-wide engine-start lock while the block runs (a vLLM engine's start and first sleep): a
     second process waits, saying once whom it waits for."""
+    global _starting_here
     path = engine_lock_path()
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -106,9 +109,31 @@ def engine_start(what: str = "vLLM engine") -> Iterator[None]:
         os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
                                    "command": " ".join(sys.argv)}) + "\n").encode(), 0)
+        _starting_here = True
         yield
     finally:
+        _starting_here = False
         os.close(fd)  # closing the descriptor releases the flock
+
+
+def engine_starting_elsewhere() -> bool:
+    """Whether another process holds the engine-start lock now. vLLM's start measures the card's free memory twice
+    and stops ("Error in memory profiling") when it rose in between, so a process that would hand cached memory
+    back to the card (``torch.cuda.empty_cache``) keeps it while this is true (``rlt_mono.swapper``): in lease 7 of
+    the study, one seed's RL start failed twice that way beside other seeds' steps."""
+    if _starting_here:
+        return False
+    try:
+        fd = os.open(engine_lock_path(), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: nobody has started an engine on this machine
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases the shared lock taken just now, if it was
+    return False
 
 
 def release_all() -> None:

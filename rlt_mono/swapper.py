@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from rlt_mono import run_lock
 from rlt_mono.phases import PhaseTimer
 
 logger = logging.getLogger(__name__)
@@ -140,8 +141,14 @@ class ModelSwapper:
         self._cpu_copies.clear()
 
     def empty_cache(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        """Hand the allocator's cached blocks back to the card, unless another process is starting a vLLM engine
+        (``run_lock.engine_starting_elsewhere``): then they stay cached, and the next call hands them back."""
+        if self.device.type != "cuda":
+            return
+        if run_lock.engine_starting_elsewhere():
+            logger.debug("cached GPU memory kept: another process is starting a vLLM engine")
+            return
+        torch.cuda.empty_cache()
 
     def _count_swap(self, start: float, nbytes: int) -> None:
         self.timer.add_metric("swap/seconds", time.perf_counter() - start)

@@ -162,3 +162,38 @@ def test_engine_starts_wait_for_each_other_and_name_the_holder(tmp_path, monkeyp
     with caplog.at_level("INFO", logger="rlt_mono.run_lock"), run_lock.engine_start():
         pass
     assert "waiting" not in caplog.text
+
+
+def test_cached_memory_is_kept_while_another_process_starts_an_engine(tmp_path, monkeypatch):
+    """vLLM's start fails when the card's free memory rises under it: while another process holds the engine-start
+    lock, ModelSwapper.empty_cache keeps the allocator's cache; before and after, and in the starting process
+    itself, it hands it back."""
+    import torch
+
+    from rlt_mono.swapper import ModelSwapper
+
+    monkeypatch.setenv(run_lock.ENGINE_LOCK_ENV, str(tmp_path / "engine.lock"))
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(run_lock.engine_starting_elsewhere()))
+    swapper = ModelSwapper.__new__(ModelSwapper)
+    swapper.device = torch.device("cuda", 0)  # no CUDA call is made: empty_cache is the patched one
+    assert not run_lock.engine_starting_elsewhere()  # no lock file yet
+    swapper.empty_cache()
+    holder = subprocess.Popen([sys.executable, "-c", ENGINE_HOLD], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert holder.stdout.readline().strip() == "starting"
+        assert run_lock.engine_starting_elsewhere()
+        swapper.empty_cache()  # kept
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not run_lock.engine_starting_elsewhere()
+    swapper.empty_cache()
+    with run_lock.engine_start():  # this process's own start holds the lock: not "elsewhere"
+        assert not run_lock.engine_starting_elsewhere()
+        swapper.empty_cache()
+    assert emptied == [False, False, False]  # three calls emptied the cache, the one during the other start did not
