@@ -117,10 +117,12 @@ def engine_start(what: str = "vLLM engine") -> Iterator[None]:
 
 
 def engine_starting_elsewhere() -> bool:
-    """Whether another process holds the engine-start lock now. vLLM's start measures the card's free memory twice
-    and stops ("Error in memory profiling") when it rose in between, so a process that would hand cached memory
-    back to the card (``torch.cuda.empty_cache``) keeps it while this is true (``rlt_mono.swapper``): in lease 7 of
-    the study, one seed's RL start failed twice that way beside other seeds' steps."""
+    """Whether another process holds the engine-start lock now. vLLM's start reads the card's free memory before
+    and after profiling: memory freed in between stops it ("Error in memory profiling"), memory taken in between
+    leaves no room for its KV cache ("No available memory for the cache blocks"). A process that empties its
+    allocator's cache after each phase does both (it frees, then takes the memory back from the card), so it keeps
+    the cache while this is true (``rlt_mono.swapper``): in lease 7 of the study, one seed's RL start failed once each
+    way beside the other seeds' steps."""
     if _starting_here:
         return False
     try:
