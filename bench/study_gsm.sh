@@ -55,6 +55,13 @@ link() {  # <folder> <from folder> <step folder names...>: link each that exists
   done
   return 0
 }
+link_steps() {  # <folder> <from folder>: link every step folder that ran there (not a link itself) into <folder>
+  local step
+  for step in "$2"/[0-9]*_*; do
+    [ -d "$step" ] && [ ! -L "$step" ] && link "$1" "$2" "$(basename "$step")"
+  done
+  return 0
+}
 pipeline "$root/seed$first" "$first" teacher_sft > "$root/logs/teacher_sft.log" 2>&1
 sft=$?
 echo "teacher_sft exit $sft after $((SECONDS - start)) s"
@@ -115,16 +122,11 @@ echo "${codes[*]} after $((SECONDS - start)) s"
 
 folders=() also_folders=()
 for seed in $seeds; do
-  for from in "$root/seed${seed}ctl" "$root/seed${seed}ev"; do
-    for step in "$from"/[0-9]*_*; do
-      [ -d "$step" ] && [ ! -L "$step" ] && link "$root/seed$seed" "$from" "$(basename "$step")"
-    done
-  done
+  link_steps "$root/seed$seed" "$root/seed${seed}ctl"
+  link_steps "$root/seed$seed" "$root/seed${seed}ev"
   folders+=("$root/seed$seed")
   if [ -n "$also" ]; then  # the teachers' evals are the same under either selection
-    for step in "$root/seed$seed-${also}ctl"/[0-9]*_*; do
-      [ -d "$step" ] && [ ! -L "$step" ] && link "$root/seed$seed-$also" "$root/seed$seed-${also}ctl" "$(basename "$step")"
-    done
+    link_steps "$root/seed$seed-$also" "$root/seed$seed-${also}ctl"
     link "$root/seed$seed-$also" "$root/seed$seed" 5_eval_teacher 10_eval_sft_teacher
     also_folders+=("$root/seed$seed-$also")
   fi
