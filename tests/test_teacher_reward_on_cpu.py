@@ -108,6 +108,34 @@ def test_range_log_probs_is_padding_invariant(tokenizer, student):
         assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 1.0), atol=1e-5)
 
 
+def test_decoder_path_scores_only_the_spans_in_one_fused_call_per_micro_batch(tokenizer, student, monkeypatch):
+    from trl.kernels import ChunkedLogProbFunction
+
+    seqs = [tokenizer(t)["input_ids"] for t in ("short one here", "a much longer sequence of several words here",
+                                                  "x y z", "one more row")]
+    ranges = [(3, len(seqs[0])), (6, len(seqs[1]) - 2), (2, 2), (1, 2)]  # mid-sequence spans and an empty one
+    fused_rows, head_calls = [], []
+    original = ChunkedLogProbFunction.apply
+
+    def counting_apply(hidden, *args):
+        fused_rows.append(hidden.shape[0])
+        return original(hidden, *args)
+
+    monkeypatch.setattr(ChunkedLogProbFunction, "apply", counting_apply)
+    hook = student.lm_head.register_forward_hook(lambda *_: head_calls.append(1))
+    try:
+        fused = range_log_probs(student, seqs, ranges, temperature=0.7, micro_batch_size=2,
+                                pad_token_id=tokenizer.pad_token_id)
+    finally:
+        hook.remove()
+    # longest first: micro-batches {1, 0} and {3, 2}; each hands the kernel exactly its spans' predictors
+    assert fused_rows == [(len(seqs[1]) - 2 - 6) + (len(seqs[0]) - 3), 1 + 0]
+    assert head_calls == []  # the head module never builds (positions, vocabulary) logits
+    for seq, (start, end), lp in zip(seqs, ranges, fused):
+        assert lp.shape == (end - start,) and lp.dtype == torch.float32
+        assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 0.7), atol=1e-5)
+
+
 def test_whole_forward_keeps_only_the_spanned_logits_and_matches_the_decoder_path(tokenizer, student):
     seqs = [tokenizer(t)["input_ids"] for t in ("short one here", "a much longer sequence of several words here",
                                                   "x y z")]

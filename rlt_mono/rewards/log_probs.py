@@ -1,10 +1,12 @@
 """Batched per-token log-probs of chosen token ranges, without materialising full-vocabulary logits.
 
-Sequences are sorted by length and run in right-padded micro-batches through the model's decoder; the
-language-model head is applied only to the hidden states that predict the requested tokens, in chunks, so
-a 4K-token completion with a 152K vocabulary never builds a ``(B, T, V)`` tensor. The one exception is
-``whole_forward`` (a sharded teacher, whose own forward must run): it keeps the logits of the positions the
-micro-batch's ranges span (counted by ``rlt_mono.memory.teacher_pass_logits_bytes``).
+Sequences are sorted by length and run in right-padded micro-batches through the model's decoder; only the hidden
+states that predict the requested tokens go through the language-model head, all of a micro-batch's at once, in
+TRL's fused log-prob kernel (``trl.kernels.ChunkedLogProbFunction``: the head's matmul in tiles, each folded into
+online log-sum-exp statistics by a Triton kernel on GPUs, torch ops elsewhere), so a 4K-token completion with a
+152K vocabulary never builds a ``(T, V)`` tensor. The one exception is ``whole_forward`` (a sharded teacher, whose
+own forward must run): it keeps the logits of the positions the micro-batch's ranges span (counted by
+``rlt_mono.memory.teacher_pass_logits_bytes``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import contextlib
 import torch
 from torch import nn
 
-# Hidden states per lm-head chunk: (chunk, V) fp32 logits = 1024 * 152K * 4 B = 0.6 GB for Qwen2.5.
+# whole_forward: kept logits per log-softmax chunk, (chunk, V) fp32 = 1024 * 152K * 4 B = 0.6 GB for Qwen2.5.
 _HEAD_CHUNK = 1024
+# Vocabulary entries per tile of the fused kernel (TRL's own default for its fused LM head).
+_VOCAB_TILE = 32768
 
 
 @torch.no_grad()
@@ -51,7 +55,6 @@ def range_log_probs(
         if not 1 <= start <= end <= len(seq):
             raise ValueError(f"range ({start}, {end}) is invalid for a sequence of {len(seq)} tokens")
     device = next(model.parameters()).device
-    decoder, head = (None, None) if whole_forward else (model.get_decoder(), model.get_output_embeddings())
     results: list[torch.Tensor | None] = [None] * len(sequences)
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]), reverse=True)
     for first in range(0, len(order), micro_batch_size):
@@ -63,26 +66,64 @@ def range_log_probs(
             input_ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
             attention_mask[row, : len(sequences[i])] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        spans = [ranges[i] for i in chunk]
         with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
             if whole_forward:
-                spans = [ranges[i] for i in chunk if ranges[i][0] < ranges[i][1]] or [(1, 1)]
-                first_pos = min(start for start, _ in spans) - 1  # logits at position t predict token t + 1
-                keep = torch.arange(first_pos, max(end for _, end in spans) - 1, device=device)
-                kept = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                             logits_to_keep=keep).logits  # (b, K, V)
+                log_probs = _whole_forward_log_probs(model, input_ids, attention_mask, spans, temperature)
             else:
-                hidden = decoder(input_ids=input_ids, attention_mask=attention_mask,
-                                 use_cache=False).last_hidden_state  # (b, T, H)
-        for row, i in enumerate(chunk):
-            start, end = ranges[i]
-            parts = []
-            for lo in range(start, end, _HEAD_CHUNK):
-                hi = min(lo + _HEAD_CHUNK, end)
-                if whole_forward:
-                    logits = kept[row, lo - 1 - first_pos : hi - 1 - first_pos]  # (L, V)
-                else:
-                    logits = head(hidden[row, lo - 1 : hi - 1])  # (L, V)
-                log_probs = (logits.float() / temperature).log_softmax(-1)
-                parts.append(log_probs.gather(-1, input_ids[row, lo:hi, None]).squeeze(-1))
-            results[i] = torch.cat(parts).cpu() if parts else torch.zeros(0)
+                log_probs = _fused_log_probs(model, input_ids, attention_mask, spans, temperature)
+        for i, row_log_probs in zip(chunk, log_probs):
+            results[i] = row_log_probs
     return results  # type: ignore[return-value]
+
+
+def _fused_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    spans: list[tuple[int, int]],
+    temperature: float,
+) -> list[torch.Tensor]:
+    """The decoder over the micro-batch, then one fused head + log-softmax call over the hidden states that predict
+    the spans' tokens (row by row, in position order), split back per row."""
+    from trl.kernels import ChunkedLogProbFunction  # imports TRL (seconds on a CPU): only when a pass runs
+
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                 use_cache=False).last_hidden_state  # (b, T, H)
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+    starts = torch.tensor([start for start, _ in spans], device=input_ids.device)[:, None]  # (b, 1)
+    ends = torch.tensor([end for _, end in spans], device=input_ids.device)[:, None]  # (b, 1)
+    # position p predicts token p + 1: the predictors of [start, end) are [start - 1, end - 1)
+    predicts = (positions >= starts - 1) & (positions < ends - 1)  # (b, T)
+    targets = input_ids.roll(-1, dims=1)[predicts]  # (N,)
+    head = model.get_output_embeddings()
+    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    log_probs = ChunkedLogProbFunction.apply(hidden[predicts], head.weight, head.bias, targets, temperature,
+                                             _VOCAB_TILE, softcap, 1.0, ("log_probs",))[0]  # (N,)
+    return [part.float().cpu() for part in log_probs.split([end - start for start, end in spans])]
+
+
+def _whole_forward_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    spans: list[tuple[int, int]],
+    temperature: float,
+) -> list[torch.Tensor]:
+    """The model's own forward, keeping the logits of the positions the spans cover (``logits_to_keep``); their
+    log-softmax in chunks of ``_HEAD_CHUNK`` positions."""
+    covered = [(start, end) for start, end in spans if start < end] or [(1, 1)]
+    first_pos = min(start for start, _ in covered) - 1  # logits at position t predict token t + 1
+    keep = torch.arange(first_pos, max(end for _, end in covered) - 1, device=input_ids.device)
+    kept = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                 logits_to_keep=keep).logits  # (b, K, V)
+    out = []
+    for row, (start, end) in enumerate(spans):
+        parts = []
+        for lo in range(start, end, _HEAD_CHUNK):
+            hi = min(lo + _HEAD_CHUNK, end)
+            logits = kept[row, lo - 1 - first_pos : hi - 1 - first_pos]  # (L, V)
+            log_probs = (logits.float() / temperature).log_softmax(-1)
+            parts.append(log_probs.gather(-1, input_ids[row, lo:hi, None]).squeeze(-1))
+        out.append(torch.cat(parts).cpu() if parts else torch.zeros(0))
+    return out
