@@ -5,8 +5,8 @@ earlier lease's folders. This takes each arm from the lease named for it, keeps 
 arms of different leases paired over the held-out questions they share (every lease draws the same held-out sets:
 data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a lease the
 figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<lease>``: the
-RL teachers of a lease that stopped RL at 150 steps): such an entry is listed and enters the correlation, not the
-differences. The correlation is between a teacher's mean held-out reward and the held-out accuracy of the students
+RL teachers of a lease that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is compared
+only with entries of the same label (``rl_teacher@best_correct - sft_teacher@best_correct``). The correlation is between a teacher's mean held-out reward and the held-out accuracy of the students
 trained on its explanations: one point per seed where each seed has its own teacher (RL), one point per teacher
 where all seeds share it (the SFT teacher, scored once), per held-out set. Usage:
 
@@ -39,6 +39,18 @@ def cross_lease_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: s
     pooled = pooled_over_seeds({0: {q: b[q] - a[q] for q in b if q in a}})
     return None if pooled is None else {"mean": pooled["mean"], "ci95": pooled["ci95"],
                                         "questions": pooled["questions"]}
+
+
+COMPARED = (("rl_teacher", "sft_teacher"), ("rl_teacher", "raw_traces"), ("rl_teacher", "base"),
+            ("sft_teacher", "raw_traces"), ("sft_teacher", "base"), ("raw_traces", "base"))  # (b, a): b - a
+
+
+def compared_pairs(labels: list[str]) -> list[tuple[str, str]]:
+    """The ``(b, a)`` entry labels whose difference ``b - a`` is reported: the pairs of ``COMPARED`` that carry the
+    same label (none, or the same ``@<label>``), in that order, unlabelled first."""
+    suffixes = dict.fromkeys(label[len(label.split("@")[0]):] for label in labels)
+    return [(b + suffix, a + suffix) for suffix in suffixes for b, a in COMPARED
+            if b + suffix in labels and a + suffix in labels]
 
 
 def teacher_student_points(teachers: list[dict], arms: list[dict]) -> list[dict]:
@@ -87,18 +99,16 @@ def main() -> None:
     unknown = [label for label in entries if label.split("@")[0] not in STUDENT_ARMS]
     if unknown:
         parser.error(f"unknown arm {unknown}: the arms are {list(STUDENT_ARMS)}, optionally with @<label>")
-    chosen = {label: lease for label, lease in entries.items() if "@" not in label}
     arms = [{**arm_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
             for label, lease in entries.items()]
     teachers = [{**teacher_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
                 for label, lease in entries.items() if label.split("@")[0] in TEACHER_EVALS]
     differences = {}
-    for b, a in (("rl_teacher", "sft_teacher"), ("rl_teacher", "raw_traces"), ("rl_teacher", "base"),
-                 ("sft_teacher", "raw_traces"), ("sft_teacher", "base"), ("raw_traces", "base")):
-        if a in chosen and b in chosen:
-            for held_out in HELD_OUT_SETS:
-                differences[f"{held_out}: {b} ({chosen[b]}) - {a} ({chosen[a]})"] = cross_lease_difference(
-                    leases[chosen[a]], STUDENT_ARMS[a][0], leases[chosen[b]], STUDENT_ARMS[b][0], held_out)
+    for b, a in compared_pairs(list(entries)):
+        step_a, step_b = (STUDENT_ARMS[label.split("@")[0]][0] for label in (a, b))
+        for held_out in HELD_OUT_SETS:
+            differences[f"{held_out}: {b} ({entries[b]}) - {a} ({entries[a]})"] = cross_lease_difference(
+                leases[entries[a]], step_a, leases[entries[b]], step_b, held_out)
     study = {"leases": {name: [str(run.folder) for run in runs] for name, runs in leases.items()},
              "arms": arms, "teachers": teachers, "differences": differences,
              "correlation": correlation(teacher_student_points(teachers, arms)), "commands": args.commands,

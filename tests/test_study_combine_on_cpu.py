@@ -46,3 +46,12 @@ def test_a_label_without_its_student_arm_gives_no_point():
     assert combine.teacher_student_points(teachers, [_arm("rl_teacher", {"templates": {1: 0.2},
                                                                          "instances": {1: 0.2}})]) == []
     assert combine.correlation([])["pearson"] is None
+
+
+def test_differences_pair_entries_of_the_same_label_only():
+    labels = ["base", "sft_teacher", "rl_teacher", "rl_teacher@200", "sft_teacher@best_correct",
+              "rl_teacher@best_correct", "raw_traces@best_correct"]
+    assert combine.compared_pairs(labels) == [
+        ("rl_teacher", "sft_teacher"), ("rl_teacher", "base"), ("sft_teacher", "base"),
+        ("rl_teacher@best_correct", "sft_teacher@best_correct"), ("rl_teacher@best_correct", "raw_traces@best_correct"),
+        ("sft_teacher@best_correct", "raw_traces@best_correct")]  # rl_teacher@200 has no partner of its label
