@@ -5,10 +5,11 @@ earlier lease's folders. This takes each arm from the lease named for it, keeps 
 arms of different leases paired over the held-out questions they share (every lease draws the same held-out sets:
 data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a lease the
 figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<lease>``: the
-RL teachers of a lease that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is compared
-only with entries of the same label (``rl_teacher@best_correct - sft_teacher@best_correct``). The correlation is between a teacher's mean held-out reward and the held-out accuracy of the students
-trained on its explanations: one point per seed where each seed has its own teacher (RL), one point per teacher
-where all seeds share it (the SFT teacher, scored once), per held-out set. Usage:
+RL teachers of a lease that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is
+compared only with entries of the same label (``rl_teacher@best_correct - sft_teacher@best_correct``). The
+correlation is between a teacher's mean held-out reward and the held-out accuracy of the students trained on its
+explanations: one point per seed where each seed has its own teacher (RL), one point per teacher where all seeds
+share it (the SFT teacher, scored once), per held-out set. Usage:
 
     python bench/study_combine.py --lease <name>=<seed folder>,<seed folder>... [--lease ...] \
         --arm <arm>[@<label>]=<lease name> ... --out <study.json> [--command "..."] [--device "..."]
