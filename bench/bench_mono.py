@@ -127,6 +127,9 @@ OPTIONS = {
     "--load-in-4bit": dict(choices=["true", "false"], help="model.load_in_4bit: QLoRA (with --lora-r)"),
     "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
     "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
+    "--profile-step": dict(type=int, help="rlt: profile this optimizer step's score and train phases at the kernel "
+                           "level (bench/phase_profile.py) into the result's 'profile'; that step is left out of the "
+                           "medians"),
     "--pcie-gib": dict(type=float, default=1.0, help="bytes copied host to device, in GiB"),
     "--modes": dict(default="pcie,vllm,trl,rlt", help="modes to run, comma-separated, in order"),
     "--micro-batches": dict(default="2,4,8,16", help="micro-batches to try, comma-separated, increasing"),
@@ -141,7 +144,7 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
     "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--strategy", "--memory", "--card-gib",
-            "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit"],
+            "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit", "--profile-step"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -434,8 +437,17 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     timer = StepTimer()
     trainer.add_callback(timer.callback)
     timer.wrap_generation(trainer)
+    profiler = None
+    if a.profile_step:
+        from phase_profile import PhaseProfiler  # bench/ is on the path: this script runs from it
+
+        profiler = PhaseProfiler(trainer, a.profile_step)
+        trainer.add_callback(profiler.callback)  # after the step timer's: the step is timed before the profile is read
     trainer.train()
-    all_rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    if profiler is not None and len(timer.steps) >= a.profile_step:  # its syncs and tracing slow it: not a sample
+        del timer.steps[a.profile_step - 1], timer.calls[a.profile_step - 1]
+    all_rows = [r for r in read_metrics(out / "metrics.jsonl")
+                if "reward" in r and not (profiler is not None and r.get("step") == a.profile_step)]
     rows = after_first(all_rows)
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total",
                 "dp/")
@@ -453,7 +465,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
             "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},
                        "reward_micro_batch_size": cfg.reward.micro_batch_size},
             "student_gib": sum(p.numel() * p.element_size() for p in trainer.teacher_reward.student_model.parameters())
-            / 2**30, "grpo_config": config}
+            / 2**30, "grpo_config": config, **({"profile": profiler.table} if profiler is not None else {})}
 
 
 CHOSEN = ("vllm_gpu_memory_utilization", "per_device_train_batch_size", "gradient_accumulation_steps",

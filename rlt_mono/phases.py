@@ -182,7 +182,8 @@ class _Frame:
 
 
 def with_throughputs(metrics: dict[str, float], num_parameters: int, device: torch.device) -> dict[str, float]:
-    """Add generation and training tokens/s, and training MFU, to the phase metrics.
+    """Add generation and training tokens/s, training MFU and the share of prompt tokens vLLM's prefix cache served
+    (``generate/prefix_cached_frac``) to the phase metrics.
 
     MFU = 6 * N * training tokens / (TRAIN seconds * peak bf16 FLOP/s): the 6N per token of a forward and
     backward pass (attention FLOPs and gradient-checkpointing recomputation not counted), against the dense
@@ -191,6 +192,9 @@ def with_throughputs(metrics: dict[str, float], num_parameters: int, device: tor
     generate_seconds = metrics.get("phase/generate/seconds", 0.0)
     if generate_seconds > 0 and "generate/tokens" in metrics:
         metrics["perf/generation_tokens_per_s"] = metrics["generate/tokens"] / generate_seconds
+    prompt_tokens = metrics.get("generate/prompt_tokens", 0)
+    if prompt_tokens > 0:
+        metrics["generate/prefix_cached_frac"] = metrics["generate/prefix_cached_tokens"] / prompt_tokens
     train_seconds = metrics.get("phase/train/seconds", 0.0)
     if train_seconds > 0 and "train/tokens" in metrics:
         metrics["perf/train_tokens_per_s"] = metrics["train/tokens"] / train_seconds

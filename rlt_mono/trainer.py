@@ -141,6 +141,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             trl_vllm.time_weight_sync(self.vllm_generation, record_sync)
         # vLLM's sleep/wake cycles, watched for a leak (None: no sleeping colocated engine on a GPU).
         self.sleep_cycles = self._watch_vllm_sleep()
+        if self.use_vllm and self.args.vllm_mode == "colocate":
+            def record_prefix_cache(prompt_tokens: int, cached_tokens: int) -> None:
+                timer.add_metric("generate/prompt_tokens", prompt_tokens)
+                timer.add_metric("generate/prefix_cached_tokens", cached_tokens)
+
+            trl_vllm.watch_prefix_cache(self.vllm_generation.llm, record_prefix_cache)
 
     # ---- phases -------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch):

@@ -270,6 +270,23 @@ def watch_sleep_cycles(llm, awake: Callable[[], None], asleep: Callable[[], None
     llm.wake_up, llm.sleep = watched_wake_up, watched_sleep
 
 
+def watch_prefix_cache(llm, record: Callable[[int, int], None]) -> None:
+    """Call ``record(prompt_tokens, cached_tokens)`` after each ``llm.generate`` with the batch's prompt tokens and
+    those vLLM's prefix cache served (``RequestOutput.num_cached_tokens``; vLLM turns prefix caching on by default,
+    and TRL resets the cache after each weight sync, so hits come from the group's repeated prompt within one
+    call). An output without the count (an older vLLM) adds nothing."""
+    generate = llm.generate
+
+    def watched_generate(*args, **kwargs):
+        outputs = generate(*args, **kwargs)
+        counted = [o for o in outputs if getattr(o, "num_cached_tokens", None) is not None]
+        if counted:
+            record(sum(len(o.prompt_token_ids or ()) for o in counted), sum(o.num_cached_tokens for o in counted))
+        return outputs
+
+    llm.generate = watched_generate
+
+
 def install_one_call_sync(generation, empty_cache: Callable[[], None], record_seconds: Callable[[float], None],
                           after_sync: Callable[[], None] | None = None,
                           named_params: Callable[[], Iterator[tuple[str, torch.Tensor]]] | None = None):

@@ -141,6 +141,8 @@ def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
             assert r[f"phase/{phase}/peak_allocated_gib"] > 0
         assert r["perf/generation_tokens_per_s"] > 0 and r["perf/train_tokens_per_s"] > 0
         assert 0 < r["perf/mfu"] < 1
+        # vLLM's prefix cache, read from its outputs: every prompt token counted, a share of them served from cache
+        assert r["generate/prompt_tokens"] > 0 and 0 <= r["generate/prefix_cached_frac"] <= 1
     assert trainer.vllm_generation.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
 
 

@@ -58,6 +58,13 @@ def test_throughputs_and_mfu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     out = with_throughputs(dict(metrics), num_parameters=10**9, device=torch.device("cuda", 0))
     assert out["perf/mfu"] == pytest.approx(6 * 1e9 * 2000 / (4.0 * 989.4e12))
+    assert "generate/prefix_cached_frac" not in out  # no prompt tokens counted
+
+
+def test_prefix_cached_fraction_of_the_step():
+    out = with_throughputs({"generate/prompt_tokens": 800.0, "generate/prefix_cached_tokens": 672.0},
+                           num_parameters=10**9, device=torch.device("cpu"))
+    assert out["generate/prefix_cached_frac"] == pytest.approx(0.84)
 
 
 def test_device_peak_per_phase_sees_spikes_between_phase_edges_and_nests():

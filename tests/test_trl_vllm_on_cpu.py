@@ -219,3 +219,18 @@ def test_a_missing_capture_where_trl_computes_it_warns_once(tmp_path, monkeypatc
     rows = _steps(tmp_path)
     assert [r["step"] for r in rows] == [1, 3]  # two generation batches, each scored with a teacher pass
     assert all(r["score/reward_teacher_passes"] == 1 and "score/teacher_log_probs_reused" not in r for r in rows)
+
+
+def test_prefix_cache_watch_sums_prompt_and_cached_tokens_per_generate_call():
+    outputs = [SimpleNamespace(prompt_token_ids=[1] * 100, num_cached_tokens=0),  # the group's first request
+               *[SimpleNamespace(prompt_token_ids=[1] * 100, num_cached_tokens=96) for _ in range(7)],  # 6 blocks
+               SimpleNamespace(prompt_token_ids=[2] * 10, num_cached_tokens=None)]  # no count: left out
+    llm = SimpleNamespace(generate=lambda prompts, sampling_params=None, use_tqdm=True: outputs)
+    calls = []
+    trl_vllm.watch_prefix_cache(llm, lambda prompt, cached: calls.append((prompt, cached)))
+    assert llm.generate(["p"], sampling_params=None, use_tqdm=False) is outputs  # the outputs pass through
+    assert calls == [(800, 7 * 96)]
+    llm_without_counts = SimpleNamespace(generate=lambda *a, **k: [SimpleNamespace(prompt_token_ids=[1])])
+    trl_vllm.watch_prefix_cache(llm_without_counts, lambda *a: calls.append(a))
+    llm_without_counts.generate([])
+    assert calls == [(800, 7 * 96)]
