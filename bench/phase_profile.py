@@ -130,22 +130,22 @@ class PhaseProfiler:
     def _mark_enter(self, name: str) -> None:
         import torch
 
-        torch.cuda.synchronize()
+        _synchronize()
         mark = torch.profiler.record_function(name)
         mark.__enter__()
         self._marks.append(mark)
 
     def _mark_exit(self) -> None:
-        import torch
-
-        torch.cuda.synchronize()
+        _synchronize()
         self._marks.pop().__exit__(None, None, None)
 
     def _start(self, open_phases: list[str]) -> None:
         import torch
 
-        torch.cuda.synchronize()
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        _synchronize()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profile = torch.profiler.profile(activities=activities)
         self._profile.__enter__()
         self._started = time.perf_counter()
@@ -169,3 +169,11 @@ class PhaseProfiler:
                 kernels.append((event.name, start, end))
         self.table = {"step": self.step, "profiled_seconds": time.perf_counter() - self._started,
                       "kernels": len(kernels), "phases": phase_table(windows, kernels)}
+
+
+def _synchronize() -> None:
+    """Wait for the GPU's queued kernels (nothing to wait for on a CPU run)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()

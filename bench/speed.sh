@@ -6,9 +6,11 @@
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
 #       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps);
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
-#   bash bench/speed.sh start 7b [steps, default 5]
+#   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
-#       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto.
+#       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto. With a
+#       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
+#       it out of its medians: give one step more.
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then copy the JSON and logs to $OUT
 # Each run writes its JSON after every arm, so a lease that ends early keeps the arms that finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
@@ -30,11 +32,17 @@ case "$1" in
 $bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --workdir /tmp/bench_pairs \
 --out $root/pairs_raw.json > $root/pairs.log 2>&1" ;;
       7b)
-        steps=${3:-5} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit --workdir /tmp/bench_7b"
-        runs="$bench --modes rlt $same --steps $steps --micro-batch 2 --score-micro-batch 2 --util 0.3 \
---out $root/step_manual.json > $root/step_manual.log 2>&1
-$bench --modes rlt $same --steps $steps --memory auto --out $root/step_auto.json > $root/step_auto.log 2>&1" ;;
-      *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps]" >&2; exit 2 ;;
+        steps=${3:-5} arms=${4:-manual,auto} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit"
+        same+=" --workdir /tmp/bench_7b${5:+ --profile-step $5}"
+        runs=""
+        [[ ",$arms," != *,manual,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
+--score-micro-batch 2 --util 0.3 --out $root/step_manual.json > $root/step_manual.log 2>&1
+"
+        [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
+--out $root/step_auto.json > $root/step_auto.log 2>&1
+" ;;
+      *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] [arms] [profiled step]" >&2
+         exit 2 ;;
     esac
     printf '%s\nexport PYTHONUNBUFFERED=1\n%s\necho done > %s/DONE\n' "$stack" "$runs" "$root" > "$root/run.sh"
     rm -f "$root/DONE"

@@ -44,3 +44,20 @@ def test_overlapping_kernels_count_once_in_busy_time_and_fully_in_their_category
     assert table["train"]["categories"] == pytest.approx({"gemm": 105e-6})  # 60 + 40 + 5: kernel time, summed
     assert [(k["name"], k["calls"], k["seconds"]) for k in table["train"]["top_kernels"]] == [
         ("gemm_a", 2, pytest.approx(65e-6)), ("gemm_b", 1, pytest.approx(40e-6))]
+
+
+def test_profiler_on_a_tiny_cpu_run_marks_the_chosen_step_after_its_generation(tmp_path):
+    from rlt_mono import build_trainer, compose, release_trainer
+
+    trainer = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path / 'run'}", "trainer.max_steps=2"]))
+    profiler = profile.PhaseProfiler(trainer, step=2)
+    trainer.add_callback(profiler.callback)
+    try:
+        trainer.train()
+    finally:
+        release_trainer(trainer)
+    assert profiler.table["step"] == 2 and profiler.table["kernels"] == 0  # a CPU run launches no device kernel
+    phases = profiler.table["phases"]
+    assert set(phases) == {"score", "train"}  # generation is left out: the profile starts when it ends
+    assert phases["score"]["wall_s"] > 0 and phases["train"]["wall_s"] > 0
+    assert phases["train"]["busy_s"] == 0 and phases["train"]["idle_s"] == phases["train"]["wall_s"]
