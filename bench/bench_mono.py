@@ -127,6 +127,7 @@ OPTIONS = {
     "--load-in-4bit": dict(choices=["true", "false"], help="model.load_in_4bit: QLoRA (with --lora-r)"),
     "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
     "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
+    "--left-align": dict(choices=["true", "false"], help="trainer.left_align_padding (default: rlt_mono's config)"),
     "--profile-step": dict(type=int, help="rlt: profile this optimizer step's score and train phases at the kernel "
                            "level (bench/phase_profile.py) into the result's 'profile'; that step is left out of the "
                            "medians"),
@@ -144,7 +145,8 @@ TRAINING = ["--arch", "--models", "--workdir", "--completion-length", "--complet
 GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--util"]
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
     "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--strategy", "--memory", "--card-gib",
-            "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit", "--profile-step"],
+            "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit", "--profile-step",
+            "--left-align"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -219,6 +221,7 @@ OVERRIDES = {
     "memory": ["memory={memory}"],
     "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
     "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
+    "left_align": ["trainer.left_align_padding={left_align}"],
     "lora_r": ["model.lora_r={lora_r}"],
     "load_in_4bit": ["model.load_in_4bit={load_in_4bit}"],
 }

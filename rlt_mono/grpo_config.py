@@ -67,6 +67,15 @@ class RLTConfig(trl.GRPOConfig):
             "(rlt_mono.sleep_leak; the readings are logged as memory/after_sleep_gib, memory/after_wake_gib)."
         },
     )
+    left_align_padding: bool = field(
+        default=True,
+        metadata={
+            "help": "Run the teacher's, the reference's and the student's padded passes without an attention mask, "
+            "each row left-aligned (rlt_mono.left_align): PyTorch's attention then takes its flash kernel instead of "
+            "the memory-efficient one. The same log-probs, to float rounding, for models with rotary positions (others "
+            "are left as they are)."
+        },
+    )
     vllm_detokenize: bool = field(
         default=False,
         metadata={

@@ -41,7 +41,7 @@ import trl
 from transformers import TrainerCallback
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, device_memory, dynamic_sampling, lora, run_lock, trl_vllm
+from rlt_mono import checkpoints, device_memory, dynamic_sampling, left_align, lora, run_lock, trl_vllm
 from rlt_mono.config import ConfigError
 from rlt_mono.memory import GIB
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
@@ -108,6 +108,10 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         if quantized and self.use_vllm and not self.trl_surface.one_call_sync:
             raise trl_vllm.TRLSurfaceError("a 4-bit (QLoRA) teacher gives vLLM its merged weights through the one-call "
                                            "weight sync, unavailable here (see the warning above)")
+        if self.args.left_align_padding:
+            for model in (self.model, self.ref_model, teacher_reward.student_model):
+                if model is not None:
+                    left_align.install(model.get_decoder())
         if self.ref_model is not None:
             # FSDP (placement.strategy=fsdp2) shards TRL's reference like the teacher: its 1/N stays on the GPU.
             swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE)
