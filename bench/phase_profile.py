@@ -177,3 +177,45 @@ def _synchronize() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def markdown(table: dict) -> str:
+    """``PhaseProfiler.table`` as two Markdown tables: per phase, then its top kernels."""
+    lines = ["| phase | wall s | GPU busy s (share) | idle s | " + " | ".join(c for c, _ in CATEGORIES) + " | other |",
+             "| --- " * (5 + len(CATEGORIES)) + "|"]
+    for phase, row in table["phases"].items():
+        cats = [f"{row['categories'].get(c, 0.0):.2f}" for c, _ in CATEGORIES] + [
+            f"{row['categories'].get('other', 0.0):.2f}"]
+        lines.append(f"| {phase} | {row['wall_s']:.2f} | {row['busy_s']:.2f} ({row['busy_frac']:.0%}) | "
+                     f"{row['idle_s']:.2f} | " + " | ".join(cats) + " |")
+    lines += ["", "| phase | kernel | category | calls | s | ms per call |", "| --- | --- | --- | --- | --- | --- |"]
+    for phase, row in table["phases"].items():
+        lines += [f"| {phase} | `{k['name'][:70]}` | {k['category']} | {k['calls']} | {k['seconds']:.2f} | "
+                  f"{1e3 * k['seconds'] / k['calls']:.2f} |" for k in row["top_kernels"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    import argparse
+    import json
+    from pathlib import Path
+
+    parser = argparse.ArgumentParser(description="The kernel profile of a bench_mono.py rlt result (--profile-step) "
+                                     "as JSON (with where it was measured) and Markdown")
+    parser.add_argument("result", type=Path, help="bench_mono.py's --out file (a list of results) or one result")
+    parser.add_argument("--out", type=Path, required=True, help="<name>.json; <name>.md is written beside it")
+    parser.add_argument("--commit", required=True)
+    parser.add_argument("--device", required=True)
+    parser.add_argument("--command", required=True)
+    args = parser.parse_args()
+    results = json.loads(args.result.read_text())
+    result = next(r for r in (results if isinstance(results, list) else [results]) if r.get("profile"))
+    summary = {"commit": args.commit, "device": args.device, "command": args.command,
+               "work": {k: result.get(k) for k in ("arch", "completion_length", "completions", "util")},
+               "settings": result.get("chosen"), **result["profile"]}
+    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result["profile"]))
+
+
+if __name__ == "__main__":
+    main()
