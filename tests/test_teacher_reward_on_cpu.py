@@ -108,8 +108,14 @@ def test_range_log_probs_is_padding_invariant(tokenizer, student):
         assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 1.0), atol=1e-5)
 
 
-def test_decoder_path_scores_only_the_spans_in_one_fused_call_per_micro_batch(tokenizer, student, monkeypatch):
+@pytest.mark.parametrize("kernel", [True, False])
+def test_decoder_path_scores_only_the_spans_in_one_fused_call_per_micro_batch(tokenizer, student, monkeypatch,
+                                                                              kernel):
     from trl.kernels import ChunkedLogProbFunction
+
+    from rlt_mono.rewards import log_probs as module
+
+    monkeypatch.setattr(module, "fused_kernel_on", lambda device: kernel)  # True: a GPU's path, run on the CPU
 
     seqs = [tokenizer(t)["input_ids"] for t in ("short one here", "a much longer sequence of several words here",
                                                   "x y z", "one more row")]
@@ -129,8 +135,10 @@ def test_decoder_path_scores_only_the_spans_in_one_fused_call_per_micro_batch(to
     finally:
         hook.remove()
     # longest first: micro-batches {1, 0} and {3, 2}; each hands the kernel exactly its spans' predictors
-    assert fused_rows == [(len(seqs[1]) - 2 - 6) + (len(seqs[0]) - 3), 1 + 0]
-    assert head_calls == []  # the head module never builds (positions, vocabulary) logits
+    spans_tokens = [(len(seqs[1]) - 2 - 6) + (len(seqs[0]) - 3), 1 + 0]
+    assert fused_rows == (spans_tokens if kernel else [])
+    # fused: the head module never builds (positions, vocabulary) logits; plain: once per micro-batch with spans
+    assert len(head_calls) == (0 if kernel else 2)
     for seq, (start, end), lp in zip(seqs, ranges, fused):
         assert lp.shape == (end - start,) and lp.dtype == torch.float32
         assert torch.allclose(lp, _plain_log_probs(student, seq, start, end, 0.7), atol=1e-5)

@@ -1,12 +1,12 @@
 """Batched per-token log-probs of chosen token ranges, without materialising full-vocabulary logits.
 
 Sequences are sorted by length and run in right-padded micro-batches through the model's decoder; only the hidden
-states that predict the requested tokens go through the language-model head, all of a micro-batch's at once, in
-TRL's fused log-prob kernel (``trl.kernels.ChunkedLogProbFunction``: the head's matmul in tiles, each folded into
-online log-sum-exp statistics by a Triton kernel on GPUs, torch ops elsewhere), so a 4K-token completion with a
-152K vocabulary never builds a ``(T, V)`` tensor. The one exception is ``whole_forward`` (a sharded teacher, whose
-own forward must run): it keeps the logits of the positions the micro-batch's ranges span (counted by
-``rlt_mono.memory.teacher_pass_logits_bytes``).
+states that predict the requested tokens go through the language-model head, all of a micro-batch's at once: on a
+GPU in TRL's fused log-prob kernel (``trl.kernels.ChunkedLogProbFunction``: the head's matmul in tiles, each folded
+into online log-sum-exp statistics by a Triton kernel), elsewhere as a log-softmax in chunks of positions, so a
+4K-token completion with a 152K vocabulary never builds a ``(T, V)`` tensor. The one exception is
+``whole_forward`` (a sharded teacher, whose own forward must run): it keeps the logits of the positions the
+micro-batch's ranges span (counted by ``rlt_mono.memory.teacher_pass_logits_bytes``).
 """
 
 from __future__ import annotations
@@ -84,10 +84,9 @@ def _fused_log_probs(
     spans: list[tuple[int, int]],
     temperature: float,
 ) -> list[torch.Tensor]:
-    """The decoder over the micro-batch, then one fused head + log-softmax call over the hidden states that predict
-    the spans' tokens (row by row, in position order), split back per row."""
-    from trl.kernels import ChunkedLogProbFunction  # imports TRL (seconds on a CPU): only when a pass runs
-
+    """The decoder over the micro-batch, then the head + log-softmax over only the hidden states that predict the
+    spans' tokens (row by row, in position order), split back per row: one fused kernel call on a GPU
+    (``fused_kernel_on``), a plain log-softmax in chunks of ``_HEAD_CHUNK`` positions elsewhere."""
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
                                  use_cache=False).last_hidden_state  # (b, T, H)
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
@@ -95,12 +94,31 @@ def _fused_log_probs(
     ends = torch.tensor([end for _, end in spans], device=input_ids.device)[:, None]  # (b, 1)
     # position p predicts token p + 1: the predictors of [start, end) are [start - 1, end - 1)
     predicts = (positions >= starts - 1) & (positions < ends - 1)  # (b, T)
-    targets = input_ids.roll(-1, dims=1)[predicts]  # (N,)
+    selected, targets = hidden[predicts], input_ids.roll(-1, dims=1)[predicts]  # (N, H), (N,)
     head = model.get_output_embeddings()
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    log_probs = ChunkedLogProbFunction.apply(hidden[predicts], head.weight, head.bias, targets, temperature,
-                                             _VOCAB_TILE, softcap, 1.0, ("log_probs",))[0]  # (N,)
+    if fused_kernel_on(hidden.device):
+        from trl.kernels import ChunkedLogProbFunction  # imports TRL (seconds on a CPU): only when a pass runs
+
+        log_probs = ChunkedLogProbFunction.apply(selected, head.weight, head.bias, targets, temperature,
+                                                 _VOCAB_TILE, softcap, 1.0, ("log_probs",))[0]  # (N,)
+    else:
+        parts = []
+        for lo in range(0, len(targets), _HEAD_CHUNK):
+            logits = head(selected[lo : lo + _HEAD_CHUNK]).float()  # (L, V)
+            if softcap is not None:
+                logits = softcap * torch.tanh(logits / softcap)
+            parts.append((logits / temperature).log_softmax(-1).gather(-1, targets[lo : lo + _HEAD_CHUNK, None])
+                         .squeeze(-1))
+        log_probs = torch.cat(parts) if parts else selected.new_zeros(0)
     return [part.float().cpu() for part in log_probs.split([end - start for start, end in spans])]
+
+
+def fused_kernel_on(device: torch.device) -> bool:
+    """Whether the head goes through TRL's fused kernel on ``device``: where it runs as a Triton kernel (CUDA).
+    Elsewhere TRL runs it as torch ops, measured 1.3-1.6x slower on a 2-core CPU than one log-softmax over the
+    same (512 x 152K) logits, which the CPU tests would pay on every reward pass."""
+    return device.type == "cuda"
 
 
 def _whole_forward_log_probs(
