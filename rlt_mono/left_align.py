@@ -55,9 +55,7 @@ def left_aligned(attention_mask: torch.Tensor) -> torch.Tensor | None:
     None when some row's real tokens are not one contiguous run."""
     real = attention_mask.bool()
     lead = (real.cumsum(-1) == 0).sum(-1)  # (B,)
-    width = attention_mask.shape[-1]
-    index = (torch.arange(width, device=real.device) + lead[:, None]) % width  # (B, T)
-    rolled = real.gather(1, index)
+    rolled = _roll(real, lead)
     if bool((rolled[:, 1:] & ~rolled[:, :-1]).any()):  # a real token after a pad: a hole
         return None
     return lead

@@ -108,8 +108,7 @@ def _fused_log_probs(
             logits = head(selected[lo : lo + _HEAD_CHUNK]).float()  # (L, V)
             if softcap is not None:
                 logits = softcap * torch.tanh(logits / softcap)
-            parts.append((logits / temperature).log_softmax(-1).gather(-1, targets[lo : lo + _HEAD_CHUNK, None])
-                         .squeeze(-1))
+            parts.append(_target_log_probs(logits, targets[lo : lo + _HEAD_CHUNK], temperature))
         log_probs = torch.cat(parts) if parts else selected.new_zeros(0)
     return [part.float().cpu() for part in log_probs.split([end - start for start, end in spans])]
 
@@ -141,7 +140,11 @@ def _whole_forward_log_probs(
         for lo in range(start, end, _HEAD_CHUNK):
             hi = min(lo + _HEAD_CHUNK, end)
             logits = kept[row, lo - 1 - first_pos : hi - 1 - first_pos]  # (L, V)
-            log_probs = (logits.float() / temperature).log_softmax(-1)
-            parts.append(log_probs.gather(-1, input_ids[row, lo:hi, None]).squeeze(-1))
+            parts.append(_target_log_probs(logits, input_ids[row, lo:hi], temperature))
         out.append(torch.cat(parts).cpu() if parts else torch.zeros(0))
     return out
+
+
+def _target_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``log softmax(logits / temperature)`` at ``targets``, in float32: ``(L, V)``, ``(L,)`` -> ``(L,)``."""
+    return (logits.float() / temperature).log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
