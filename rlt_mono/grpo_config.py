@@ -124,7 +124,8 @@ class RLTConfig(trl.GRPOConfig):
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        for name in ("plot_metrics", "vllm_detokenize", "activation_offloading", "offload_actor_in_generation"):
+        for name in ("plot_metrics", "vllm_detokenize", "activation_offloading", "offload_actor_in_generation",
+                     "left_align_padding"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.activation_offloading and self.use_cpu:

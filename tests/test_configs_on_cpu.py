@@ -209,6 +209,8 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
     (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, speed, manual"),
     (["demo_tiny", "trainer.offload_actor_in_generation=maybe"],
      "error: trainer: offload_actor_in_generation must be true or false, got 'maybe'"),
+    (["demo_tiny", "trainer.left_align_padding=maybe"],
+     "error: trainer: left_align_padding must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.activation_offloading=true"],
      "error: trainer: activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
 ])
