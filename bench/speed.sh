@@ -8,7 +8,8 @@
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
 #   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
-#       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto. With a
+#       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
+#       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side. With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then copy the JSON and logs to $OUT
@@ -37,6 +38,9 @@ $bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --work
         runs=""
         [[ ",$arms," != *,manual,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
 --score-micro-batch 2 --util 0.3 --out $root/step_manual.json > $root/step_manual.log 2>&1
+"
+        [[ ",$arms," != *,noalign,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
+--score-micro-batch 2 --util 0.3 --left-align false --out $root/step_noalign.json > $root/step_noalign.log 2>&1
 "
         [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
 --out $root/step_auto.json > $root/step_auto.log 2>&1
