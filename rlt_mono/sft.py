@@ -424,11 +424,17 @@ def run_sft(cfg: DictConfig) -> Path:
 
 def _diversity(run: SFTRun) -> diversity.Diversity | None:
     """The trained teacher's explanation diversity on held-out prompts; a collapsed teacher is warned about loudly.
-    One process only: under data parallel the ranks would sample apart (logged, not measured)."""
+    One process only: under data parallel the ranks would sample apart; and not on a sharded teacher
+    (placement.strategy=fsdp2), whose ``generate`` meets FSDP2's sharded parameters (found on the GPU machine: "aten.
+    embedding.default got mixed torch.Tensor and DTensor"). Both are logged, not measured."""
     args = run.trainer.args
     if runtime.world_size() > 1:
         logger.info("teacher_sft: explanation diversity is measured in one-process runs only (this run has %d "
                     "ranks)", runtime.world_size())
+        return None
+    if getattr(run.trainer, "is_fsdp_enabled", False):
+        logger.info("teacher_sft: explanation diversity is not measured on a sharded teacher (placement.strategy="
+                    "fsdp2); the same run with placement.strategy=ddp, or a one-process run, measures it")
         return None
     model = run.trainer.accelerator.unwrap_model(run.trainer.model)
     found = diversity.measure(model, run.trainer.processing_class, run.diversity_prompts, args.diversity_samples,

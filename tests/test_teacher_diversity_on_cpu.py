@@ -98,3 +98,20 @@ def test_sft_stops_on_a_rising_heldout_loss_and_keeps_the_best_checkpoint(tmp_pa
     assert 1 <= diversity["distinct_per_prompt"] <= 3 and 0 <= diversity["all_same_frac"] <= 1
     assert diversity["mean_token_entropy"] > 0 and diversity["tokens"] > 0
     assert any("explanation diversity on 4 held-out prompts x 3 samples" in r.getMessage() for r in caplog.records)
+
+
+def test_a_sharded_teacher_is_not_sampled_and_the_log_says_why(monkeypatch, caplog):
+    # Found on the GPU machine: transformers' generate on a teacher FSDP2 shards (placement.strategy=fsdp2, one rank)
+    # stopped teacher_sft after training with "aten.embedding.default got mixed torch.Tensor and DTensor".
+    from types import SimpleNamespace
+
+    from rlt_mono import sft
+
+    sampled = []
+    monkeypatch.setattr(sft.diversity, "measure", lambda *a, **k: sampled.append(a))
+    trainer = SimpleNamespace(args=SimpleNamespace(), is_fsdp_enabled=True)
+    with caplog.at_level(logging.INFO, logger="rlt_mono.sft"):
+        assert sft._diversity(SimpleNamespace(trainer=trainer, diversity_prompts=["q"])) is None
+    assert sampled == []
+    assert any("not measured on a sharded teacher (placement.strategy=fsdp2)" in r.getMessage()
+               for r in caplog.records)
