@@ -463,6 +463,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
             "completions_per_s": completions / summary["median_step_seconds"],
             "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
             "detokenize": trainer.args.generation_kwargs["detokenize"],
+            "left_align_padding": trainer.args.left_align_padding,
             **summary, **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             **measured_peaks(all_rows, others_gib), **prediction, "memory": a.memory,
             "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},

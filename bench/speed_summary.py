@@ -11,9 +11,9 @@
   completions per step x completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median
   step).
 
-``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_manual.json`` / ``step_auto.json`` with its
-median step and phase seconds (steps after the first), the roofline of each phase (``bench/roofline.py``) and the
-ratios (goal: step <= 1.3x its roofline).
+``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_manual.json`` / ``step_noalign.json`` /
+``step_auto.json`` (its ``arm``: manual, noalign, auto) with its median step and phase seconds (steps after the
+first), the roofline of each phase (``bench/roofline.py``) and the ratios (goal: step <= 1.3x its roofline).
 
     python bench/speed_summary.py <folder with the raw JSON> --target 05b|7b --out results/speed_<target> \
         --commit <sha> --device nvidia-h200 --command "bash bench/speed.sh start <target> ..."
@@ -52,6 +52,11 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
     return sum(cycle) / len(cycle)
 
 
+# speed.sh's 7B arms: noalign is manual with trainer.left_align_padding=false. Runs from before bench_mono.py
+# recorded left_align_padding take theirs from the arm.
+ARMS = ("manual", "noalign", "auto")
+
+
 def seven_b(runs: list[dict], device: str) -> list[dict]:
     """Each run's median step and phases beside their roofline at ``device``'s rates."""
     entries = []
@@ -62,7 +67,8 @@ def seven_b(runs: list[dict], device: str) -> list[dict]:
         bound = roofline(work, *DEVICES[device])
         phases = {phase: run.get(f"phase/{phase}/seconds") for phase in PHASES}
         entries.append({
-            "memory": run["memory"], "status": run["status"], "median_step_s": run.get("median_step_seconds"),
+            "arm": run.get("arm"), "memory": run["memory"], "status": run["status"],
+            "median_step_s": run.get("median_step_seconds"),
             "step_seconds": run.get("step_seconds"), "phase_seconds": phases, "roofline_s": bound,
             "roofline_step_s": sum(bound.values()),
             "phase_ratio": {p: None if phases[p] is None else phases[p] / bound[p] for p in PHASES},
@@ -70,7 +76,8 @@ def seven_b(runs: list[dict], device: str) -> list[dict]:
             else run["median_step_seconds"] / sum(bound.values()),
             "settings": {k: config[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
                                                 "steps_per_generation", "gradient_checkpointing", "optim",
-                                                "vllm_gpu_memory_utilization")}})
+                                                "vllm_gpu_memory_utilization")},
+            "left_align_padding": run.get("left_align_padding", run.get("arm") != "noalign")})
     return entries
 
 
@@ -84,8 +91,8 @@ def main() -> None:
     parser.add_argument("--target", choices=["05b", "7b"], default="05b")
     a = parser.parse_args()
     if a.target == "7b":
-        runs = [run for name in ("step_manual.json", "step_auto.json") if (a.folder / name).exists()
-                for run in json.loads((a.folder / name).read_text())]
+        runs = [{**run, "arm": arm} for arm in ARMS if (a.folder / f"step_{arm}.json").exists()
+                for run in json.loads((a.folder / f"step_{arm}.json").read_text())]
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "step.json").write_text(json.dumps({
             "commit": a.commit, "device": a.device, "command": a.command, "goal": "step <= 1.3x its roofline",

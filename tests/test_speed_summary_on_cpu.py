@@ -52,6 +52,12 @@ def test_a_7b_run_is_set_beside_its_roofline():
     assert entry["step_ratio"] == pytest.approx(73.4 / entry["roofline_step_s"]) == pytest.approx(1.71, abs=0.04)
     assert entry["phase_ratio"]["score"] == pytest.approx(16.2 / entry["roofline_s"]["score"])
     assert entry["settings"]["optim"] == "adamw_bnb_8bit"
+    # The arm says the attention path where the run predates bench_mono.py's left_align_padding field.
+    assert entry["left_align_padding"] is True and entry["arm"] is None
+    noalign, recorded = summary.seven_b([{**run, "arm": "noalign"}, {**run, "arm": "manual",
+                                                                       "left_align_padding": False}], "nvidia-h100")
+    assert (noalign["arm"], noalign["left_align_padding"]) == ("noalign", False)
+    assert recorded["left_align_padding"] is False
     failed = summary.seven_b([{**run, "status": "out_of_memory", "median_step_seconds": None,
                                "phase/train/seconds": None}], "nvidia-h100")[0]
     assert failed["step_ratio"] is None and failed["phase_ratio"]["train"] is None
