@@ -6,7 +6,9 @@
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
-# Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log and $OUT/gpu_tests_<n>.log (n: GPUs the tests saw).
+# Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw) and the
+# sleep/wake leak test's readings, $OUT/sleep_leak_readings.json. All 13 tests take over 9 minutes on one H200: run
+# them in two calls, 'not fsdp2' then fsdp2.
 set -euo pipefail
 arms=$1 tests=${2:-}
 # The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts) or from ../shared/device's stash_part.sh calls.
@@ -23,7 +25,10 @@ optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a call
 run_tests() {
   local filter=()
   [ "$tests" = all ] || filter=(-k "$tests")
-  python3 -m pytest -q -rs tests/test_gpu.py "${filter[@]}" > "$OUT/gpu_tests_$gpus.log" 2>&1 \
+  # -v names each test as it finishes, so a log cut by a timeout still says which passed; the leak test writes its
+  # per-cycle memory readings beside the log.
+  RLT_MONO_SLEEP_LEAK_READINGS="$OUT/sleep_leak_readings.json" \
+    python3 -m pytest -v -rs tests/test_gpu.py "${filter[@]}" > "$OUT/gpu_tests_$gpus.log" 2>&1 \
     || echo "GPU tests failed: $OUT/gpu_tests_$gpus.log"
   tail -n 5 "$OUT/gpu_tests_$gpus.log"
 }

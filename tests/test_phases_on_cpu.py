@@ -28,6 +28,28 @@ def test_nested_phases_exclude_their_children():
     assert phases.pop_metrics() == {}  # popped
 
 
+def test_a_phase_ends_when_its_queued_device_work_does():
+    # A fake device queue: work "launched" in a phase runs only when the timer synchronises. The train phase queues
+    # 0.06 s and returns at once (as CUDA launches do); its seconds must hold that 0.06 s, the next phase's none.
+    queued, syncs = [], []
+
+    def synchronize():
+        syncs.append(sum(queued))
+        time.sleep(sum(queued))
+        queued.clear()
+
+    phases = PhaseTimer("cpu", synchronize=synchronize)
+    with phases.phase(Phase.TRAIN):
+        queued.append(0.06)
+    with phases.phase(Phase.GENERATE):
+        pass
+    m = phases.pop_metrics()
+    assert m["phase/train/seconds"] == pytest.approx(0.06, abs=0.015)
+    assert m["phase/generate/seconds"] < 0.01
+    assert syncs == [0, 0.06, 0, 0]  # at each phase's begin and end
+    assert PhaseTimer("cpu")._synchronize is None  # a CPU timer has no device queue to wait for
+
+
 def test_cpu_swapper_never_moves_models():
     timer = PhaseTimer("cpu")
     swapper = ModelSwapper("cpu", timer)
