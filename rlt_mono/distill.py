@@ -187,7 +187,8 @@ def run_distill(cfg: DictConfig) -> Path:
     if not todo:
         return output_dir
     # ---- models ---------------------------------------------------------------------------------------
-    models = load_stage_models(cfg, reward_config, options.temperature)
+    models = load_stage_models(cfg, reward_config, options.temperature,
+                               left_align_padding=options.left_align_padding)
     _, prompt_ids = teacher_prompts(models, todo)
     generator = open_generator(models, "teacher", options, cfg, max_new_tokens=options.max_new_tokens,
                                max_prompt_tokens=max(len(ids) for ids in prompt_ids),

@@ -39,7 +39,6 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlt_mono import left_align
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
@@ -86,12 +85,9 @@ class EvalConfig(SamplingOptions):
     student_max_new_tokens: int = 4096
     bootstrap_resamples: int = 2000
     confidence: float = 0.95
-    left_align_padding: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.left_align_padding, bool):
-            raise ValueError(f"left_align_padding must be true or false, got {self.left_align_padding!r}")
         if self.student_max_new_tokens < 1:
             raise ValueError(f"student_max_new_tokens must be >= 1, got {self.student_max_new_tokens}")
         if self.bootstrap_resamples < 1:
@@ -230,9 +226,8 @@ def run_eval(cfg: DictConfig) -> Path:
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
-    models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher)
-    if options.left_align_padding:  # the student's padded scoring passes, as trainer.left_align_padding does
-        left_align.install(models.student.get_decoder())
+    models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher,
+                               left_align_padding=options.left_align_padding)
     records = [{k: row[k] for k in ("question", "solution", "answer", "heldout") if k in row} for row in rows]
     try:
         if with_teacher:

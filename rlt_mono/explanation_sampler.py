@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, lora, run_lock
+from rlt_mono import checkpoints, left_align, lora, run_lock
 from rlt_mono.build import resolve_placement_for
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_split, render_prompts
@@ -58,8 +58,11 @@ class SamplingOptions:
     vllm_gpu_memory_utilization: float = 0.5
     vllm_enforce_eager: bool = True
     vllm_kv_cache_gib: float | None = None
+    left_align_padding: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.left_align_padding, bool):
+            raise ValueError(f"left_align_padding must be true or false, got {self.left_align_padding!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -94,9 +97,11 @@ class StageModels:
 
 
 def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teacher_temperature: float,
-                      with_teacher: bool = True) -> StageModels:
+                      with_teacher: bool = True, left_align_padding: bool = True) -> StageModels:
     """Load the student (and the teacher with its reward) where the placement puts them: on a GPU both live in
-    CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates."""
+    CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates. With
+    ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.left_align``, as
+    ``trainer.left_align_padding`` does for the RL stage's models); generation with a cache is left alone."""
     placement = resolve_placement_for(cfg.placement)
     phases = PhaseTimer(placement.device(Role.ACTOR))
     swapper = ModelSwapper(placement.device(Role.ACTOR), phases, pin_memory=cfg.placement.pin_memory)
@@ -109,6 +114,8 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
+    if left_align_padding:
+        left_align.install(student.get_decoder())
     swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
     prompt_format = PromptFormat()
     if not with_teacher:
@@ -117,6 +124,8 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model)).eval()
     teacher.requires_grad_(False)
+    if left_align_padding:
+        left_align.install(teacher.get_decoder())
     # The teacher (the actor role) only scores here (vLLM holds its own copy for generation): CPU memory between
     # passes, on the actor's device for them.
     swapper.place(teacher, "teacher", offload=True, device=placement.device(Role.ACTOR))
