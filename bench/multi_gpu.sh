@@ -7,7 +7,7 @@
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
 # Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw) and the
-# sleep/wake leak test's readings, $OUT/sleep_leak_readings.json. All 13 tests take over 9 minutes on one H200: run
+# sleep/wake leak test's readings, $OUT/sleep_leak_readings.json. All the tests took over 9 minutes on one H200: run
 # them in two calls, 'not fsdp2' then fsdp2.
 set -euo pipefail
 arms=$1 tests=${2:-}

@@ -9,7 +9,8 @@
 #   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
 #       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
-#       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side. With a
+#       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side;
+#       speed is memory=speed (one generation feeds several optimizer steps: give it 2 x those steps + 1). With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then copy the JSON and logs to $OUT
@@ -44,6 +45,9 @@ $bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --work
 "
         [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
 --out $root/step_auto.json > $root/step_auto.log 2>&1
+"
+        [[ ",$arms," != *,speed,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory speed \
+--out $root/step_speed.json > $root/step_speed.log 2>&1
 " ;;
       *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] [arms] [profiled step]" >&2
          exit 2 ;;

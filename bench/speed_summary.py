@@ -11,9 +11,10 @@
   completions per step x completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median
   step).
 
-``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_manual.json`` / ``step_noalign.json`` /
-``step_auto.json`` (its ``arm``: manual, noalign, auto) with its median step and phase seconds (steps after the
-first), the roofline of each phase (``bench/roofline.py``) and the ratios (goal: step <= 1.3x its roofline).
+``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_<arm>.json`` (``arm``: manual, noalign, auto,
+speed) with its median step and phase seconds (steps after the first), the roofline of each phase
+(``bench/roofline.py``) and the ratios (goal: step <= 1.3x its roofline). A speed run's median step mixes the steps
+that generate with those that only train: read its step_seconds.
 
     python bench/speed_summary.py <folder with the raw JSON> --target 05b|7b --out results/speed_<target> \
         --commit <sha> --device nvidia-h200 --command "bash bench/speed.sh start <target> ..."
@@ -54,7 +55,7 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
 
 # speed.sh's 7B arms: noalign is manual with trainer.left_align_padding=false. Runs from before bench_mono.py
 # recorded left_align_padding take theirs from the arm.
-ARMS = ("manual", "noalign", "auto")
+ARMS = ("manual", "noalign", "auto", "speed")
 
 
 def seven_b(runs: list[dict], device: str) -> list[dict]:
