@@ -166,13 +166,19 @@ class DistillFile:
 
 
 # ---- the stage --------------------------------------------------------------------------------------------
-def run_distill(cfg: DictConfig) -> Path:
-    """Write the teacher's explanations of every row to ``<output_dir>/distill.jsonl``; returns ``output_dir``."""
+def check_options(cfg: DictConfig) -> tuple[DistillConfig, TeacherRewardConfig]:
+    """The stage's options and the reward's, checked before anything loads (also by the pipeline, when it plans)."""
     options = instantiate(DistillConfig, cfg.distill, "distill")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
     if cfg.model.model_name_or_path is None:
         raise ConfigError("model.model_name_or_path is null: distill needs a teacher (e.g. "
                           "model.model_name_or_path=outputs/teacher_rlt_mono/<time>/final)")
+    return options, reward_config
+
+
+def run_distill(cfg: DictConfig) -> Path:
+    """Write the teacher's explanations of every row to ``<output_dir>/distill.jsonl``; returns ``output_dir``."""
+    options, reward_config = check_options(cfg)
     output_dir = stage_output_dir(cfg)
     out_path = output_dir / DISTILL_FILE
     # Settings that change the rows must match the rows already written (none yet: any settings do).

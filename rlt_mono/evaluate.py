@@ -209,18 +209,24 @@ def warn_too_few(summary: dict) -> None:
 
 
 # ---- the stage --------------------------------------------------------------------------------------------
-def run_eval(cfg: DictConfig) -> Path:
-    """Evaluate the configured teacher and student on the held-out rows; returns ``output_dir`` (``eval.json``)."""
+def check_options(cfg: DictConfig) -> tuple[EvalConfig, TeacherRewardConfig]:
+    """The stage's options and the reward's, checked before anything loads (also by the pipeline, when it plans)."""
     options = instantiate(EvalConfig, cfg.eval, "eval")
     reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
-    with_teacher = cfg.model.model_name_or_path is not None
-    if not with_teacher and not options.student_accuracy:
+    if cfg.model.model_name_or_path is None and not options.student_accuracy:
         raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
                           "set a teacher, or eval.student_accuracy=true")
-    rows, source = stage_rows(cfg, "eval")
     if options.student_accuracy and importlib.util.find_spec("math_verify") is None:
         raise UserError("the held-out rows' answers are checked with math-verify, which is not installed: "
                         "pip install math-verify, or set eval.student_accuracy=false")
+    return options, reward_config
+
+
+def run_eval(cfg: DictConfig) -> Path:
+    """Evaluate the configured teacher and student on the held-out rows; returns ``output_dir`` (``eval.json``)."""
+    options, reward_config = check_options(cfg)
+    with_teacher = cfg.model.model_name_or_path is not None
+    rows, source = stage_rows(cfg, "eval")
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

@@ -21,6 +21,10 @@ A ``data=<option>`` (or ``data.<key>=...``) given to the pipeline reaches every 
 (teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.DataConfig``'s defaults go first in
 those stages' overrides, so a stage's own ``data.*`` overrides (e.g. ``data.max_rows``) still apply.
 
+Before the first stage runs, every step's composed config goes through its stage's ``check``
+(``rlt_mono.stages.base.Stage``; distill's and eval's options and reward): a wrong option of the last step stops
+the pipeline at once, naming the step, instead of after the stages before it.
+
 ``keep_checkpoints: false`` (``+keep_checkpoints=false``) deletes a training stage's checkpoints once its
 ``final/`` is written (``drop_checkpoints``), for a disk that cannot hold every stage's optimizer states.
 
@@ -161,6 +165,10 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         if composed.get("stage") != stage:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
+        try:  # every step's own options now, before the first stage runs for hours
+            STAGES[stage].check_config(composed)
+        except ConfigError as err:
+            raise ConfigError(f"pipeline step {step}: {err}") from err
         plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step],
                                stage_settings(composed, root)))
     return plans

@@ -128,3 +128,15 @@ def test_drop_checkpoints_keeps_final_and_only_acts_on_a_finished_stage(tmp_path
     assert pipeline.drop_checkpoints(stage) == 2 / 1024  # two 1 MiB files, in GiB
     assert sorted(p.name for p in stage.iterdir()) == ["final"]
     assert (stage / "final" / "model.safetensors").read_bytes() == b"w"
+
+
+def test_a_later_steps_wrong_option_stops_the_pipeline_before_its_first_stage(tmp_path, launched):
+    # Found by hand: eval.left_align_padding=maybe used to surface only when eval started, after every other stage.
+    from rlt_mono.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^pipeline step eval_teacher: eval: left_align_padding must be true or "
+                                          r"false, got 'maybe'$"):
+        _run(tmp_path / "p", "+pipeline.eval.extra_overrides=['eval.left_align_padding=maybe']")
+    with pytest.raises(ConfigError, match=r"^pipeline step distill: distill: selection must be one of "):
+        _run(tmp_path / "q", "+pipeline.distill.extra_overrides=['distill.selection=top']")
+    assert launched == []  # no stage ran

@@ -23,9 +23,22 @@ def test_each_stage_runs_a_function_of_its_config(name):
     assert callable(STAGES[name].load())
 
 
+def test_distill_and_eval_check_their_options_without_loading_a_model():
+    from rlt_mono.config import ConfigError, compose
+
+    assert {name for name, stage in STAGES.items() if stage.check} == {"distill", "eval"}
+    for name in ("distill", "eval"):
+        STAGES[name].check_config(compose(name, ["size=tiny"]))  # the defaults pass
+        with pytest.raises(ConfigError, match=f"^{name}: left_align_padding must be true or false, got 'no way'$"):
+            STAGES[name].check_config(compose(name, ["size=tiny", f"{name}.left_align_padding=no way"]))
+    STAGES["teacher_sft"].check_config(compose("teacher_sft", ["size=tiny", "sft.max_steps=-7"]))  # no check: none
+
+
 def test_a_stage_declaration_is_checked():
     with pytest.raises(ValueError, match="module:function"):
         Stage(name="x", run="rlt_mono.sft")
+    with pytest.raises(ValueError, match=r"check='rlt_mono.distill' is not 'module:function'"):
+        Stage(name="x", run="rlt_mono.distill:run_distill", check="rlt_mono.distill")
     with pytest.raises(ValueError, match="trains='student' is not in model_groups"):
         Stage(name="x", run="rlt_mono.sft:run_sft", config_groups=("model", "data"), trains="student")
     with pytest.raises(ValueError, match="data_parallel needs a model it trains"):

@@ -38,11 +38,16 @@ class Stage:
     reads_data: bool = False
     # placement=dp can run it on several GPUs, one rank each (rlt_mono.launch); only stages that train can.
     data_parallel: bool = False
+    # "module:function" that checks its own options in a composed config, loading nothing, and raises ConfigError
+    # on a wrong one; the pipeline calls it for every step when it plans, so a typo in the last stage's options
+    # stops the pipeline before its first stage, not hours in. None: nothing to check ahead.
+    check: str | None = None
 
     def __post_init__(self) -> None:
-        module, _, function = self.run.partition(":")
-        if not module or not function:
-            raise ValueError(f"Stage {self.name}: run={self.run!r} is not 'module:function'")
+        for field, value in (("run", self.run), ("check", self.check or "-:-")):
+            module, _, function = value.partition(":")
+            if not module or not function:
+                raise ValueError(f"Stage {self.name}: {field}={value!r} is not 'module:function'")
         if self.trains is not None and self.trains not in self.model_groups:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")
         if self.data_parallel and self.trains is None:
@@ -55,5 +60,14 @@ class Stage:
 
     def load(self) -> Callable[[DictConfig], Path]:
         """The stage's run function, imported now (the one place a stage's code is imported by name)."""
-        module, function = self.run.split(":")
-        return getattr(importlib.import_module(module), function)
+        return _function(self.run)
+
+    def check_config(self, cfg: DictConfig) -> None:
+        """Run the stage's ``check`` on ``cfg`` (a ConfigError names what to fix); nothing when it has none."""
+        if self.check is not None:
+            _function(self.check)(cfg)
+
+
+def _function(name: str) -> Callable:
+    module, function = name.split(":")
+    return getattr(importlib.import_module(module), function)

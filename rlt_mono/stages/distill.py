@@ -11,4 +11,5 @@ STAGE = Stage(
     run="rlt_mono.distill:run_distill",
     config_groups=("model", "student", "data", "reward", "placement", "logging", "distill"),
     reads_data=True,
+    check="rlt_mono.distill:check_options",
 )

@@ -12,4 +12,5 @@ STAGE = Stage(
     run="rlt_mono.evaluate:run_eval",
     config_groups=("model", "student", "data", "reward", "placement", "logging", "eval"),
     reads_data=True,
+    check="rlt_mono.evaluate:check_options",
 )
