@@ -44,9 +44,9 @@ class Stage:
     check: str | None = None
 
     def __post_init__(self) -> None:
-        for field, value in (("run", self.run), ("check", self.check or "-:-")):
-            module, _, function = value.partition(":")
-            if not module or not function:
+        for field, value in (("run", self.run), ("check", self.check)):
+            module, _, function = (value or "").partition(":")
+            if value is not None and not (module and function):
                 raise ValueError(f"Stage {self.name}: {field}={value!r} is not 'module:function'")
         if self.trains is not None and self.trains not in self.model_groups:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")
