@@ -128,6 +128,8 @@ OPTIONS = {
     "--cap-gib": dict(type=float, help="cap on torch-allocated GPU memory, vLLM's pool included (default: none)"),
     "--vllm-gib": dict(type=float, help="vLLM's share of the GPU in GiB; overrides --util"),
     "--left-align": dict(choices=["true", "false"], help="trainer.left_align_padding (default: rlt_mono's config)"),
+    "--liger": dict(choices=["true", "false"], help="trainer.use_liger_kernel: liger-kernel's fused layers in the "
+                    "teacher, reference and student (default: rlt_mono's config)"),
     "--profile-step": dict(type=int, help="rlt: profile this optimizer step's score and train phases at the kernel "
                            "level (bench/phase_profile.py) into the result's 'profile'; that step is left out of the "
                            "medians"),
@@ -146,7 +148,7 @@ GENERATION = ["--arch", "--models", "--completion-length", "--completions", "--u
 MODE_OPTIONS = {  # what each mode's child process takes (besides --result-file)
     "rlt": [*TRAINING, "--score-micro-batch", "--placement", "--gpus", "--strategy", "--memory", "--card-gib",
             "--activation-offloading", "--offload-actor", "--lora-r", "--load-in-4bit", "--profile-step",
-            "--left-align"],
+            "--left-align", "--liger"],
     "trl": TRAINING,
     "vllm": GENERATION,
     "vllm_inproc": GENERATION,
@@ -222,6 +224,7 @@ OVERRIDES = {
     "activation_offloading": ["trainer.activation_offloading={activation_offloading}"],
     "offload_actor": ["trainer.offload_actor_in_generation={offload_actor}"],
     "left_align": ["trainer.left_align_padding={left_align}"],
+    "liger": ["trainer.use_liger_kernel={liger}"],
     "lora_r": ["model.lora_r={lora_r}"],
     "load_in_4bit": ["model.load_in_4bit={load_in_4bit}"],
 }
@@ -464,6 +467,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
             "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
             "detokenize": trainer.args.generation_kwargs["detokenize"],
             "left_align_padding": trainer.args.left_align_padding,
+            "use_liger_kernel": trainer.args.use_liger_kernel,
             **summary, **{k: statistics.median(r[k] for r in rows if k in r) for k in keys},
             **measured_peaks(all_rows, others_gib), **prediction, "memory": a.memory,
             "chosen": {**{k: v for k, v in vars(trainer.args).items() if k in CHOSEN},

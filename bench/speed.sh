@@ -2,18 +2,25 @@
 # The speed benchmarks of docs/PERFORMANCE.md ("Speed") on the GPU machine, random-weight Qwen2.5 pairs
 # (bench/bench_mono.py), in the background so that they outlive a device call (at most 10 minutes each); run from the
 # repository root after the GPU stack is stashed (bench/gpu_pipeline.sh stash):
-#   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5]
+#   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
-#       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps);
+#       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps); the speed
+#          arm liger is the same with trainer.use_liger_kernel=true (liger-kernel's wheel carried in .whl);
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
 #   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
 #       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
 #       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side;
+#       liger is manual with trainer.use_liger_kernel=true (liger-kernel's fused layers; its wheel carried in .whl);
 #       speed is memory=speed (one generation feeds several optimizer steps: give it 2 x those steps + 1). With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
-#   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then copy the JSON and logs to $OUT
+#   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
+#       ($OUT/speed_results.tgz)
+# With SPEED_TESTS=<pytest -k expression, or all> set at start, the GPU tests (tests/test_gpu.py) run after the
+# benchmarks, never beside them, in the same background script: gpu_tests.log and sleep_leak_readings.json;
+# SPEED_TESTS_FIRST=<expression> runs those before the benchmarks (gpu_tests_first.log).
+# With SPEED_LAYERS=1, bench/fused_layers.py runs first (7B and 0.5B layers, liger's kernels against plain ones).
 # Each run writes its JSON after every arm, so a lease that ends early keeps the arms that finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
@@ -22,6 +29,11 @@ case "$1" in
   start)
     mkdir -p "$root"
     stack=$(bash /root/parts/install_gpu_stack.sh /root/parts | tail -1)
+    # Wheels carried in .whl (liger-kernel for trainer.use_liger_kernel; pure Python) beside the stack.
+    if compgen -G ".whl/*.whl" > /dev/null; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/speed-site .whl/*.whl
+      stack+="; export PYTHONPATH=/tmp/speed-site:\$PYTHONPATH"
+    fi
     bench="python3 bench/bench_mono.py all"
     case "${2:-}" in
       05b)
@@ -29,10 +41,16 @@ case "$1" in
         for ((i = 1; i < pairs; i++)); do
           if [ $((i % 2)) -eq 1 ]; then modes+=,trl,rlt; else modes+=,rlt,trl; fi
         done
-        runs="$bench --modes rlt --memory speed --arch 0.5b --completion-length 1024 --steps 17 \
---workdir /tmp/bench_speed --out $root/speed_raw.json > $root/speed.log 2>&1
-$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --workdir /tmp/bench_pairs \
---out $root/pairs_raw.json > $root/pairs.log 2>&1" ;;
+        runs="" speed="$bench --modes rlt --memory speed --arch 0.5b --completion-length 1024 --steps 17"
+        [[ ",${5:-speed}," != *,speed,* ]] || runs+="$speed --workdir /tmp/bench_speed --out $root/speed_raw.json \
+> $root/speed.log 2>&1
+"
+        [[ ",${5:-speed}," != *,liger,* ]] || runs+="$speed --liger true --workdir /tmp/bench_speed_liger \
+--out $root/speed_liger_raw.json > $root/speed_liger.log 2>&1
+"
+        [ "$pairs" -eq 0 ] || runs+="$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps \
+--workdir /tmp/bench_pairs --out $root/pairs_raw.json > $root/pairs.log 2>&1
+" ;;
       7b)
         steps=${3:-5} arms=${4:-manual,auto} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit"
         same+=" --workdir /tmp/bench_7b${5:+ --profile-step $5}"
@@ -43,6 +61,9 @@ $bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --work
         [[ ",$arms," != *,noalign,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
 --score-micro-batch 2 --util 0.3 --left-align false --out $root/step_noalign.json > $root/step_noalign.log 2>&1
 "
+        [[ ",$arms," != *,liger,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
+--score-micro-batch 2 --util 0.3 --liger true --out $root/step_liger.json > $root/step_liger.log 2>&1
+"
         [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
 --out $root/step_auto.json > $root/step_auto.log 2>&1
 "
@@ -52,14 +73,36 @@ $bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps --work
       *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] [arms] [profiled step]" >&2
          exit 2 ;;
     esac
-    printf '%s\nexport PYTHONUNBUFFERED=1\n%s\necho done > %s/DONE\n' "$stack" "$runs" "$root" > "$root/run.sh"
+    # With SPEED_LAYERS set, bench/fused_layers.py first: the 7B and 0.5B layers with and without liger's kernels.
+    if [ -n "${SPEED_LAYERS:-}" ]; then
+      runs="python3 bench/fused_layers.py --arch 7b --out $root/fused_layers_7b.json > $root/fused_layers.log 2>&1
+python3 bench/fused_layers.py --arch 0.5b --layers 24 --rows 16 --tokens 1156 --out $root/fused_layers_05b.json \
+>> $root/fused_layers.log 2>&1
+$runs"
+    fi
+    tests() {  # the GPU tests matching $1 (or all), logged to $root/$2
+      local filter=""; [ "$1" = all ] || filter="-k '$1'"
+      echo "RLT_MONO_SLEEP_LEAK_READINGS=$root/sleep_leak_readings.json python3 -m pytest -v -rs tests/test_gpu.py \
+$filter > $root/$2 2>&1 || echo 'GPU tests failed' >> $root/$2"
+    }
+    [ -z "${SPEED_TESTS_FIRST:-}" ] || runs="$(tests "$SPEED_TESTS_FIRST" gpu_tests_first.log)
+$runs"
+    [ -z "${SPEED_TESTS:-}" ] || runs+="$(tests "$SPEED_TESTS" gpu_tests.log)
+"
+    # The runs use a copy of this tree: a later device call replaces the working tree under them.
+    rm -rf "$root/code" && mkdir -p "$root/code" && tar cf - --exclude=./.gpu-stack --exclude=./.parts . \
+      | tar xf - -C "$root/code"
+    printf '%s\nexport PYTHONUNBUFFERED=1\ncd %s/code\n%s\necho done > %s/DONE\n' "$stack" "$root" "$runs" "$root" \
+      > "$root/run.sh"
     rm -f "$root/DONE"
     setsid nohup bash "$root/run.sh" > "$root/run.log" 2>&1 < /dev/null &
     sleep 2; cat "$root/run.sh" | tail -n +2 ;;
   wait)
     end=$((SECONDS + $2))
     while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
-    cp "$root"/*.json "$root"/*.log "$OUT"/ 2>/dev/null || true
+    # One archive (a call brings back at most 8 files): every JSON and log the runs wrote so far.
+    (cd "$root" && tar czf "$OUT/speed_results.tgz" $(ls *.json *.log 2>/dev/null)) || true
+    tail -n 3 "$root/gpu_tests.log" 2>/dev/null || true
     grep -h '"mode"' "$root"/*.log 2>/dev/null | cut -c1-200 | tail -12
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv ;;
   *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] | wait <seconds>" >&2; exit 2 ;;

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import trl
+from transformers.utils import is_liger_kernel_available
 
 
 @dataclass
@@ -125,10 +126,27 @@ class RLTConfig(trl.GRPOConfig):
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         for name in ("plot_metrics", "vllm_detokenize", "activation_offloading", "offload_actor_in_generation",
-                     "left_align_padding"):
+                     "left_align_padding", "use_liger_kernel"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.use_liger_kernel:
+            self._check_liger()
         if self.activation_offloading and self.use_cpu:
             raise ValueError("activation_offloading moves activations from a GPU to the CPU: it needs a GPU run")
         if not 0.0 <= self.ref_model_mixup_alpha <= 1.0:
             raise ValueError(f"ref_model_mixup_alpha must be in [0, 1], got {self.ref_model_mixup_alpha}")
+
+    def _check_liger(self) -> None:
+        """``use_liger_kernel`` needs liger-kernel, whose kernels are Triton GPU kernels, and its layer kernels only:
+        TRL's fused log-prob head replaces the LM head's output, which liger's fused linear cross-entropy would
+        bypass (TRL refuses it too, later)."""
+        if self.use_cpu:
+            raise ValueError("use_liger_kernel runs liger-kernel's Triton kernels, which need a GPU: set "
+                             "use_liger_kernel=false for a CPU run")
+        if not is_liger_kernel_available():
+            raise ValueError("use_liger_kernel=true needs the liger-kernel package: pip install -e '.[gpu]' (or "
+                             "pip install liger-kernel), or set use_liger_kernel=false")
+        if (self.liger_kernel_config or {}).get("fused_linear_cross_entropy"):
+            raise ValueError("liger_kernel_config.fused_linear_cross_entropy=true replaces the model's forward, "
+                             "which TRL's fused log-prob head needs: leave it out (rlt_mono turns it off)")
+        self.liger_kernel_config = {**(self.liger_kernel_config or {}), "fused_linear_cross_entropy": False}

@@ -24,6 +24,9 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 - vLLM colocated and asleep between generations (GPU): the device memory this process holds right after each
   wake-up and each sleep joins each step's log (``memory/after_wake_gib``, ``memory/after_sleep_gib``), and a growth
   over the first cycles beyond ``sleep_leak_warn_gib`` warns once (``rlt_mono.sleep_leak``).
+- ``use_liger_kernel`` (transformers' and TRL's option: liger-kernel's fused RMSNorm, SwiGLU and rotary kernels,
+  TRL keeping its own fused log-prob head): transformers patches the policy when training starts; the reference and
+  the student get the same kernels here.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import safetensors.torch
 import torch
 import trl
 from transformers import TrainerCallback
+from transformers.integrations.liger import apply_liger_kernel
 from trl.models import get_act_offloading_ctx_manager
 
 from rlt_mono import checkpoints, device_memory, dynamic_sampling, left_align, lora, run_lock, trl_vllm
@@ -112,6 +116,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             for model in (self.model, self.ref_model, teacher_reward.student_model):
                 if model is not None:
                     left_align.install(model.get_decoder())
+        if self.args.use_liger_kernel:
+            # transformers patches the policy when training starts; the reference and the student run forward
+            # passes too (TRL's reference pass, the reward's student pass): the same kernels for them.
+            for model in (self.ref_model, teacher_reward.student_model):
+                if model is not None:
+                    apply_liger_kernel(model, self.args.liger_kernel_config)
         if self.ref_model is not None:
             # FSDP (placement.strategy=fsdp2) shards TRL's reference like the teacher: its 1/N stays on the GPU.
             swapper.place(self.ref_model, "reference", offload=placement.offloads(Role.REFERENCE)

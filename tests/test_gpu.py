@@ -225,6 +225,40 @@ def test_left_aligned_padding_takes_the_flash_attention_kernel(bf16_pair):
     assert (aligned[real].argmax(-1) == masked[real].argmax(-1)).float().mean() > 0.98
 
 
+def test_liger_layer_kernels_give_the_plain_layers_log_probs_and_gradients(bf16_pair, monkeypatch):
+    """``trainer.use_liger_kernel``'s kernels (transformers' apply_liger_kernel, TRL's fused log-prob head kept): the
+    RMSNorms and MLPs of the teacher run liger's Triton kernels, and a padded bf16 batch gets the plain layers'
+    log-probs and gradients, to bf16 rounding."""
+    from liger_kernel.transformers import LigerRMSNorm
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.liger import apply_liger_kernel
+    from transformers.models.qwen2 import modeling_qwen2
+
+    for name in ("apply_rotary_pos_emb", "Qwen2RMSNorm", "Qwen2MLP"):  # liger patches the module: undone after
+        monkeypatch.setattr(modeling_qwen2, name, getattr(modeling_qwen2, name))
+
+    def log_probs_and_gradient(model):
+        ids = torch.randint(10, model.config.vocab_size, (4, 96), generator=torch.Generator().manual_seed(0)).cuda()
+        mask = torch.ones_like(ids)
+        mask[0, 60:], mask[2, 30:] = 0, 0  # right padding, as the reward's passes have
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+        taken = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0] * mask[:, 1:]
+        taken.sum().backward()
+        return taken.detach(), model.model.layers[0].mlp.gate_proj.weight.grad.float().flatten()
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(bf16_pair / "teacher", dtype=torch.bfloat16).cuda().train()
+
+    plain, plain_grad = log_probs_and_gradient(load())
+    model = load()
+    apply_liger_kernel(model, {"fused_linear_cross_entropy": False})
+    assert model.model.norm.forward.__func__ is LigerRMSNorm.forward
+    assert all(layer.mlp._get_name() == "LigerSwiGLUMLP" for layer in model.model.layers)
+    fused, fused_grad = log_probs_and_gradient(model)
+    assert (fused - plain).abs().mean() < 0.02, (fused - plain).abs().max()
+    assert torch.nn.functional.cosine_similarity(fused_grad, plain_grad, dim=0) > 0.99
+
+
 def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_state():
     from rlt_mono.phases import PhaseTimer
     from rlt_mono.swapper import ModelSwapper

@@ -1,0 +1,50 @@
+"""``trainer.use_liger_kernel``: what a run refuses before any model loads, and which models get liger-kernel's layer
+kernels (transformers patches the policy when training starts; the trainer patches the reference and the student).
+The kernels themselves are Triton GPU kernels: tests/test_gpu.py compares their log-probs with the plain layers'."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from rlt_mono import grpo_config
+from rlt_mono.grpo_config import RLTConfig
+
+
+def test_without_the_package_the_config_says_how_to_install_it(tmp_path):
+    expected = ("use_liger_kernel=true needs the liger-kernel package: pip install -e '.[gpu]' (or pip install "
+                "liger-kernel), or set use_liger_kernel=false")
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
+        RLTConfig(output_dir=str(tmp_path), max_steps=1, use_liger_kernel=True, report_to=[])
+
+
+def test_liger_keeps_trls_log_prob_head(tmp_path, monkeypatch):
+    monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: True)
+    with pytest.raises(ValueError, match="^liger_kernel_config.fused_linear_cross_entropy=true replaces the model's "
+                                         "forward"):
+        RLTConfig(output_dir=str(tmp_path), max_steps=1, use_liger_kernel=True, report_to=[],
+                  liger_kernel_config={"fused_linear_cross_entropy": True})
+    args = RLTConfig(output_dir=str(tmp_path), max_steps=1, use_liger_kernel=True, report_to=[], bf16=False,
+                     liger_kernel_config={"rope": False})
+    assert args.liger_kernel_config == {"rope": False, "fused_linear_cross_entropy": False}
+
+
+def test_the_trainer_gives_the_reference_and_the_student_liger_kernels(tmp_path, monkeypatch):
+    from rlt_mono import build_trainer, compose, release_trainer, trainer
+
+    monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: True)
+    patched = []
+    monkeypatch.setattr(trainer, "apply_liger_kernel", lambda model, config: patched.append((model, config)))
+    for enabled in (True, False):
+        built = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path / str(enabled)}", "trainer.use_cpu=false",
+                                                    f"trainer.use_liger_kernel={enabled}"]))
+        try:
+            expected = [built.ref_model, built.teacher_reward.student_model] if enabled else []
+            assert [model for model, _ in patched] == expected
+            assert built.model not in [model for model, _ in patched]  # transformers' own, at train()
+            assert all(config == {"fused_linear_cross_entropy": False} for _, config in patched)
+            assert built.args.use_liger_kernel is enabled
+        finally:
+            release_trainer(built)
+        patched.clear()
