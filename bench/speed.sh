@@ -15,6 +15,7 @@
 #       speed is memory=speed (one generation feeds several optimizer steps: give it 2 x those steps + 1). With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
+#   bash bench/speed.sh start '05b 5 5 speed,liger' '7b 5 liger'   several, one quoted argument each, in that order
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
 #       ($OUT/speed_results.tgz)
 # With SPEED_TESTS=<pytest -k expression, or all> set at start, the GPU tests (tests/test_gpu.py) run after the
@@ -35,44 +36,50 @@ case "$1" in
       stack+="; export PYTHONPATH=/tmp/speed-site:\$PYTHONPATH"
     fi
     bench="python3 bench/bench_mono.py all"
-    case "${2:-}" in
-      05b)
-        pairs=${3:-5} steps=${4:-5} modes=rlt,trl
-        for ((i = 1; i < pairs; i++)); do
-          if [ $((i % 2)) -eq 1 ]; then modes+=,trl,rlt; else modes+=,rlt,trl; fi
-        done
-        runs="" speed="$bench --modes rlt --memory speed --arch 0.5b --completion-length 1024 --steps 17"
-        [[ ",${5:-speed}," != *,speed,* ]] || runs+="$speed --workdir /tmp/bench_speed --out $root/speed_raw.json \
+    runs=""
+    specs=("${*:2}")  # one benchmark unquoted (start 7b 9 speed), or several quoted ones (start '05b 5' '7b 5')
+    [[ "${2:-}" != *" "* ]] || specs=("${@:2}")
+    for spec in "${specs[@]}"; do
+      read -r target a3 a4 a5 a6 <<< "$spec"
+      case "$target" in
+        05b)
+          pairs=${a3:-5} steps=${a4:-5} modes=rlt,trl
+          for ((i = 1; i < pairs; i++)); do
+            if [ $((i % 2)) -eq 1 ]; then modes+=,trl,rlt; else modes+=,rlt,trl; fi
+          done
+          speed="$bench --modes rlt --memory speed --arch 0.5b --completion-length 1024 --steps 17"
+          [[ ",${a5:-speed}," != *,speed,* ]] || runs+="$speed --workdir /tmp/bench_speed --out $root/speed_raw.json \
 > $root/speed.log 2>&1
 "
-        [[ ",${5:-speed}," != *,liger,* ]] || runs+="$speed --liger true --workdir /tmp/bench_speed_liger \
+          [[ ",${a5:-speed}," != *,liger,* ]] || runs+="$speed --liger true --workdir /tmp/bench_speed_liger \
 --out $root/speed_liger_raw.json > $root/speed_liger.log 2>&1
 "
-        [ "$pairs" -eq 0 ] || runs+="$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps \
+          [ "$pairs" -eq 0 ] || runs+="$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps \
 --workdir /tmp/bench_pairs --out $root/pairs_raw.json > $root/pairs.log 2>&1
 " ;;
-      7b)
-        steps=${3:-5} arms=${4:-manual,auto} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit"
-        same+=" --workdir /tmp/bench_7b${5:+ --profile-step $5}"
-        runs=""
-        [[ ",$arms," != *,manual,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
---score-micro-batch 2 --util 0.3 --out $root/step_manual.json > $root/step_manual.log 2>&1
+        7b)
+          steps=${a3:-5} arms=${a4:-manual,auto} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit"
+          same+=" --workdir /tmp/bench_7b${a5:+ --profile-step $a5}"
+          manual="$bench --modes rlt $same --steps $steps --micro-batch 2 --score-micro-batch 2 --util 0.3"
+          [[ ",$arms," != *,manual,* ]] || runs+="$manual --out $root/step_manual.json > $root/step_manual.log 2>&1
 "
-        [[ ",$arms," != *,noalign,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
---score-micro-batch 2 --util 0.3 --left-align false --out $root/step_noalign.json > $root/step_noalign.log 2>&1
+          [[ ",$arms," != *,noalign,* ]] || runs+="$manual --left-align false --out $root/step_noalign.json \
+> $root/step_noalign.log 2>&1
 "
-        [[ ",$arms," != *,liger,* ]] || runs+="$bench --modes rlt $same --steps $steps --micro-batch 2 \
---score-micro-batch 2 --util 0.3 --liger true --out $root/step_liger.json > $root/step_liger.log 2>&1
+          [[ ",$arms," != *,liger,* ]] || runs+="$manual --liger true --out $root/step_liger.json \
+> $root/step_liger.log 2>&1
 "
-        [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
+          [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
 --out $root/step_auto.json > $root/step_auto.log 2>&1
 "
-        [[ ",$arms," != *,speed,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory speed \
+          [[ ",$arms," != *,speed,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory speed \
 --out $root/step_speed.json > $root/step_speed.log 2>&1
 " ;;
-      *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] [arms] [profiled step]" >&2
-         exit 2 ;;
-    esac
+        *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] [speed arms] | start 7b [steps] [arms] \
+[profiled step] | start '05b ...' '7b ...'" >&2
+           exit 2 ;;
+      esac
+    done
     # With SPEED_LAYERS set, bench/fused_layers.py first: the 7B and 0.5B layers with and without liger's kernels.
     if [ -n "${SPEED_LAYERS:-}" ]; then
       runs="python3 bench/fused_layers.py --arch 7b --out $root/fused_layers_7b.json > $root/fused_layers.log 2>&1
