@@ -4,15 +4,16 @@
 - ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
   ratio (goal: <= 1.0).
-- ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms. A speed run's
-  steps are not alike (the step that generates also makes the completions of the next ones), so its figure is the
-  mean step over whole generations: the steps from the second generation's first step to the step before the
-  third's, i.e. one full generation cycle after the warm-up one. Completion tokens per second of the whole step =
-  completions per step x completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median
-  step).
+- ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms;
+  ``speed_liger.json`` the same for the run with ``trainer.use_liger_kernel=true`` (``speed_liger_raw.json``), where
+  there is one. A speed run's steps are not alike (the step that generates also makes the completions of the next
+  ones), so its figure is the mean step over whole generations: the steps from the second generation's first step
+  to the step before the third's, i.e. one full generation cycle after the warm-up one. Completion tokens per
+  second of the whole step = completions per step x completion length / that mean (goal: >= 3x the default's, the
+  pairs' rlt arms' median step).
 
-``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_<arm>.json`` (``arm``: manual, noalign, auto,
-speed) with its median step and phase seconds (steps after the first), the roofline of each phase
+``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_<arm>.json`` (``arm``: manual, noalign, liger,
+auto, speed) with its median step and phase seconds (steps after the first), the roofline of each phase
 (``bench/roofline.py``) and the ratios (goal: step <= 1.3x its roofline). A speed run's median step mixes the steps
 that generate with those that only train: read its step_seconds.
 
@@ -53,9 +54,11 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
     return sum(cycle) / len(cycle)
 
 
+# speed.sh's 0.5B memory=speed runs: plain, and with trainer.use_liger_kernel=true.
+SPEED_RUNS = ("speed", "speed_liger")
 # speed.sh's 7B arms: noalign is manual with trainer.left_align_padding=false. Runs from before bench_mono.py
 # recorded left_align_padding take theirs from the arm.
-ARMS = ("manual", "noalign", "auto", "speed")
+ARMS = ("manual", "noalign", "liger", "auto", "speed")
 
 
 def seven_b(runs: list[dict], device: str) -> list[dict]:
@@ -112,26 +115,31 @@ def main() -> None:
     (a.out / "pairs.json").write_text(json.dumps({
         **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
         "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
-    speed = json.loads((a.folder / "speed_raw.json").read_text())[0]
-    config = speed["grpo_config"]
-    per_generation = config["steps_per_generation"] // config["gradient_accumulation_steps"]  # optimizer steps
-    step = cycle_mean(speed["step_seconds"], per_generation)
     default = statistics.median(p["rlt_median_step_s"] for p in pairs)
-    tokens = speed["completions_per_step"] * speed["completion_length"]
-    (a.out / "speed.json").write_text(json.dumps({
-        **shared, "memory": speed["memory"], "optimizer_steps_per_generation": per_generation,
-        "step_seconds": speed["step_seconds"], "cycle_mean_step_s": step, "default_median_step_s": default,
-        "completion_tokens_per_s": tokens / step, "default_completion_tokens_per_s": tokens / default,
-        "speedup": default / step, "goal": "speedup >= 3", "phases_of_the_generating_step": {
-            k: v for k, v in speed.items() if k.startswith(("phase/", "perf/"))},
-        "plan": speed["predicted_table"], "settings": config}, indent=1) + "\n")
     lines = ["| pair | order | rlt s/step | TRL s/step | rlt / TRL |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
               for i, p in enumerate(pairs, 1)]
-    lines += [f"| median | | | | {statistics.median(ratios):.3f} |", "",
-              f"memory=speed: {per_generation} optimizer steps per generation, {step:.2f} s per step over a whole "
-              f"cycle vs {default:.2f} s (the pairs' rlt median): {tokens / step:,.0f} vs {tokens / default:,.0f} "
-              f"completion tokens/s, {default / step:.2f}x"]
+    lines += [f"| median | | | | {statistics.median(ratios):.3f} |", ""]
+    for name in SPEED_RUNS:  # speed_raw.json -> speed.json, speed_liger_raw.json -> speed_liger.json
+        if not (a.folder / f"{name}_raw.json").exists():
+            continue
+        speed = json.loads((a.folder / f"{name}_raw.json").read_text())[0]
+        config = speed["grpo_config"]
+        per_generation = config["steps_per_generation"] // config["gradient_accumulation_steps"]  # optimizer steps
+        step = cycle_mean(speed["step_seconds"], per_generation)
+        tokens = speed["completions_per_step"] * speed["completion_length"]
+        (a.out / f"{name}.json").write_text(json.dumps({
+            **shared, "memory": speed["memory"], "use_liger_kernel": speed.get("use_liger_kernel", False),
+            "optimizer_steps_per_generation": per_generation,
+            "step_seconds": speed["step_seconds"], "cycle_mean_step_s": step, "default_median_step_s": default,
+            "completion_tokens_per_s": tokens / step, "default_completion_tokens_per_s": tokens / default,
+            "speedup": default / step, "goal": "speedup >= 3", "phases_of_the_generating_step": {
+                k: v for k, v in speed.items() if k.startswith(("phase/", "perf/"))},
+            "plan": speed["predicted_table"], "settings": config}, indent=1) + "\n")
+        lines.append(f"memory=speed{' with liger-kernel' if speed.get('use_liger_kernel') else ''}: "
+                     f"{per_generation} optimizer steps per generation, {step:.2f} s per step over a whole cycle vs "
+                     f"{default:.2f} s (the pairs' rlt median): {tokens / step:,.0f} vs {tokens / default:,.0f} "
+                     f"completion tokens/s, {default / step:.2f}x")
     (a.out / "table.md").write_text("\n".join(lines) + "\n")
 
 

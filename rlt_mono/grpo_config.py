@@ -139,7 +139,7 @@ class RLTConfig(trl.GRPOConfig):
     def _check_liger(self) -> None:
         """``use_liger_kernel`` needs liger-kernel, whose kernels are Triton GPU kernels, and its layer kernels only:
         TRL's fused log-prob head replaces the LM head's output, which liger's fused linear cross-entropy would
-        bypass (TRL refuses it too, later)."""
+        bypass (TRL refuses it too, when the trainer starts, and turns it off otherwise)."""
         if self.use_cpu:
             raise ValueError("use_liger_kernel runs liger-kernel's Triton kernels, which need a GPU: set "
                              "use_liger_kernel=false for a CPU run")
@@ -148,5 +148,4 @@ class RLTConfig(trl.GRPOConfig):
                              "pip install liger-kernel), or set use_liger_kernel=false")
         if (self.liger_kernel_config or {}).get("fused_linear_cross_entropy"):
             raise ValueError("liger_kernel_config.fused_linear_cross_entropy=true replaces the model's forward, "
-                             "which TRL's fused log-prob head needs: leave it out (rlt_mono turns it off)")
-        self.liger_kernel_config = {**(self.liger_kernel_config or {}), "fused_linear_cross_entropy": False}
+                             "which TRL's fused log-prob head needs: leave it out (TRL turns it off)")

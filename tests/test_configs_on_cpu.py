@@ -38,7 +38,8 @@ def test_run_config_composes_and_instantiates(name, tmp_path):
     _instantiate(TeacherRewardConfig, cfg.reward, "reward")
     _instantiate(DataConfig, cfg.data, "data")
     trainer = OmegaConf.to_container(cfg.trainer)
-    trainer.update(output_dir=str(tmp_path), bf16=False, use_cpu=True, optim="adamw_torch")  # CPU-checkable
+    # CPU-checkable: no bf16, 8-bit optimizer or liger-kernel (GPU only)
+    trainer.update(output_dir=str(tmp_path), bf16=False, use_cpu=True, optim="adamw_torch", use_liger_kernel=False)
     args = _instantiate(RLTConfig, trainer, "trainer")
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps % args.num_generations == 0
 

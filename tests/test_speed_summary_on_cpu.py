@@ -61,3 +61,34 @@ def test_a_7b_run_is_set_beside_its_roofline():
     failed = summary.seven_b([{**run, "status": "out_of_memory", "median_step_seconds": None,
                                "phase/train/seconds": None}], "nvidia-h100")[0]
     assert failed["step_ratio"] is None and failed["phase_ratio"]["train"] is None
+
+
+def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatch):
+    import json
+
+    config = {"steps_per_generation": 8, "gradient_accumulation_steps": 2}  # 4 optimizer steps per generation
+    pairs = [{**_arm(mode, median), "status": "ok", "grpo_config": {}}
+             for mode, median in (("rlt", 6.0), ("trl", 5.0), ("trl", 5.0), ("rlt", 4.0))]
+    (tmp_path / "pairs_raw.json").write_text(json.dumps(pairs))
+
+    def speed(second_cycle, liger):
+        return [{"memory": "speed", "grpo_config": config, "completions_per_step": 32, "completion_length": 1024,
+                 "step_seconds": [30.0, 1.0, 1.0, 1.0, *second_cycle, 9.0], "predicted_table": "plan",
+                 "use_liger_kernel": liger, "phase/score/seconds": 2.0}]
+
+    (tmp_path / "speed_raw.json").write_text(json.dumps(speed([7.0, 1.0, 1.0, 1.0], False)))  # mean 2.5 s
+    (tmp_path / "speed_liger_raw.json").write_text(json.dumps(speed([5.0, 0.5, 0.5, 0.0], True)))  # mean 1.5 s
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
+                                      "--device", "nvidia-h200", "--command", "bash bench/speed.sh start 05b"])
+    summary.main()
+    # the pairs' rlt median is (6 + 4) / 2 = 5 s: speedups 5 / 2.5 and 5 / 1.5
+    plain, liger = (json.loads((out / f"{name}.json").read_text()) for name in ("speed", "speed_liger"))
+    assert (plain["speedup"], plain["use_liger_kernel"]) == (pytest.approx(2.0), False)
+    assert (liger["speedup"], liger["use_liger_kernel"]) == (pytest.approx(10 / 3), True)
+    assert liger["completion_tokens_per_s"] == pytest.approx(32 * 1024 / 1.5)
+    table = (out / "table.md").read_text().splitlines()
+    assert table[-2].startswith("memory=speed: 4 optimizer steps per generation, 2.50 s per step")
+    assert table[-1].startswith("memory=speed with liger-kernel: 4 optimizer steps per generation, 1.50 s per step")
+    assert table[-1].endswith("3.33x")
+    assert json.loads((out / "pairs.json").read_text())["median_ratio"] == pytest.approx((1.2 + 0.8) / 2)
