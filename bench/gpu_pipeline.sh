@@ -32,8 +32,9 @@ models=(
 setup() {
   bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1   # skips a bundle already unpacked
   eval "$(tail -1 "$OUT/install.log")"
-  # gguf and math-verify (pure Python) travel as wheels in the carried .whl folder: `pip download --no-deps
-  # gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 -d .whl`.
+  # gguf, math-verify and liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml; all pure
+  # Python) travel as wheels in the carried .whl folder: `pip download --no-deps gguf==0.19.0 math-verify==0.9.0
+  # latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 liger-kernel==0.8.5 -d .whl`.
   [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
   export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
   mkdir -p "$cache/pypi" "$cache/reasoning-gym"

@@ -5,17 +5,19 @@
 #   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
 #       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps); the speed
-#          arm liger is the same with trainer.use_liger_kernel=true (liger-kernel's wheel carried in .whl);
+#          arm noliger is the same with trainer.use_liger_kernel=false (the default needs liger-kernel's wheel
+#          carried in .whl); "none" runs neither;
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
 #   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
 #       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
 #       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side;
-#       liger is manual with trainer.use_liger_kernel=true (liger-kernel's fused layers; its wheel carried in .whl);
+#       noliger is manual with trainer.use_liger_kernel=false (the default, liger-kernel's fused layers, needs its
+#       wheel carried in .whl);
 #       speed is memory=speed (one generation feeds several optimizer steps: give it 2 x those steps + 1). With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
-#   bash bench/speed.sh start '05b 5 5 speed,liger' '7b 5 liger'   several, one quoted argument each, in that order
+#   bash bench/speed.sh start '05b 5 5 speed,noliger' '7b 5 manual,noliger'   several, one quoted argument each
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
 #       ($OUT/speed_results.tgz)
 # With SPEED_TESTS=<pytest -k expression, or all> set at start, the GPU tests (tests/test_gpu.py) run after the
@@ -51,8 +53,8 @@ case "$1" in
           [[ ",${a5:-speed}," != *,speed,* ]] || runs+="$speed --workdir /tmp/bench_speed --out $root/speed_raw.json \
 > $root/speed.log 2>&1
 "
-          [[ ",${a5:-speed}," != *,liger,* ]] || runs+="$speed --liger true --workdir /tmp/bench_speed_liger \
---out $root/speed_liger_raw.json > $root/speed_liger.log 2>&1
+          [[ ",${a5:-speed}," != *,noliger,* ]] || runs+="$speed --liger false --workdir /tmp/bench_speed_noliger \
+--out $root/speed_noliger_raw.json > $root/speed_noliger.log 2>&1
 "
           [ "$pairs" -eq 0 ] || runs+="$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps \
 --workdir /tmp/bench_pairs --out $root/pairs_raw.json > $root/pairs.log 2>&1
@@ -66,8 +68,8 @@ case "$1" in
           [[ ",$arms," != *,noalign,* ]] || runs+="$manual --left-align false --out $root/step_noalign.json \
 > $root/step_noalign.log 2>&1
 "
-          [[ ",$arms," != *,liger,* ]] || runs+="$manual --liger true --out $root/step_liger.json \
-> $root/step_liger.log 2>&1
+          [[ ",$arms," != *,noliger,* ]] || runs+="$manual --liger false --out $root/step_noliger.json \
+> $root/step_noliger.log 2>&1
 "
           [[ ",$arms," != *,auto,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory auto \
 --out $root/step_auto.json > $root/step_auto.log 2>&1

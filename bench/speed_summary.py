@@ -5,14 +5,14 @@
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
   ratio (goal: <= 1.0).
 - ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms;
-  ``speed_liger.json`` the same for the run with ``trainer.use_liger_kernel=true`` (``speed_liger_raw.json``), where
-  there is one. A speed run's steps are not alike (the step that generates also makes the completions of the next
-  ones), so its figure is the mean step over whole generations: the steps from the second generation's first step
-  to the step before the third's, i.e. one full generation cycle after the warm-up one. Completion tokens per
-  second of the whole step = completions per step x completion length / that mean (goal: >= 3x the default's, the
-  pairs' rlt arms' median step).
+  ``speed_liger.json`` / ``speed_noliger.json`` the same for a run with ``trainer.use_liger_kernel`` set the other
+  way (``speed_liger_raw.json`` / ``speed_noliger_raw.json``), where there is one. A speed run's steps are not alike
+  (the step that generates also makes the completions of the next ones), so its figure is the mean step over whole
+  generations: the steps from the second generation's first step to the step before the third's, i.e. one full
+  generation cycle after the warm-up one. Completion tokens per second of the whole step = completions per step x
+  completion length / that mean (goal: >= 3x the default's, the pairs' rlt arms' median step).
 
-``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_<arm>.json`` (``arm``: manual, noalign, liger,
+``--target 7b`` (``results/speed_7b/step.json``): each run of ``step_<arm>.json`` (``arm``: manual, noalign, noliger,
 auto, speed) with its median step and phase seconds (steps after the first), the roofline of each phase
 (``bench/roofline.py``) and the ratios (goal: step <= 1.3x its roofline). A speed run's median step mixes the steps
 that generate with those that only train: read its step_seconds.
@@ -54,11 +54,12 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
     return sum(cycle) / len(cycle)
 
 
-# speed.sh's 0.5B memory=speed runs: plain, and with trainer.use_liger_kernel=true.
-SPEED_RUNS = ("speed", "speed_liger")
+# speed.sh's 0.5B memory=speed runs: the defaults, and the same without liger-kernel's layers (speed_noliger); the
+# 2026-11-27 lease ran without them by default and with them as speed_liger.
+SPEED_RUNS = ("speed", "speed_liger", "speed_noliger")
 # speed.sh's 7B arms: noalign is manual with trainer.left_align_padding=false. Runs from before bench_mono.py
 # recorded left_align_padding take theirs from the arm.
-ARMS = ("manual", "noalign", "liger", "auto", "speed")
+ARMS = ("manual", "noalign", "noliger", "auto", "speed")
 
 
 def seven_b(runs: list[dict], device: str) -> list[dict]:
@@ -120,7 +121,7 @@ def main() -> None:
     lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
               for i, p in enumerate(pairs, 1)]
     lines += [f"| median | | | | {statistics.median(ratios):.3f} |", ""]
-    for name in SPEED_RUNS:  # speed_raw.json -> speed.json, speed_liger_raw.json -> speed_liger.json
+    for name in SPEED_RUNS:  # <name>_raw.json -> <name>.json
         if not (a.folder / f"{name}_raw.json").exists():
             continue
         speed = json.loads((a.folder / f"{name}_raw.json").read_text())[0]

@@ -61,8 +61,9 @@ class SamplingOptions:
     left_align_padding: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.left_align_padding, bool):
-            raise ValueError(f"left_align_padding must be true or false, got {self.left_align_padding!r}")
+        for name in ("vllm_enforce_eager", "left_align_padding"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

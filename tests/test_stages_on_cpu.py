@@ -29,8 +29,9 @@ def test_distill_and_eval_check_their_options_without_loading_a_model():
     assert {name for name, stage in STAGES.items() if stage.check} == {"distill", "eval"}
     for name in ("distill", "eval"):
         STAGES[name].check_config(compose(name, ["size=tiny"]))  # the defaults pass
-        with pytest.raises(ConfigError, match=f"^{name}: left_align_padding must be true or false, got 'no way'$"):
-            STAGES[name].check_config(compose(name, ["size=tiny", f"{name}.left_align_padding=no way"]))
+        for option in ("left_align_padding", "vllm_enforce_eager"):
+            with pytest.raises(ConfigError, match=f"^{name}: {option} must be true or false, got 'no way'$"):
+                STAGES[name].check_config(compose(name, ["size=tiny", f"{name}.{option}=no way"]))
     STAGES["teacher_sft"].check_config(compose("teacher_sft", ["size=tiny", "sft.max_steps=-7"]))  # no check: none
 
 
