@@ -21,9 +21,10 @@
 #   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
 #       ($OUT/speed_results.tgz)
 # With SPEED_TESTS=<pytest -k expression, or all> set at start, the GPU tests (tests/test_gpu.py) run after the
-# benchmarks, never beside them, in the same background script: gpu_tests.log and sleep_leak_readings.json;
-# SPEED_TESTS_FIRST=<expression> runs those before the benchmarks (gpu_tests_first.log).
-# With SPEED_LAYERS=1, bench/fused_layers.py runs first (7B and 0.5B layers, liger's kernels against plain ones).
+# benchmarks, never beside them, in the same background script: gpu_tests.log and gpu_tests_leak.json (the leak
+# test's readings); SPEED_TESTS_FIRST=<expression> runs those first of all (gpu_tests_first.log, .._first_leak.json).
+# With SPEED_LAYERS=1, bench/fused_layers.py runs before the benchmarks (7B and 0.5B layers, liger's kernels against
+# plain ones).
 # Each run writes its JSON after every arm, so a lease that ends early keeps the arms that finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
@@ -39,8 +40,9 @@ case "$1" in
     fi
     bench="python3 bench/bench_mono.py all"
     runs=""
-    specs=("${*:2}")  # one benchmark unquoted (start 7b 9 speed), or several quoted ones (start '05b 5' '7b 5')
-    [[ "${2:-}" != *" "* ]] || specs=("${@:2}")
+    # One benchmark unquoted (start 7b 9 speed), or several, one argument each (start '05b 5' '7b 5', or 05b '7b 5').
+    specs=("${*:2}")
+    for arg in "${@:2}"; do [[ "$arg" != *" "* ]] || specs=("${@:2}"); done
     for spec in "${specs[@]}"; do
       read -r target a3 a4 a5 a6 <<< "$spec"
       case "$target" in
@@ -82,21 +84,22 @@ case "$1" in
            exit 2 ;;
       esac
     done
-    # With SPEED_LAYERS set, bench/fused_layers.py first: the 7B and 0.5B layers with and without liger's kernels.
+    # With SPEED_LAYERS set, bench/fused_layers.py before the benchmarks: the 7B and 0.5B layers with and without
+    # liger's kernels.
     if [ -n "${SPEED_LAYERS:-}" ]; then
       runs="python3 bench/fused_layers.py --arch 7b --out $root/fused_layers_7b.json > $root/fused_layers.log 2>&1
 python3 bench/fused_layers.py --arch 0.5b --layers 24 --rows 16 --tokens 1156 --out $root/fused_layers_05b.json \
 >> $root/fused_layers.log 2>&1
 $runs"
     fi
-    tests() {  # the GPU tests matching $1 (or all), logged to $root/$2
+    tests() {  # the GPU tests matching $1 (or all), logged to $root/$2.log (the leak test's readings: $2.json)
       local filter=""; [ "$1" = all ] || filter="-k '$1'"
-      echo "RLT_MONO_SLEEP_LEAK_READINGS=$root/sleep_leak_readings.json python3 -m pytest -v -rs tests/test_gpu.py \
-$filter > $root/$2 2>&1 || echo 'GPU tests failed' >> $root/$2"
+      echo "RLT_MONO_SLEEP_LEAK_READINGS=$root/$2_leak.json python3 -m pytest -v -rs tests/test_gpu.py $filter \
+> $root/$2.log 2>&1 || echo 'GPU tests failed' >> $root/$2.log"
     }
-    [ -z "${SPEED_TESTS_FIRST:-}" ] || runs="$(tests "$SPEED_TESTS_FIRST" gpu_tests_first.log)
+    [ -z "${SPEED_TESTS_FIRST:-}" ] || runs="$(tests "$SPEED_TESTS_FIRST" gpu_tests_first)
 $runs"
-    [ -z "${SPEED_TESTS:-}" ] || runs+="$(tests "$SPEED_TESTS" gpu_tests.log)
+    [ -z "${SPEED_TESTS:-}" ] || runs+="$(tests "$SPEED_TESTS" gpu_tests)
 "
     # The runs use a copy of this tree: a later device call replaces the working tree under them.
     rm -rf "$root/code" && mkdir -p "$root/code" && tar cf - --exclude=./.gpu-stack --exclude=./.parts . \
@@ -111,7 +114,7 @@ $runs"
     while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
     # One archive (a call brings back at most 8 files): every JSON and log the runs wrote so far.
     (cd "$root" && tar czf "$OUT/speed_results.tgz" $(ls *.json *.log 2>/dev/null)) || true
-    tail -n 3 "$root/gpu_tests.log" 2>/dev/null || true
+    tail -n 3 "$root"/gpu_tests*.log 2>/dev/null || true
     grep -h '"mode"' "$root"/*.log 2>/dev/null | cut -c1-200 | tail -12
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv ;;
   *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] | wait <seconds>" >&2; exit 2 ;;

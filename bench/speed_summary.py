@@ -105,6 +105,9 @@ def main() -> None:
                     "full fine-tuning, 8-bit Adam (bench/bench_mono.py)", "runs": seven_b(runs, a.device)},
             indent=1) + "\n")
         return
+    if not (a.folder / "pairs_raw.json").exists():  # the speed runs' baseline is the same lease's default arms
+        parser.error(f"{a.folder} has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms of "
+                     "the same lease, so run the 05b benchmark with at least one pair")
     raw = json.loads((a.folder / "pairs_raw.json").read_text())
     arms = [arm for arm in raw if arm["status"] == "ok"]
     pairs = pair_ratios(arms)

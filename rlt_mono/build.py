@@ -59,6 +59,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     # ---- placement ------------------------------------------------------------------------------------
     placement = resolve_placement_for(cfg.placement, use_cpu=bool(cfg.trainer.get("use_cpu", False)))
     on_gpu = placement.device(Role.ACTOR).startswith("cuda")
+    check_gpu_kernels(cfg, on_gpu)
     if placement.mode == "dp":
         launch.check_strategy(cfg, gpus=int(on_gpu))
     if on_gpu:
@@ -161,6 +162,14 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("output dir: %s", output_dir)
     return trainer
+
+
+def check_gpu_kernels(cfg: DictConfig, on_gpu: bool) -> None:
+    """``trainer.use_liger_kernel`` runs liger-kernel's Triton kernels, which need the run on a GPU: a ``ConfigError``
+    when its placement put it on the CPU (no CUDA device here, or ``trainer.use_cpu``)."""
+    if cfg.trainer.get("use_liger_kernel") is True and not on_gpu:
+        raise ConfigError("trainer.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has "
+                          "none (no CUDA device, or trainer.use_cpu=true): set trainer.use_liger_kernel=false")
 
 
 def release_trainer(trainer: RLTTrainer) -> None:

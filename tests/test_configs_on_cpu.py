@@ -215,8 +215,8 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
     (["demo_tiny", "trainer.use_liger_kernel=maybe"],
      "error: trainer: use_liger_kernel must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.use_liger_kernel=true"],
-     "error: trainer: use_liger_kernel runs liger-kernel's Triton kernels, which need a GPU: set "
-     "use_liger_kernel=false for a CPU run"),
+     "error: trainer.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has none (no "
+     "CUDA device, or trainer.use_cpu=true): set trainer.use_liger_kernel=false"),
     (["demo_tiny", "trainer.activation_offloading=true"],
      "error: trainer: activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
 ])

@@ -344,6 +344,31 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     release_trainer(trainer)
 
 
+def test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_student(bf16_pair, tmp_path):
+    """trainer.use_liger_kernel through build_trainer, vLLM colocated: two steps train, and the teacher (transformers,
+    at train()), the reference and the student (rlt_mono's trainer) all run liger's RMSNorm and SwiGLU. In a process
+    of its own: liger patches transformers' Qwen2 module for every model after it."""
+    if ran_in_own_process("test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_student"):
+        return
+    import math
+
+    from liger_kernel.transformers import LigerRMSNorm
+
+    from rlt_mono import build_trainer, compose, release_trainer
+    from rlt_mono.outputs import read_metrics
+
+    trainer = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair),
+                                                  "trainer.use_liger_kernel=true"]))
+    trainer.train()
+    for model in (trainer.model, trainer.ref_model, trainer.teacher_reward.student_model):
+        decoder = model.get_decoder()
+        assert decoder.norm.forward.__func__ is LigerRMSNorm.forward
+        assert all(layer.mlp._get_name() == "LigerSwiGLUMLP" for layer in decoder.layers)
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
+    assert len(rows) == 2 and all(math.isfinite(r["reward"]) for r in rows)
+    release_trainer(trainer)
+
+
 def test_sleep_wake_cycles_keep_device_memory_flat(bf16_pair, tmp_path):
     """22 RL steps of the tiny pair, each one cycle of generate -> sleep (level 2, TRL's) -> score and train ->
     wake: the device memory this process holds right after each wake-up grows by at most 256 MiB over the cycles

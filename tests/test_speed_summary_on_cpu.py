@@ -92,3 +92,14 @@ def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatc
     assert table[-1].startswith("memory=speed with liger-kernel: 4 optimizer steps per generation, 1.50 s per step")
     assert table[-1].endswith("3.33x")
     assert json.loads((out / "pairs.json").read_text())["median_ratio"] == pytest.approx((1.2 + 0.8) / 2)
+
+
+def test_speed_runs_without_pairs_have_no_baseline(tmp_path, monkeypatch, capsys):
+    (tmp_path / "speed_raw.json").write_text("[]")
+    monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(tmp_path / "out"), "--commit",
+                                      "abc", "--device", "nvidia-h200", "--command", "c"])
+    with pytest.raises(SystemExit) as stop:
+        summary.main()
+    assert stop.value.code == 2
+    assert "has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
