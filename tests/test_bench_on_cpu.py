@@ -30,13 +30,14 @@ def parse(*argv):
 @pytest.fixture
 def bf16_gpu(monkeypatch):
     """The arms' config is the GPU one (bf16, liger-kernel's layers): let transformers accept bf16 and rlt_mono find
-    liger-kernel (the gpu extra's) on this CPU-only machine."""
+    liger-kernel (the gpu extra's) and let its layers through on this CPU-only machine."""
     import transformers.training_args
 
-    from rlt_mono import grpo_config
+    from rlt_mono import build, grpo_config
 
     monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
     monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: True)
+    monkeypatch.setattr(build, "check_gpu_kernels", lambda cfg, on_gpu: None)
 
 
 # ---- command line ----------------------------------------------------------------------------------------------
