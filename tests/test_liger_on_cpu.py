@@ -60,17 +60,14 @@ def test_the_trainer_gives_the_reference_and_the_student_liger_kernels(tmp_path,
     monkeypatch.setattr(build, "check_gpu_kernels", lambda cfg, on_gpu: None)
     patched = []
     monkeypatch.setattr(trainer, "apply_liger_kernel", lambda model, config: patched.append((model, config)))
-    for enabled in (True, False):
-        built = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path / str(enabled)}", "trainer.use_cpu=false",
-                                                    f"trainer.use_liger_kernel={enabled}"]))
-        try:
-            expected = [built.ref_model, built.teacher_reward.student_model] if enabled else []
-            assert [model for model, _ in patched] == expected
-            assert built.model not in [model for model, _ in patched]  # transformers' own, at train()
-            assert all(isinstance(model, PreTrainedModel) for model, _ in patched)  # what liger's patch accepts
-            # TRL's GRPOTrainer set the config's fused_linear_cross_entropy to False before the trainer applied it
-            assert all(config == {"fused_linear_cross_entropy": False} for _, config in patched)
-            assert built.args.use_liger_kernel is enabled
-        finally:
-            release_trainer(built)
-        patched.clear()
+    built = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path}", "trainer.use_cpu=false",
+                                                "trainer.use_liger_kernel=true"]))
+    try:
+        assert built.args.use_liger_kernel is True
+        assert [model for model, _ in patched] == [built.ref_model, built.teacher_reward.student_model]
+        assert built.model not in [model for model, _ in patched]  # transformers' own, at train()
+        assert all(isinstance(model, PreTrainedModel) for model, _ in patched)  # what liger's patch accepts
+        # TRL's GRPOTrainer set the config's fused_linear_cross_entropy to False before the trainer applied it
+        assert all(config == {"fused_linear_cross_entropy": False} for _, config in patched)
+    finally:
+        release_trainer(built)
