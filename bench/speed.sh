@@ -44,7 +44,7 @@ case "$1" in
     specs=("${*:2}")
     for arg in "${@:2}"; do [[ "$arg" != *" "* ]] || specs=("${@:2}"); done
     for spec in "${specs[@]}"; do
-      read -r target a3 a4 a5 a6 <<< "$spec"
+      read -r target a3 a4 a5 <<< "$spec"
       case "$target" in
         05b)
           pairs=${a3:-5} steps=${a4:-5} modes=rlt,trl
@@ -92,7 +92,7 @@ python3 bench/fused_layers.py --arch 0.5b --layers 24 --rows 16 --tokens 1156 --
 >> $root/fused_layers.log 2>&1
 $runs"
     fi
-    tests() {  # the GPU tests matching $1 (or all), logged to $root/$2.log (the leak test's readings: $2.json)
+    tests() {  # the GPU tests matching $1 (or all), logged to $root/$2.log (the leak test's readings: $2_leak.json)
       local filter=""; [ "$1" = all ] || filter="-k '$1'"
       echo "RLT_MONO_SLEEP_LEAK_READINGS=$root/$2_leak.json python3 -m pytest -v -rs tests/test_gpu.py $filter \
 > $root/$2.log 2>&1 || echo 'GPU tests failed' >> $root/$2.log"

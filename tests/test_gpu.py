@@ -193,7 +193,7 @@ def test_student_gpu_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair,
     release_trainer(trainer)
 
 
-# SDPA's kernels that take no arbitrary mask, and the op each runs under.
+# SDPA's kernels that take no arbitrary mask, by the profiler op each runs under.
 MASKLESS_ATTENTION = {"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention"}
 
 
@@ -231,11 +231,19 @@ def test_left_aligned_padding_takes_a_maskless_attention_kernel(bf16_pair):
     assert (aligned[real].argmax(-1) == masked[real].argmax(-1)).float().mean() > 0.98
 
 
+def _runs_liger_layers(decoder) -> bool:
+    """Whether every RMSNorm and MLP of ``decoder`` runs liger's kernels (liger swaps their forward in place)."""
+    from liger_kernel.transformers import LigerRMSNorm
+
+    return decoder.norm.forward.__func__ is LigerRMSNorm.forward and all(
+        layer.mlp._get_name() == "LigerSwiGLUMLP" and layer.input_layernorm.forward.__func__ is LigerRMSNorm.forward
+        for layer in decoder.layers)
+
+
 def test_liger_layer_kernels_give_the_plain_layers_log_probs_and_gradients(bf16_pair, monkeypatch):
     """``trainer.use_liger_kernel``'s kernels (transformers' apply_liger_kernel, TRL's fused log-prob head kept): the
     RMSNorms and MLPs of the teacher run liger's Triton kernels, and a padded bf16 batch gets the plain layers'
     log-probs and gradients, to bf16 rounding."""
-    from liger_kernel.transformers import LigerRMSNorm
     from transformers import AutoModelForCausalLM
     from transformers.integrations.liger import apply_liger_kernel
     from transformers.models.qwen2 import modeling_qwen2
@@ -258,8 +266,7 @@ def test_liger_layer_kernels_give_the_plain_layers_log_probs_and_gradients(bf16_
     plain, plain_grad = log_probs_and_gradient(load())
     model = load()
     apply_liger_kernel(model, {"fused_linear_cross_entropy": False})
-    assert model.model.norm.forward.__func__ is LigerRMSNorm.forward
-    assert all(layer.mlp._get_name() == "LigerSwiGLUMLP" for layer in model.model.layers)
+    assert _runs_liger_layers(model.get_decoder())
     fused, fused_grad = log_probs_and_gradient(model)
     assert (fused - plain).abs().mean() < 0.02, (fused - plain).abs().max()
     assert torch.nn.functional.cosine_similarity(fused_grad, plain_grad, dim=0) > 0.99
@@ -352,8 +359,6 @@ def test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_s
         return
     import math
 
-    from liger_kernel.transformers import LigerRMSNorm
-
     from rlt_mono import build_trainer, compose, release_trainer
     from rlt_mono.outputs import read_metrics
 
@@ -361,9 +366,7 @@ def test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_s
                                                   "trainer.use_liger_kernel=true"]))
     trainer.train()
     for model in (trainer.model, trainer.ref_model, trainer.teacher_reward.student_model):
-        decoder = model.get_decoder()
-        assert decoder.norm.forward.__func__ is LigerRMSNorm.forward
-        assert all(layer.mlp._get_name() == "LigerSwiGLUMLP" for layer in decoder.layers)
+        assert _runs_liger_layers(model.get_decoder())
     rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "reward" in r]
     assert len(rows) == 2 and all(math.isfinite(r["reward"]) for r in rows)
     release_trainer(trainer)
