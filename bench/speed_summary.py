@@ -3,7 +3,7 @@
 ``--target 05b`` (``results/speed_05b/``):
 - ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
-  ratio (goal: <= 1.0).
+  ratio (goal: <= 1.0); a last arm whose pair the lease cut off is listed apart (``unpaired_arms``).
 - ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms;
   ``speed_liger.json`` / ``speed_noliger.json`` the same for a run with ``trainer.use_liger_kernel`` set the other
   way (``speed_liger_raw.json`` / ``speed_noliger_raw.json``), where there is one. A speed run's steps are not alike
@@ -110,7 +110,10 @@ def main() -> None:
                      "the same lease, so run the 05b benchmark with at least one pair")
     raw = json.loads((a.folder / "pairs_raw.json").read_text())
     arms = [arm for arm in raw if arm["status"] == "ok"]
-    pairs = pair_ratios(arms)
+    # A lease that ends inside a pair leaves its first arm alone: it is reported apart, in no ratio.
+    paired = len(arms) // 2 * 2
+    unpaired = [{"mode": arm["mode"], "median_step_s": arm["median_step_seconds"]} for arm in arms[paired:]]
+    pairs = pair_ratios(arms[:paired])
     shared = {"commit": a.commit, "device": a.device, "command": a.command,
               "work": "random-weight Qwen2.5-0.5B teacher and student, 32 completions x 1,024 forced tokens per "
                       "optimizer step (bench/bench_mono.py)"}
@@ -118,12 +121,15 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "pairs.json").write_text(json.dumps({
         **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
+        "unpaired_arms": unpaired,
         "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
     default = statistics.median(p["rlt_median_step_s"] for p in pairs)
     lines = ["| pair | order | rlt s/step | TRL s/step | rlt / TRL |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
               for i, p in enumerate(pairs, 1)]
     lines += [f"| median | | | | {statistics.median(ratios):.3f} |", ""]
+    lines += [f"Unpaired (the lease ended before its pair's other arm): {arm['mode']} {arm['median_step_s']:.2f} s/step"
+              for arm in unpaired]
     for name in SPEED_RUNS:  # <name>_raw.json -> <name>.json
         if not (a.folder / f"{name}_raw.json").exists():
             continue

@@ -103,3 +103,20 @@ def test_speed_runs_without_pairs_have_no_baseline(tmp_path, monkeypatch, capsys
     assert stop.value.code == 2
     assert "has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp_path, monkeypatch):
+    import json
+
+    arms = [{**_arm(mode, median), "status": "ok", "grpo_config": {}}
+            for mode, median in (("rlt", 7.8), ("trl", 6.0), ("trl", 5.9))]
+    (tmp_path / "pairs_raw.json").write_text(json.dumps(arms))
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
+                                      "--device", "nvidia-h200", "--command", "c"])
+    summary.main()
+    pairs = json.loads((out / "pairs.json").read_text())
+    assert [p["ratio"] for p in pairs["pairs"]] == [pytest.approx(1.3)]
+    assert pairs["median_ratio"] == pytest.approx(1.3)
+    assert pairs["unpaired_arms"] == [{"mode": "trl", "median_step_s": 5.9}]
+    assert "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step" in (out / "table.md").read_text()
