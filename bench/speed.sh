@@ -3,6 +3,7 @@
 # (bench/bench_mono.py), in the background so that they outlive a device call (at most 10 minutes each); run from the
 # repository root after the GPU stack is stashed (bench/gpu_pipeline.sh stash):
 #   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
+#                                 [the pairs' rlt score micro-batch, default rlt_mono's config]
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
 #       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps); the speed
 #          arm noliger is the same with trainer.use_liger_kernel=false (the default needs liger-kernel's wheel
@@ -44,7 +45,7 @@ case "$1" in
     specs=("${*:2}")
     for arg in "${@:2}"; do [[ "$arg" != *" "* ]] || specs=("${@:2}"); done
     for spec in "${specs[@]}"; do
-      read -r target a3 a4 a5 <<< "$spec"
+      read -r target a3 a4 a5 a6 <<< "$spec"
       case "$target" in
         05b)
           pairs=${a3:-5} steps=${a4:-5} modes=rlt,trl
@@ -58,8 +59,9 @@ case "$1" in
           [[ ",${a5:-speed}," != *,noliger,* ]] || runs+="$speed --liger false --workdir /tmp/bench_speed_noliger \
 --out $root/speed_noliger_raw.json > $root/speed_noliger.log 2>&1
 "
+          # reward.micro_batch_size of the rlt arms (the TRL arms have no reward pass)
           [ "$pairs" -eq 0 ] || runs+="$bench --modes $modes --arch 0.5b --completion-length 1024 --steps $steps \
---workdir /tmp/bench_pairs --out $root/pairs_raw.json > $root/pairs.log 2>&1
+--workdir /tmp/bench_pairs${a6:+ --score-micro-batch $a6} --out $root/pairs_raw.json > $root/pairs.log 2>&1
 " ;;
         7b)
           steps=${a3:-5} arms=${a4:-manual,auto} same="--arch 7b --completion-length 4096 --optim adamw_bnb_8bit"

@@ -121,7 +121,8 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "pairs.json").write_text(json.dumps({
         **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
-        "unpaired_arms": unpaired,
+        "unpaired_arms": unpaired, "rlt_reward_micro_batch_size": next(  # the rlt arms' score micro-batch
+            (arm["chosen"]["reward_micro_batch_size"] for arm in arms if "chosen" in arm), None),
         "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
     default = statistics.median(p["rlt_median_step_s"] for p in pairs)
     lines = ["| pair | order | rlt s/step | TRL s/step | rlt / TRL |", "| --- | --- | --- | --- | --- |"]

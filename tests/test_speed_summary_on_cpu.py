@@ -110,6 +110,7 @@ def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp
 
     arms = [{**_arm(mode, median), "status": "ok", "grpo_config": {}}
             for mode, median in (("rlt", 7.8), ("trl", 6.0), ("trl", 5.9))]
+    arms[0]["chosen"] = {"reward_micro_batch_size": 16}  # only the rlt arms have a score pass
     (tmp_path / "pairs_raw.json").write_text(json.dumps(arms))
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
@@ -119,4 +120,5 @@ def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp
     assert [p["ratio"] for p in pairs["pairs"]] == [pytest.approx(1.3)]
     assert pairs["median_ratio"] == pytest.approx(1.3)
     assert pairs["unpaired_arms"] == [{"mode": "trl", "median_step_s": 5.9}]
+    assert pairs["rlt_reward_micro_batch_size"] == 16
     assert "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step" in (out / "table.md").read_text()
