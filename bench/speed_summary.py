@@ -113,6 +113,8 @@ def main() -> None:
     # A lease that ends inside a pair leaves its first arm alone: it is reported apart, in no ratio.
     paired = len(arms) // 2 * 2
     unpaired = [{"mode": arm["mode"], "median_step_s": arm["median_step_seconds"]} for arm in arms[paired:]]
+    if not paired:
+        parser.error(f"{a.folder}/pairs_raw.json holds no whole pair ({len(arms)} arm(s) ran): nothing to compare")
     pairs = pair_ratios(arms[:paired])
     shared = {"commit": a.commit, "device": a.device, "command": a.command,
               "work": "random-weight Qwen2.5-0.5B teacher and student, 32 completions x 1,024 forced tokens per "
@@ -129,8 +131,9 @@ def main() -> None:
     lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
               for i, p in enumerate(pairs, 1)]
     lines += [f"| median | | | | {statistics.median(ratios):.3f} |", ""]
-    lines += [f"Unpaired (the lease ended before its pair's other arm): {arm['mode']} {arm['median_step_s']:.2f} s/step"
-              for arm in unpaired]
+    if unpaired:
+        lines += [f"Unpaired (the lease ended before its pair's other arm): {arm['mode']} "
+                  f"{arm['median_step_s']:.2f} s/step" for arm in unpaired] + [""]
     for name in SPEED_RUNS:  # <name>_raw.json -> <name>.json
         if not (a.folder / f"{name}_raw.json").exists():
             continue

@@ -121,4 +121,18 @@ def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp
     assert pairs["median_ratio"] == pytest.approx(1.3)
     assert pairs["unpaired_arms"] == [{"mode": "trl", "median_step_s": 5.9}]
     assert pairs["rlt_reward_micro_batch_size"] == 16
-    assert "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step" in (out / "table.md").read_text()
+    assert (out / "table.md").read_text().endswith(
+        "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step\n\n")
+
+
+def test_a_lease_that_ended_inside_the_first_pair_is_refused_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import json
+
+    (tmp_path / "pairs_raw.json").write_text(json.dumps([{**_arm("rlt", 7.8), "status": "ok", "grpo_config": {}}]))
+    monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(tmp_path / "out"), "--commit",
+                                      "abc", "--device", "nvidia-h200", "--command", "c"])
+    with pytest.raises(SystemExit) as stop:
+        summary.main()
+    assert stop.value.code == 2
+    assert "pairs_raw.json holds no whole pair (1 arm(s) ran): nothing to compare" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
