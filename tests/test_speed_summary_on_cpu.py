@@ -94,14 +94,25 @@ def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatc
     assert json.loads((out / "pairs.json").read_text())["median_ratio"] == pytest.approx((1.2 + 0.8) / 2)
 
 
-def test_speed_runs_without_pairs_have_no_baseline(tmp_path, monkeypatch, capsys):
-    (tmp_path / "speed_raw.json").write_text("[]")
+@pytest.mark.parametrize("raw_files, message", [
+    # memory=speed runs are set against the same lease's pairs
+    ({"speed_raw.json": []}, "has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms"),
+    # the lease ended inside the first pair
+    ({"pairs_raw.json": [{**_arm("rlt", 7.8), "status": "ok", "grpo_config": {}}]},
+     "pairs_raw.json holds no whole pair (1 arm(s) ran): nothing to compare"),
+])
+def test_raw_results_with_no_whole_pair_are_refused_and_nothing_is_written(raw_files, message, tmp_path, monkeypatch,
+                                                                          capsys):
+    import json
+
+    for name, content in raw_files.items():
+        (tmp_path / name).write_text(json.dumps(content))
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(tmp_path / "out"), "--commit",
                                       "abc", "--device", "nvidia-h200", "--command", "c"])
     with pytest.raises(SystemExit) as stop:
         summary.main()
     assert stop.value.code == 2
-    assert "has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -124,15 +135,3 @@ def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp
     assert (out / "table.md").read_text().endswith(
         "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step\n\n")
 
-
-def test_a_lease_that_ended_inside_the_first_pair_is_refused_and_writes_nothing(tmp_path, monkeypatch, capsys):
-    import json
-
-    (tmp_path / "pairs_raw.json").write_text(json.dumps([{**_arm("rlt", 7.8), "status": "ok", "grpo_config": {}}]))
-    monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(tmp_path / "out"), "--commit",
-                                      "abc", "--device", "nvidia-h200", "--command", "c"])
-    with pytest.raises(SystemExit) as stop:
-        summary.main()
-    assert stop.value.code == 2
-    assert "pairs_raw.json holds no whole pair (1 arm(s) ran): nothing to compare" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
