@@ -48,6 +48,10 @@ case "$1" in
       read -r target a3 a4 a5 a6 <<< "$spec"
       case "$target" in
         05b)
+          for n in "${a3:-5}" "${a4:-5}" "${a6:-1}"; do
+            [[ "$n" =~ ^[0-9]+$ ]] || { echo "speed.sh: '$spec': pairs, steps and the score micro-batch are whole \
+numbers, got '$n' (usage: 05b [pairs] [steps] [speed arms] [score micro-batch])" >&2; exit 2; }
+          done
           pairs=${a3:-5} steps=${a4:-5} modes=rlt,trl
           for ((i = 1; i < pairs; i++)); do
             if [ $((i % 2)) -eq 1 ]; then modes+=,trl,rlt; else modes+=,rlt,trl; fi
