@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import NoReturn
 
 from rlt_mono.memory import QWEN25_ARCHS, Arch
 
@@ -57,6 +58,28 @@ def roofline(work: Work, flops_per_s: float, bytes_per_s: float) -> dict[str, fl
     return {"generate": decode, "score": score, "train": train}
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line on stderr (``<prog>: error: <what>``) and exit code 2, without the usage
+    block: the user reads what to fix, ``--help`` gives the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def measured_seconds(text: str) -> dict[str, float]:
+    """``--measured``'s ``phase=seconds,...`` as ``{phase: seconds}``; a phase must be one of ``PHASES``."""
+    measured = {}
+    for item in text.split(","):
+        phase, _, seconds = item.partition("=")
+        if phase not in PHASES:
+            raise argparse.ArgumentTypeError(f"unknown phase {phase!r} in {item!r}; the phases are {', '.join(PHASES)}")
+        try:
+            measured[phase] = float(seconds)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r}: the seconds must be a number, as in {phase}=19.8") from None
+    return measured
+
+
 def table(bound: dict[str, float], measured: dict[str, float] | None = None) -> str:
     """A markdown table: each phase's roofline, and with ``measured`` its time and the ratio."""
     lines = ["| phase | roofline s | measured s | measured / roofline |", "| --- | --- | --- | --- |"]
@@ -72,24 +95,18 @@ def table(bound: dict[str, float], measured: dict[str, float] | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", choices=list(QWEN25_ARCHS), required=True)
     parser.add_argument("--completions", type=int, required=True)
     parser.add_argument("--completion-length", type=int, required=True)
     parser.add_argument("--prompt-length", type=int, default=0)
     parser.add_argument("--device", choices=list(DEVICES), required=True)
     parser.add_argument("--no-recompute", action="store_true", help="training without gradient checkpointing")
-    parser.add_argument("--measured", help="phase=seconds,... to set beside the roofline")
+    parser.add_argument("--measured", type=measured_seconds, help="phase=seconds,... to set beside the roofline")
     a = parser.parse_args(argv)
     work = Work(Arch.from_config(QWEN25_ARCHS[a.arch]), a.completions, a.completion_length, a.prompt_length,
                 recompute=not a.no_recompute)
-    measured = None
-    if a.measured:
-        measured = {phase: float(seconds) for phase, seconds in (item.split("=") for item in a.measured.split(","))}
-        unknown = set(measured) - set(PHASES)
-        if unknown:
-            parser.error(f"--measured: unknown phase {sorted(unknown)}; the phases are {', '.join(PHASES)}")
-    return table(roofline(work, *DEVICES[a.device]), measured)
+    return table(roofline(work, *DEVICES[a.device]), a.measured)
 
 
 if __name__ == "__main__":

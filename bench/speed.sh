@@ -30,15 +30,10 @@
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
 root=/root/speed
-case "$1" in
+usage="usage: bash bench/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b [steps] \
+[arms] [profiled step] | start '05b ...' '7b ...' | wait <seconds>"
+case "${1:-}" in
   start)
-    mkdir -p "$root"
-    stack=$(bash /root/parts/install_gpu_stack.sh /root/parts | tail -1)
-    # Wheels carried in .whl (liger-kernel for trainer.use_liger_kernel; pure Python) beside the stack.
-    if compgen -G ".whl/*.whl" > /dev/null; then
-      python3 -m pip install -q --no-index --no-deps --target /tmp/speed-site .whl/*.whl
-      stack+="; export PYTHONPATH=/tmp/speed-site:\$PYTHONPATH"
-    fi
     bench="python3 bench/bench_mono.py all"
     runs=""
     # One benchmark unquoted (start 7b 9 speed), or several, one argument each (start '05b 5' '7b 5', or 05b '7b 5').
@@ -85,11 +80,17 @@ numbers, got '$n' (usage: 05b [pairs] [steps] [speed arms] [score micro-batch])"
           [[ ",$arms," != *,speed,* ]] || runs+="$bench --modes rlt $same --steps $steps --memory speed \
 --out $root/step_speed.json > $root/step_speed.log 2>&1
 " ;;
-        *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] [speed arms] | start 7b [steps] [arms] \
-[profiled step] | start '05b ...' '7b ...'" >&2
-           exit 2 ;;
+        *) echo "$usage" >&2; exit 2 ;;
       esac
     done
+    # The specs are whole: install the stack, and wheels carried in .whl (liger-kernel for
+    # trainer.use_liger_kernel; pure Python) beside it.
+    mkdir -p "$root"
+    stack=$(bash /root/parts/install_gpu_stack.sh /root/parts | tail -1)
+    if compgen -G ".whl/*.whl" > /dev/null; then
+      python3 -m pip install -q --no-index --no-deps --target /tmp/speed-site .whl/*.whl
+      stack+="; export PYTHONPATH=/tmp/speed-site:\$PYTHONPATH"
+    fi
     # With SPEED_LAYERS set, bench/fused_layers.py before the benchmarks: the 7B and 0.5B layers with and without
     # liger's kernels.
     if [ -n "${SPEED_LAYERS:-}" ]; then
@@ -116,6 +117,7 @@ $runs"
     setsid nohup bash "$root/run.sh" > "$root/run.log" 2>&1 < /dev/null &
     sleep 2; cat "$root/run.sh" | tail -n +2 ;;
   wait)
+    [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage" >&2; exit 2; }
     end=$((SECONDS + $2))
     while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
     # One archive (a call brings back at most 8 files): every JSON and log the runs wrote so far.
@@ -123,5 +125,5 @@ $runs"
     tail -n 3 "$root"/gpu_tests*.log 2>/dev/null || true
     grep -h '"mode"' "$root"/*.log 2>/dev/null | cut -c1-200 | tail -12
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv ;;
-  *) echo "usage: bash bench/speed.sh start 05b [pairs] [steps] | start 7b [steps] | wait <seconds>" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac

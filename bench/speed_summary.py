@@ -26,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from roofline import DEVICES, PHASES, Work, roofline
+from roofline import DEVICES, PHASES, OneLineParser, Work, roofline
 
 from rlt_mono.memory import QWEN25_ARCHS, Arch
 
@@ -86,8 +86,17 @@ def seven_b(runs: list[dict], device: str) -> list[dict]:
     return entries
 
 
+def read_raw(path: Path, parser: argparse.ArgumentParser) -> list[dict]:
+    """``path``'s JSON; a file that is not whole JSON (a run cut off while writing it) is refused in one line."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        parser.error(f"{path} is not whole JSON ({err}): bring it back again from the run, "
+                     "or move it out of the folder")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--commit", required=True)
@@ -97,7 +106,10 @@ def main() -> None:
     a = parser.parse_args()
     if a.target == "7b":
         runs = [{**run, "arm": arm} for arm in ARMS if (a.folder / f"step_{arm}.json").exists()
-                for run in json.loads((a.folder / f"step_{arm}.json").read_text())]
+                for run in read_raw(a.folder / f"step_{arm}.json", parser)]
+        if not runs:
+            parser.error(f"{a.folder} holds no 7B run (step_<arm>.json, arm one of {', '.join(ARMS)}): nothing to "
+                         "summarise")
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "step.json").write_text(json.dumps({
             "commit": a.commit, "device": a.device, "command": a.command, "goal": "step <= 1.3x its roofline",
@@ -108,7 +120,9 @@ def main() -> None:
     if not (a.folder / "pairs_raw.json").exists():  # the speed runs' baseline is the same lease's default arms
         parser.error(f"{a.folder} has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms of "
                      "the same lease, so run the 05b benchmark with at least one pair")
-    raw = json.loads((a.folder / "pairs_raw.json").read_text())
+    raw = read_raw(a.folder / "pairs_raw.json", parser)
+    speed_runs = {name: read_raw(a.folder / f"{name}_raw.json", parser)[0]  # <name>_raw.json -> <name>.json
+                  for name in SPEED_RUNS if (a.folder / f"{name}_raw.json").exists()}
     arms = [arm for arm in raw if arm["status"] == "ok"]
     # A lease that ends inside a pair leaves its first arm alone: it is reported apart, in no ratio.
     paired = len(arms) // 2 * 2
@@ -134,10 +148,7 @@ def main() -> None:
     if unpaired:
         lines += [f"Unpaired (the lease ended before its pair's other arm): {arm['mode']} "
                   f"{arm['median_step_s']:.2f} s/step" for arm in unpaired] + [""]
-    for name in SPEED_RUNS:  # <name>_raw.json -> <name>.json
-        if not (a.folder / f"{name}_raw.json").exists():
-            continue
-        speed = json.loads((a.folder / f"{name}_raw.json").read_text())[0]
+    for name, speed in speed_runs.items():
         config = speed["grpo_config"]
         per_generation = config["steps_per_generation"] // config["gradient_accumulation_steps"]  # optimizer steps
         step = cycle_mean(speed["step_seconds"], per_generation)
