@@ -16,13 +16,17 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
   not held (transformers' Trainer zeroes them with ``set_to_none`` after each optimizer step). With
   ``offload_actor_in_generation`` the trainer's part waits on the CPU once vLLM has the weights: the phase's
   peak is then the larger of the pool and the moment of the weight sync (trainer + vLLM's weights, no KV cache).
+  The phase also begins with what SCORE and TRAIN left in torch's cache (below): the device holds it until the
+  weight sync empties the cache, so GENERATE is at least the level SCORE and TRAIN reach.
 - **SCORE**: teacher weights and optimizer state, the vLLM pool only if it is not asleep, then the largest of
   the no-grad passes: the reference log-probs (the reference swapped in, TRL's micro-batch
   ``per_device_train_batch_size``), the student's scoring and the reward's teacher pass (``reward.micro_batch_size``
   sequences). The reference mixup at the end of a step holds the same weights plus the reference, and no more.
 - **TRAIN**: teacher weights, gradients and optimizer state, the activations of one micro-batch
   (``per_device_train_batch_size`` sequences) kept for the backward pass, with or without gradient
-  checkpointing, and the fused LM head's loss buffers. ``activation_offloading`` (TRL's
+  checkpointing, and the fused LM head's loss buffers; or, when larger, the optimizer step: the gradients and
+  the step's temporaries once the backward's buffers are freed (``optimizer_step_bytes``: torch's AdamW makes one
+  the size of a state). ``activation_offloading`` (TRL's
   ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: on the GPU machine it
   did not lower the device-level peak.
 
@@ -45,8 +49,12 @@ fit and its accuracy are in docs/PERFORMANCE.md ("Planner accuracy").
   ``VLLM_BEYOND_POOL_MAX_GIB`` (1.5 GiB): what the engine holds outside the ``gpu_memory_utilization`` budget
   (capped because at 7B it did not grow with the weights; docs/PERFORMANCE.md).
 
-Outside GENERATE torch keeps what it reserved from one phase to the next, so the device holds the larger of
-SCORE's and TRAIN's allocations in both ("allocator cache from ...").
+Torch keeps what it reserved from one phase to the next, so the device holds the larger of SCORE's and TRAIN's
+allocations in both ("allocator cache from ..."), and GENERATE begins with that reserve. With sleep mode the weight
+sync empties the cache before vLLM wakes (TRL's ``sync_weights``, ``rlt_mono.trl_vllm``'s one-call sync), so
+GENERATE's peak is the larger of that reserve and vLLM's moment; without sleep mode nothing empties it, and it stays
+beside the pool for the whole phase. ``memory=speed`` runs, whose small pool leaves TRAIN's level the larger, showed
+it (docs/PERFORMANCE.md, "Planner accuracy").
 
 **Sleep mode.** TRL's colocated engine sleeps at level 2 (``trl/generation/vllm_generation.py``: ``llm.sleep(level
 =2)`` after generation, ``wake_up(tags=["weights"])`` before the weight sync, ``wake_up(tags=["kv_cache"])`` before
@@ -464,6 +472,14 @@ def train_activation_bytes(s: Settings) -> int:
     return kept + 2 * layer_input
 
 
+def optimizer_step_bytes(s: Settings) -> int:
+    """What the optimizer step allocates beside its state, whole (a sharded rank holds 1/N): torch's AdamW
+    (``adamw_torch``, its default multi-tensor ``foreach`` path) computes ``sqrt(exp_avg_sq)`` of every trained
+    parameter at once, one temporary like one of its two states (the trained weights in ``master_dtype``, the
+    adapters with LoRA). bitsandbytes' 8-bit AdamW updates one parameter at a time in a fused kernel: nothing."""
+    return gradient_bytes(s) if s.optim == "adamw_torch" else 0
+
+
 def beyond_pool_bytes(vllm_weights: int) -> int:
     """vLLM's memory outside its pool while it generates (module docstring): ``min(0.4 x weights, 1.5 GiB)``."""
     return int(min(VLLM_BEYOND_POOL * vllm_weights, VLLM_BEYOND_POOL_MAX_GIB * GIB))
@@ -577,12 +593,17 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     if swapped:
         score_terms.append((f"{name.split()[0]} weights (swapped in)", swapped))
     score_terms.append((f"{name} activations", activations))
-    train_terms = [*resident, ("gradients", gradients), ("activations", train_activation_bytes(s)),
-                   ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
+    backward = [("activations", train_activation_bytes(s)),
+                ("loss head", fused_head_bytes(s.teacher, train_b * completion, act, backward=True))]
     if s.sharded:  # the backward holds a gathered unit and its whole gradient until the reduce-scatter
-        train_terms.append(("FSDP gathered units and their gradients", 2 * gathered))
+        backward.append(("FSDP gathered units and their gradients", 2 * gathered))
     if s.load_in_4bit:
-        train_terms.append(("4-bit dequantization", dequantize_bytes(s)))
+        backward.append(("4-bit dequantization", dequantize_bytes(s)))
+    train_terms = [*resident, ("gradients", gradients), *backward]
+    # The optimizer step (in TRAIN) holds the gradients and its temporaries once the backward's buffers are freed.
+    step = _shard(optimizer_step_bytes(s), s)
+    if step:
+        train_terms.append(("optimizer step beyond the backward", max(0, step - _total(backward))))
     # Torch keeps what it reserved between SCORE and TRAIN: both phases hold the larger allocation.
     score_torch, train_torch = _total(score_terms), _total(train_terms)
     score_terms.append(("allocator cache from TRAIN", max(0, train_torch - score_torch)))
@@ -604,10 +625,17 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
 
     generate_measured = ([("CUDA context", int(s.context_gib * GIB))] if aside
                          else measured(generate_terms))
+    beyond = beyond_pool_bytes(vllm_weights)
+    generate_terms = [("vLLM pool", pool), ("vLLM beyond its pool", beyond), *generate_terms, *generate_measured]
+    # GENERATE begins with what SCORE and TRAIN left reserved in torch's cache (the same in both, slack included).
+    # With sleep mode the weight sync empties it before vLLM wakes (TRL's sync_weights, trl_vllm's one-call sync),
+    # so the phase holds the larger of that moment and the pool's; without, nothing empties it and it stays beside
+    # the pool for the whole phase.
+    reserve = _total(train_terms) + int(s.slack * _total(train_terms)) + int(s.context_gib * GIB)
+    carried = reserve if s.vllm_sleep else reserve + pool + beyond
+    generate_terms.append(("allocator cache from SCORE and TRAIN", max(0, carried - _total(generate_terms))))
     phases = {
-        "GENERATE": Phase("GENERATE", (("vLLM pool", pool),
-                                       ("vLLM beyond its pool", beyond_pool_bytes(vllm_weights)),
-                                       *generate_terms, *generate_measured)),
+        "GENERATE": Phase("GENERATE", tuple(generate_terms)),
         "SCORE": Phase("SCORE", (*score_terms, *asleep_pool, *measured(score_terms))),
         "TRAIN": Phase("TRAIN", (*train_terms, *asleep_pool, *measured(train_terms))),
     }

@@ -78,7 +78,8 @@ def test_tiny_phases_by_hand():
     pool = GIB // 2  # 0.5 x 1 GiB
     assert dict(result.phases["GENERATE"].terms) == {"vLLM pool": pool, "vLLM beyond its pool": int(0.4 * weights),
                                                      "teacher weights": weights, "optimizer state": optimizer,
-                                                     "allocator slack": 0, "CUDA context": 0}
+                                                     "allocator slack": 0, "CUDA context": 0,
+                                                     "allocator cache from SCORE and TRAIN": 0}
     # TRAIN, activations (4 bytes, no autocast), micro-batch 2 x (4 + 12) = 32 tokens:
     #   saved per token per layer: attention 3*8 + 2*8 + 3*4 + 4*8 = 84, MLP 3*8 + 4*16 = 88 -> 172 * 4 = 688 B
     #   no checkpointing: 2 layers * 688 * 32 = 44032, + final norm in/out 2 * 32 * 8 * 4 = 2048 -> 46080
@@ -356,7 +357,8 @@ def test_a_sharded_teacher_holds_its_share_and_the_gathered_units():
     pool = GIB // 2
     assert dict(result.phases["GENERATE"].terms) == {
         "vLLM pool": pool, "vLLM beyond its pool": int(0.4 * 5920), "teacher weights (1/2 shard)": 2960,
-        "optimizer state": 5920, "reference weights (resident)": 2960, "allocator slack": 0, "CUDA context": 0}
+        "optimizer state": 5920, "reference weights (resident)": 2960, "allocator slack": 0, "CUDA context": 0,
+        "allocator cache from SCORE and TRAIN": 0}
     train = dict(result.phases["TRAIN"].terms)
     assert train["gradients"] == 2960 and train["FSDP gathered units and their gradients"] == 2 * 5920
     assert "DDP gradient buckets" not in train
