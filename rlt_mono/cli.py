@@ -1,41 +1,56 @@
 """Command-line entry of every stage: ``python -m rlt_mono.cli <run config> [hydra overrides ...]``.
 
-``launch_mono.sh`` and the ``rlt-mono`` console command (pyproject.toml) call this. It composes the config (Hydra
-only: a mistake in a config name or an override is reported before torch is imported), exposes the GPUs the
-placement uses, and runs the config's ``stage``. An error the user can fix (``rlt_mono.errors.UserError``) ends the
-process with one line on stderr saying what to do and exit code 2; anything else is a bug: a one-line summary, then
-the traceback, exit code 1.
+``launch_mono.sh`` and the ``rlt-mono`` console command (pyproject.toml) call this; its help and hints name the
+command as it was typed (``program_name``). It composes the config and checks every key and value it can without
+torch, transformers or TRL (``rlt_mono.config_check``), so a mistake in a config name, a key or a value answers in
+about a second; then it exposes the GPUs the placement uses and runs the config's ``stage``. An error the user can fix
+(``rlt_mono.errors.UserError``) ends the process with one line on stderr saying what to do, the last line written,
+and exit code 2; anything else is a bug: a one-line summary, then the traceback, exit code 1. Off a terminal (a log
+file, a pipe) the libraries draw no progress bars (``quiet_progress_bars``).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import sys
 import traceback
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlt_mono import checkpoints, launch, run_lock, runtime
-from rlt_mono.config import available_run_configs, compose, config_groups, default_cache_dir
+from rlt_mono import checkpoints, config_check, launch, run_lock, runtime
+from rlt_mono.config import ConfigError, available_run_configs, compose, config_groups, default_cache_dir
 from rlt_mono.errors import UserError
 from rlt_mono.memory_planner import MODES as MEMORY_MODES
+from rlt_mono.pipeline_steps import pipeline_options
 from rlt_mono.placement import PlacementError, gpus_to_expose
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger("rlt_mono")
 
+# launch_mono.sh sets it to its own name as typed ($0), for the help and hints (program_name).
+PROG_ENV = "RLT_MONO_PROG"
+# Environment switches of the libraries' progress bars (huggingface_hub's downloads, and transformers' loading and
+# saving bars, which follow it; datasets' map; every tqdm bar), set off a terminal for this process and its children.
+PROGRESS_BAR_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+                         "TQDM_DISABLE": "1"}
+
 
 def main(argv: list[str] | None = None) -> int:
-    code = _run(argv)
+    code, message = _run(argv)
     if code != 0:  # a run that stopped before writing anything leaves no empty folder
         for folder in checkpoints.remove_unused_run_dirs():
             logger.info("removed the empty run folder %s", folder)
     else:
         close_process_group()
+    if message:  # last, so that the error line ends the output
+        sys.stderr.write(message)
     return code
 
 
@@ -52,17 +67,22 @@ def close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _run(argv: list[str] | None) -> int:
-    args = _parser().parse_intermixed_args(argv)
+def _run(argv: list[str] | None) -> tuple[int, str]:
+    """Run the command; returns its exit code and what is left to write on stderr (a user error's line)."""
+    prog = program_name()
+    args = _parser(prog).parse_intermixed_args(argv)
     # A data-parallel run's ranks after the first log warnings only: rank 0 speaks for the run.
     logging.basicConfig(level=logging.INFO if runtime.rank() == 0 else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = compose(args.config, args.overrides)
+        check_run_config_name(args.config, prog)
+        cfg = compose_naming_unknown_keys(args.config, args.overrides)
         if args.show_config:
             sys.stdout.write(OmegaConf.to_yaml(cfg))
-            return 0
+            return 0, ""
         check_run_keys(cfg)
+        config_check.check_config(cfg, args.overrides)
+        quiet_progress_bars()
         run = STAGES[cfg.stage].load()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
@@ -80,21 +100,79 @@ def _run(argv: list[str] | None) -> int:
             expose_gpus(mode)
         run(cfg)
     except UserError as err:
-        if not launch.record_rank_error(err):  # a rank's error is printed once, by its launcher
-            sys.stderr.write(f"error: {err}\n")
-        return err.exit_code
+        # a rank's error is printed once, by its launcher
+        return err.exit_code, "" if launch.record_rank_error(err) else f"error: {err}\n"
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
+        return 130, "interrupted\n"
     except Exception as err:  # a bug: say so in one line, then give the traceback for the report
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        sys.stderr.write(f"rlt_mono stopped on an unexpected error (a bug, please report it with the traceback "
-                         f"below): {type(err).__name__}: {first}\n")
-        traceback.print_exc()
-        return 1
+        return 1, (f"rlt_mono stopped on an unexpected error (a bug, please report it with the traceback below): "
+                   f"{type(err).__name__}: {first}\n{traceback.format_exc()}")
     finally:
         run_lock.release_all()
-    return 0
+    return 0, ""
+
+
+def program_name() -> str:
+    """The command as the user typed it, for the help and hints: ``launch_mono.sh``'s own name (``PROG_ENV``),
+    ``rlt-mono`` (the console command), else ``python -m rlt_mono.cli``."""
+    if os.environ.get(PROG_ENV):
+        return os.environ[PROG_ENV]
+    name = Path(sys.argv[0]).name
+    return "python -m rlt_mono.cli" if name in ("cli.py", "__main__.py", "-c", "") else name
+
+
+def check_run_config_name(config: str, prog: str) -> None:
+    """A run config given as a path that is not there (a path is read from the current folder) or by a name that
+    is not one: a ``ConfigError`` saying how to run it (or the closest one) by name, which works from any folder."""
+    path = Path(config)
+    names = available_run_configs()
+    if path.suffix in (".yaml", ".yml"):
+        if path.exists():
+            return
+        problem = f"run config {config} not found relative to the current folder {Path.cwd()}"
+        if path.stem in names:
+            raise ConfigError(f"{problem}: run it by name, from any folder: {prog} {path.stem}")
+    elif "/" in config or path.stem in names:
+        return
+    else:
+        problem = f"no run config named {config!r}"
+    close = difflib.get_close_matches(path.stem, names, n=config_check.SUGGESTIONS)
+    hint = f"did you mean {prog} {close[0]}?" if close else f"run configs: {' '.join(names)}"
+    raise ConfigError(f"{problem}; {hint}")
+
+
+def compose_naming_unknown_keys(config: str, overrides: list[str]):
+    """``compose``, with Hydra's refusal of an override of a key the config does not have ("Could not override
+    'trainer.max_stepz' ... not in struct") answered as ``rlt_mono.config_check.unknown_key`` answers it: the
+    close keys of that group."""
+    try:
+        return compose(config, overrides)
+    except ConfigError as err:
+        found = re.search(r"Could not override '([^']+)'", str(err))
+        if found is None or "not in struct" not in str(err):
+            raise
+        key = found[1]
+        rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key]
+        raise ConfigError(config_check.unknown_key(compose_naming_unknown_keys(config, rest), key,
+                                                   _dataclass_fields(key))) from None
+
+
+def _dataclass_fields(dotted: str) -> list[str]:
+    """The fields of the dataclass of ``dotted``'s group (``config_check.GROUP_CLASSES``), none for another key."""
+    group, _, rest = dotted.partition(".")
+    if group not in config_check.GROUP_CLASSES or "." in rest:
+        return []
+    return list(config_check.dataclass_fields(config_check.GROUP_CLASSES[group]) or ())
+
+
+def quiet_progress_bars() -> None:
+    """Off a terminal (stderr a file or a pipe) switch off the libraries' progress bars before they load, for this
+    process and the processes it starts (a pipeline's stages, data-parallel ranks): each redraw of a bar is ``\\r``
+    plus the whole bar, glued to the log lines written under it. A value the user exported is kept."""
+    if not sys.stderr.isatty():
+        for name, value in PROGRESS_BAR_SWITCHES.items():
+            os.environ.setdefault(name, value)
 
 
 def hold_run_folder(cfg) -> None:
@@ -115,13 +193,15 @@ def hold_run_folder(cfg) -> None:
 def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
     ``seed``, ``memory`` one of ``rlt_mono.memory_planner.MODES``, ``resume_from_checkpoint`` only for the stages that
-    resume from a checkpoint, and no LoRA option for a stage that trains nothing (``rlt_mono.stages``)."""
+    resume from a checkpoint, no LoRA option for a stage that trains nothing (``rlt_mono.stages``), and no root key
+    that cfgs/train.yaml does not declare, the pipeline's settings typed (``rlt_mono.pipeline_steps``)."""
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")
     if cfg.stage not in STAGES:
         raise UserError(f"stage={cfg.stage!r} is not a stage; stages: {sorted(STAGES)}")
     stage = STAGES[cfg.stage]
+    pipeline_options(cfg)  # the pipeline's settings: typed; another stage warns that it ignores one
     if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
         raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
     if cfg.get("memory", "manual") not in MEMORY_MODES:
@@ -171,10 +251,10 @@ def expose_gpus(placement_mode: str) -> None:
                     os.environ["CUDA_VISIBLE_DEVICES"], present)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     groups = "\n".join(f"  {group:<10} {' '.join(options)}" for group, options in config_groups().items())
     parser = argparse.ArgumentParser(
-        prog="launch_mono.sh",
+        prog=prog,
         description="Run one stage of rlt_mono (the stage is named by the run config).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=(
@@ -182,9 +262,9 @@ def _parser() -> argparse.ArgumentParser:
             f"  {' '.join(available_run_configs())}\n\n"
             f"config groups and their options (pick one with group=option, e.g. placement=split):\n{groups}\n\n"
             "keys: set any key with group.key=value (e.g. trainer.max_steps=50 reward.clip_kl=5);\n"
-            "list every key and its value with:  launch_mono.sh <run config> --show-config [overrides]\n"
-            "several GPUs (RL and SFT stages):  launch_mono.sh <run config> placement=dp [placement.num_processes=N]\n"
-            "resume a run:  launch_mono.sh <run config> output_dir=<its folder> resume_from_checkpoint=true"
+            f"list every key and its value with:  {prog} <run config> --show-config [overrides]\n"
+            f"several GPUs (RL and SFT stages):  {prog} <run config> placement=dp [placement.num_processes=N]\n"
+            f"resume a run:  {prog} <run config> output_dir=<its folder> resume_from_checkpoint=true"
         ),
     )
     parser.add_argument("config", help="run config: cfgs/run_cfg/<name>.yaml or <name>")

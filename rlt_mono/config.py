@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import difflib
 import os
 from pathlib import Path
 
@@ -111,8 +112,11 @@ def instantiate(cls, values, group: str):
         values = dict(values)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"{group}: unknown keys {unknown}; known keys: {sorted(known)}")
+    if unknown:  # a few close names, never the whole list (TRL's configs have hundreds of fields)
+        close = [f"{group}.{name}" for name in difflib.get_close_matches(unknown[0], sorted(known), n=3)]
+        either = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+        hint = f"did you mean {either}?" if close else f"not a field of {cls.__name__}"
+        raise ConfigError(f"unknown key {group}.{unknown[0]}: {hint}")
     try:
         return cls(**values)
     except (TypeError, ValueError) as err:

@@ -1,26 +1,30 @@
 """What a run shows in the terminal while it trains: a progress bar and, under it, one line per logged step
 (``CompactProgressCallback``, in place of transformers' dump of the whole metrics dict), and one line when training
-ends.
+ends. The RL stage and the SFT stages show the same: ``step 8/32 | reward ...`` (RL) or ``step 8/32 | loss 1.234 |
+lr 1.0e-05 | 0.42 s/step`` (SFT).
 
 ``replace_progress_callback`` installs it on a trainer; ``format_step_line`` and ``format_summary_line`` are the
 lines, as plain functions (the notebook prints them from ``metrics.jsonl`` rows). Every metric stays in
 ``metrics.jsonl`` (``rlt_mono.outputs``) and the loggers (``report_to``).
 
-Bars are for a terminal (or a notebook's widgets): when stderr goes to a file or a pipe (``... 2>&1 | tee log``, a
-pipeline stage's log) a bar is a stream of ``\\r`` redraws glued to the lines written under it. There
-``bars_only_in_terminal`` switches off the libraries' own bars through their switches, the RL stage draws no bar
-(its per-step line, through ``logging``, is the progress) and the SFT stage sets transformers' ``disable_tqdm``
-(transformers then prints each step's logs on one line, ``PrinterCallback``).
+One bar, and only in a terminal (or a notebook's widgets): when stderr goes to a file or a pipe (``... 2>&1 | tee
+log``, a pipeline stage's log) a bar is a stream of ``\\r`` redraws glued to the lines written under it. There the run
+draws no bar (its per-step line, through ``logging``, is the progress; ``rlt_mono.cli`` also sets the libraries'
+environment switches before they load). In a terminal the training bar is the only one: ``bars_only_in_terminal``
+switches off transformers' bars (loading and saving weights) and datasets' (``map``), keeping huggingface_hub's
+download bars.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import datasets
+import huggingface_hub
 import transformers
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -39,7 +43,8 @@ class CompactProgressCallback(TrainerCallback):
     """transformers' progress bar, with one short line per logged step under it instead of the metrics dict.
 
     ``step 12/40 | reward -2.71 (r_ss -1.90, r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train
-    1.1)``; at the end ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7) -> -2.41
+    1.1)`` (RL) or ``step 8/32 | loss 1.234 | lr 1.0e-05 | 0.42 s/step`` (SFT: seconds per step measured between
+    logged steps); at the end ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7) -> -2.41
     (steps 34-40) | outputs in <dir>``. With ``disable_tqdm``, or when stderr is no terminal
     (``terminal_shows_bars``), there is no bar and the lines go to ``logging``: one whole line per step in a log.
     Every metric stays in ``metrics.jsonl`` and the loggers (``report_to``).
@@ -50,10 +55,13 @@ class CompactProgressCallback(TrainerCallback):
         self._bar_step = 0
         self._start_step = 0
         self._rewards: list[tuple[int, float]] = []
+        self._losses: list[tuple[int, float]] = []
+        self._last_log = (0.0, 0)  # (time.monotonic(), step) of the last logged step
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._start_step = self._bar_step = state.global_step
-        self._rewards = []
+        self._rewards, self._losses = [], []
+        self._last_log = (time.monotonic(), state.global_step)
         bars = bars_only_in_terminal()  # off a terminal: no bar, nor transformers' bars of the checkpoint saves
         if state.is_world_process_zero and not args.disable_tqdm and bars:
             from tqdm.auto import tqdm  # what transformers' ProgressCallback uses (a widget in a notebook)
@@ -70,11 +78,16 @@ class CompactProgressCallback(TrainerCallback):
             return
         if is_summary_log(logs):
             line = format_summary_line(logs, state.global_step, state.max_steps, state.global_step - self._start_step,
-                                       self._rewards, args.output_dir)
+                                       self._rewards, args.output_dir, losses=self._losses)
         else:
             if is_number(logs.get("reward")):
                 self._rewards.append((state.global_step, float(logs["reward"])))
-            line = format_step_line(logs, state.global_step, state.max_steps)
+            elif is_number(logs.get("loss")):
+                self._losses.append((state.global_step, float(logs["loss"])))
+            now, (then, last_step) = time.monotonic(), self._last_log
+            per_step = (now - then) / (state.global_step - last_step) if state.global_step > last_step else None
+            self._last_log = (now, state.global_step)
+            line = format_step_line(logs, state.global_step, state.max_steps, per_step)
         if self.bar is not None:
             self.bar.write(line)
         else:
@@ -124,15 +137,18 @@ def terminal_shows_bars() -> bool:
 
 
 def bars_only_in_terminal() -> bool:
-    """Switch off the libraries' own progress bars when ``terminal_shows_bars()`` is false, through their switches:
-    transformers' (loading and saving weights; it switches huggingface_hub's downloads too) and datasets' (``map``).
-    Returns ``terminal_shows_bars()``: the trainer's own bar follows it (``disable_tqdm`` in the SFT stage, the
-    compact callback in the RL stage). Switches nothing back on: a bar switched off by the user stays off."""
-    if terminal_shows_bars():
-        return True
+    """Leave the training bar the only one: switch off the libraries' own progress bars through their switches,
+    transformers' (loading and saving weights) and datasets' (``map``); huggingface_hub's (downloads, which
+    transformers' switch turns off with its own) stay as they were in a terminal and go off elsewhere. Returns
+    ``terminal_shows_bars()``: the trainer's own bar follows it (``disable_tqdm``; the compact callback). Switches
+    nothing back on that was off: a bar switched off by the user stays off."""
+    terminal = terminal_shows_bars()
+    downloads = not huggingface_hub.utils.are_progress_bars_disabled()
     transformers.utils.logging.disable_progress_bar()
     datasets.disable_progress_bars()
-    return False
+    if terminal and downloads:
+        huggingface_hub.utils.enable_progress_bars()
+    return terminal
 
 
 def replace_progress_callback(trainer) -> CompactProgressCallback:
@@ -152,10 +168,12 @@ def replace_progress_callback(trainer) -> CompactProgressCallback:
     return callback
 
 
-def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
+def format_step_line(logs: Mapping, step: int, max_steps: int, seconds_per_step: float | None = None) -> str:
     """One line for a step's logs; a missing metric is left out, e.g. ``step 12/40 | reward -2.71 (r_ss -1.90,
-    r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)``; for a held-out evaluation
-    ``step 25/200 | held-out reward -8.05`` (RL) or ``step 4/40 | held-out loss 0.0213`` (SFT)."""
+    r_kl 0.81, unmatched 0%) | 3.1 s/step (gen 1.2, score 0.8, train 1.1)`` (RL), ``step 8/32 | loss 1.234 | lr
+    1.0e-05 | 0.42 s/step`` (SFT: a step without a reward shows its loss; ``seconds_per_step`` when the logs hold no
+    step time); for a held-out evaluation ``step 25/200 | held-out reward -8.05`` (RL) or ``step 4/40 | held-out loss
+    0.0213`` (SFT)."""
     parts = [f"step {step}/{max_steps}"]
     if is_number(logs.get("eval_reward")):  # TRL's evaluation on held-out questions (its keys start with eval_)
         return f"{parts[0]} | held-out reward {_reward_number(logs['eval_reward'])}"
@@ -169,9 +187,14 @@ def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
         parts.append(f"reward {_reward_number(logs['reward'])}" + (f" ({', '.join(details)})" if details else ""))
     elif details:
         parts.append(", ".join(details))
+    elif is_number(logs.get("loss")):  # SFT (GRPO's loss is not what RL optimises: its line shows the reward)
+        parts.append(f"loss {logs['loss']:.4g}")
+        if is_number(logs.get("learning_rate")):
+            parts.append(f"lr {logs['learning_rate']:.1e}")
     phases = {key.split("/")[1]: value for key, value in logs.items()
               if key.startswith("phase/") and key.endswith("/seconds") and key.count("/") == 2 and is_number(value)}
     step_seconds = logs.get("step_time") if is_number(logs.get("step_time")) else sum(phases.values()) or None
+    step_seconds = step_seconds if step_seconds is not None else seconds_per_step
     if step_seconds is not None:
         names = in_phase_order(phases)
         digits = 1 if step_seconds >= 1 else 2  # one precision for the step and its phases
@@ -181,18 +204,21 @@ def format_step_line(logs: Mapping, step: int, max_steps: int) -> str:
 
 
 def format_summary_line(logs: Mapping, step: int, max_steps: int, steps_run: int,
-                        rewards: Sequence[tuple[int, float]], output_dir: str | Path) -> str:
+                        rewards: Sequence[tuple[int, float]], output_dir: str | Path,
+                        losses: Sequence[tuple[int, float]] = ()) -> str:
     """The end-of-training line: ``done: step 40/40 in 2 min 4 s (3.1 s/step) | mean reward -3.02 (steps 1-7)
-    -> -2.41 (steps 34-40) | outputs in <dir>``. ``rewards`` are the (step, reward) pairs this call logged;
-    ``steps_run`` the steps it ran (fewer than ``step`` after a resume)."""
+    -> -2.41 (steps 34-40) | outputs in <dir>``. ``rewards`` are the (step, reward) pairs this call logged, or else
+    ``losses`` its (step, loss) pairs (SFT: ``mean loss ...``); ``steps_run`` the steps it ran (fewer than ``step``
+    after a resume)."""
     parts = [f"done: step {step}/{max_steps}"]
     runtime = logs.get("train_runtime")
     if is_number(runtime):
         per_step = f" ({_seconds(runtime / steps_run)} s/step)" if steps_run > 0 else ""
         parts[0] += f" in {_duration(runtime)}{per_step}"
-    trend = reward_trend([step for step, _ in rewards], [reward for _, reward in rewards])
+    name, values = ("reward", rewards) if rewards else ("loss", losses)
+    trend = reward_trend([step for step, _ in values], [value for _, value in values])
     if trend is not None:
-        parts.append(f"mean reward {describe_trend(trend)}")
+        parts.append(f"mean {name} {describe_trend(trend)}")
     parts.append(f"outputs in {output_dir}")
     return " | ".join(parts)
 

@@ -27,22 +27,31 @@ Run::
 
 from __future__ import annotations
 
-import hashlib
+import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["compare"]:
+    # compare reads JSON files: it answers before this module's imports load torch and transformers (seconds)
+    from rlt_mono.eval_compare import main as compare_main
+
+    sys.exit(compare_main(sys.argv[2:]))
+
+import argparse
 import importlib.util
 import json
 import logging
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlt_mono import eval_compare
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import UserError
-from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, interval_text, read_rows, summarize
+from rlt_mono.eval_compare import cell, compare_table, questions_fingerprint
+from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
 from rlt_mono.explanation_sampler import (
     SamplingOptions,
     StageModels,
@@ -263,79 +272,6 @@ def run_eval(cfg: DictConfig) -> Path:
     return output_dir
 
 
-# ---- compare ----------------------------------------------------------------------------------------------
-def read_eval(path: Path) -> dict:
-    """An ``eval.json``, checked for the shape ``compare`` reads: a mapping whose ``metrics`` map each figure to
-    a mapping with ``mean`` and ``n``; anything else is a ``ConfigError`` naming the file and what it expected."""
-    expected = 'an eval.json (a JSON object whose "metrics" map each figure to its "mean", "low", "high", "n")'
-    try:
-        result = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except FileNotFoundError as err:
-        raise ConfigError(f"{path}: no such file; expected {expected}, e.g. outputs/eval/<run>/eval.json") from err
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot be read ({err.strerror}); expected {expected}") from err
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not text (a binary file?); expected {expected}") from err
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path}: not JSON ({err}); expected {expected}") from err
-    if not isinstance(result, dict) or not isinstance(result.get("metrics"), dict):
-        raise ConfigError(f'{path}: a JSON {type(result).__name__} without "metrics"; expected {expected}')
-    for name, figure in result["metrics"].items():
-        if not isinstance(figure, dict) or not {"mean", "n"} <= figure.keys():
-            raise ConfigError(f'{path}: metrics.{name} has no "mean" and "n"; expected {expected}')
-    return result
-
-
-def questions_fingerprint(questions: list[str]) -> str:
-    """sha256 of the sorted, distinct question texts: equal for two evals over the same held-out set."""
-    return hashlib.sha256("\n".join(sorted(set(questions))).encode()).hexdigest()
-
-
-def held_out_fingerprint(path: Path, result: dict) -> str | None:
-    """The held-out set's fingerprint of an ``eval.json``: stored as ``questions_sha256``, else from the
-    ``eval_rows.jsonl`` beside it (an eval written before the field); None when neither is there."""
-    if "questions_sha256" in result:
-        return result["questions_sha256"]
-    try:
-        return questions_fingerprint([row["question"] for row in read_rows(Path(path).parent)])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def compare_table(paths: list[str | Path], allow_different_questions: bool = False) -> str:
-    """One markdown table of several ``eval.json``: a column per file (named by its folder), a row per figure,
-    each cell ``mean [low, high]``; "—" where a file lacks the figure. Evals over different held-out sets are
-    refused (``ConfigError``) unless ``allow_different_questions``, when the table opens with a warning."""
-    results = [read_eval(Path(path)) for path in paths]
-    names = [str(Path(p).parent) if Path(p).name == EVAL_FILE else str(p) for p in paths]
-    # An eval with neither the stored fingerprint nor its rows cannot be checked: it is compared as it is.
-    differ = len({held_out_fingerprint(Path(path), r) for path, r in zip(paths, results)} - {None}) > 1
-    if differ and not allow_different_questions:
-        raise ConfigError(f"{', '.join(names)}: evaluated on different held-out questions, so their figures are not "
-                          "comparable; evaluate on the same rows, or pass --allow-different-questions")
-    lines = ["| | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(paths)]
-    if differ:
-        lines.insert(0, "**WARNING: these evals ran on DIFFERENT held-out questions; the figures are not "
-                        "comparable question for question.**\n")
-    for key in ("teacher", "student", "questions"):
-        lines.append(f"| {key} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |")
-    metric_names = [m for m in METRICS.values() if any(m in r["metrics"] for r in results)]
-    for name in metric_names:
-        lines.append(f"| {name} | " + " | ".join(_cell(r["metrics"].get(name)) for r in results) + " |")
-    sets = sorted({name for r in results for name in r.get("by_heldout", {})})
-    for held_out in sets:  # each held-out set apart (gsm_symbolic: instances, templates)
-        parts = [r.get("by_heldout", {}).get(held_out, {}).get("metrics", {}) for r in results]
-        for name in metric_names:
-            lines.append(f"| {name} [{held_out}] | " + " | ".join(_cell(p.get(name)) for p in parts) + " |")
-    return "\n".join(lines)
-
-
-def _cell(metric: dict | None) -> str:
-    if not metric or metric["mean"] is None:
-        return "—"
-    return f"{metric['mean']:.3f} {interval_text(metric)} (n={metric['n']})"
-
-
 def rescore(folder: Path, resamples: int = 2000) -> dict:
     """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
     answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
@@ -360,32 +296,22 @@ def rescore(folder: Path, resamples: int = 2000) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: the table on stdout;
     ``python -m rlt_mono.evaluate rescore <eval folder> ...``: check stored student answers again."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m rlt_mono.evaluate", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    compare = commands.add_parser("compare", help="one markdown table of several eval.json side by side")
-    compare.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
-    compare.add_argument("--allow-different-questions", action="store_true",
-                         help="compare evals over different held-out sets (the table then says so)")
+    eval_compare.add_arguments(commands.add_parser("compare", help="one markdown table of several eval.json side by "
+                                                   "side (rlt_mono.eval_compare)"))
     again = commands.add_parser("rescore", help="check the stored student answers of eval folders again")
     again.add_argument("folders", nargs="+", help="eval run folders (with eval.json and eval_rows.jsonl)")
     args = parser.parse_args(argv)
     if args.command == "rescore":
         try:
             for folder in args.folders:
-                sys.stdout.write(f"{folder}: student/accuracy {_cell(rescore(Path(folder)))}\n")
+                sys.stdout.write(f"{folder}: student/accuracy {cell(rescore(Path(folder)))}\n")
         except UserError as err:
             sys.stderr.write(f"error: {err}\n")
             return err.exit_code
         return 0
-    paths = [Path(p) / EVAL_FILE if Path(p).is_dir() else Path(p) for p in args.eval_json]
-    try:
-        sys.stdout.write(compare_table(paths, args.allow_different_questions) + "\n")
-    except UserError as err:
-        sys.stderr.write(f"error: {err}\n")
-        return err.exit_code
-    return 0
+    return eval_compare.run(args)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    console.replace_progress_callback(trainer)  # one line per logged step (and one bar in a terminal), no dicts
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
@@ -417,9 +418,17 @@ def run_sft(cfg: DictConfig) -> Path:
     }
     if trainer.args.should_save:
         write_json(output_dir / SUMMARY_FILE, summary)
-    logger.info("%s done: %d steps, held-out loss %s -> %s; model in %s", run.stage, summary["steps"], before,
-                after, final)
+    logger.info("%s done: %d steps, %s; model in %s", run.stage, summary["steps"], heldout_loss_text(before, after),
+                final)
     return output_dir
+
+
+def heldout_loss_text(before: float | None, after: float | None) -> str:
+    """``held-out loss 1.032 -> 0.9776`` for the end-of-run line, or what was not measured and why."""
+    if before is None and after is None:
+        return "held-out loss: not measured (no held-out rows)"
+    before_text, after_text = ("not measured" if loss is None else f"{loss:.4g}" for loss in (before, after))
+    return f"held-out loss {before_text} -> {after_text}"
 
 
 def _diversity(run: SFTRun) -> diversity.Diversity | None:

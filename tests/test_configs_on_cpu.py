@@ -209,16 +209,16 @@ def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
     (["demo_tiny", "seed=x"], "error: seed must be an integer, got 'x'"),
     (["teacher_rlt_mono", "memory=fast"], "error: memory='fast': choose one of auto, speed, manual"),
     (["demo_tiny", "trainer.offload_actor_in_generation=maybe"],
-     "error: trainer: offload_actor_in_generation must be true or false, got 'maybe'"),
+     "error: trainer.offload_actor_in_generation must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.left_align_padding=maybe"],
-     "error: trainer: left_align_padding must be true or false, got 'maybe'"),
+     "error: trainer.left_align_padding must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.use_liger_kernel=maybe"],
-     "error: trainer: use_liger_kernel must be true or false, got 'maybe'"),
+     "error: trainer.use_liger_kernel must be true or false, got 'maybe'"),
     (["demo_tiny", "trainer.use_liger_kernel=true"],
      "error: trainer.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has none (no "
      "CUDA device, or trainer.use_cpu=true): set trainer.use_liger_kernel=false"),
     (["demo_tiny", "trainer.activation_offloading=true"],
-     "error: trainer: activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
+     "error: trainer.activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"),
 ])
 def test_run_level_key_mistakes_are_one_line_before_any_stage_starts(argv, error, capsys):
     assert cli_main(argv) == 2

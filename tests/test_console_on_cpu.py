@@ -47,7 +47,10 @@ def test_step_line_omits_missing_keys():
     assert format_step_line({"phase/generate/seconds": 0.25, "phase/train/seconds": 0.5}, 1, 2) == (
         "step 1/2 | 0.75 s/step (gen 0.25, train 0.50)"  # no step_time: the phases' sum
     )
-    assert format_step_line({"loss": 0.1}, 1, 2) == "step 1/2"
+    # SFT: no reward, so the loss and learning rate; seconds per step as the callback measured them
+    assert format_step_line({"loss": 0.1}, 1, 2) == "step 1/2 | loss 0.1"
+    assert format_step_line({"loss": 1.23456, "learning_rate": 1e-5, "grad_norm": 3.0}, 8, 32, 0.4211) == (
+        "step 8/32 | loss 1.235 | lr 1.0e-05 | 0.42 s/step")
 
 
 def test_summary_line_says_time_trend_and_folder():
@@ -90,11 +93,11 @@ def test_compact_callback_draws_a_bar_only_in_a_terminal(monkeypatch, caplog, te
         callback.on_log(args, state, control, logs=dict(FULL_LOG))
         callback.on_train_end(args, state, control)
     logged = [r.getMessage() for r in caplog.records]
-    if terminal:  # unchanged: the bar, the line written above it by tqdm
-        assert "1/2" in stderr.getvalue() and "\r" in stderr.getvalue() and not logged and not switched_off
+    if terminal:  # the training bar, the line written above it by tqdm
+        assert "1/2" in stderr.getvalue() and "\r" in stderr.getvalue() and not logged
     else:  # a file or a pipe: no bar, the line is the progress
         assert stderr.getvalue() == "" and logged == [format_step_line(FULL_LOG, 1, 2)]
-        assert switched_off == ["transformers", "datasets"]
+    assert switched_off == ["transformers", "datasets"]  # the training bar is the only one, in a terminal too
 
 
 @pytest.mark.parametrize("default", [ProgressCallback, NotebookProgressCallback, PrinterCallback])

@@ -156,7 +156,8 @@ def test_bad_inputs_stop_with_one_line_errors(tmp_path, tiny_pair):
                                  "sft.explanation_column=solutoin"]),
          "student_sft trains on column 'solutoin'"),
         (compose("student_sft", []), r"data.source must be set"),
-        (compose("teacher_sft", ["size=tiny", "+sft.max_stepz=3"]), r"sft: unknown keys \['max_stepz'\]"),
+        (compose("teacher_sft", ["size=tiny", "+sft.max_stepz=3"]),
+         r"unknown key sft.max_stepz: did you mean sft.max_steps"),
         (compose("teacher_sft", ["size=tiny", "stage=teacher_stf"]),
          "stage='teacher_stf': rlt_mono.sft runs student_sft or teacher_sft"),
     ]

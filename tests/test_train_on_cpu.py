@@ -99,11 +99,12 @@ def test_launcher_errors_are_one_clear_line():
     bad_override = _launch("demo_tiny", "trainer.max_stepz=3", timeout=300)
     assert bad_override.returncode == 2
     assert bad_override.stderr.strip().splitlines() == [bad_override.stderr.strip()]
-    assert "Could not override 'trainer.max_stepz'" in bad_override.stderr
+    assert bad_override.stderr == ("error: unknown key trainer.max_stepz: did you mean trainer.max_steps, "
+                                   "trainer.save_steps or trainer.eval_steps?\n")
     missing = _launch("cfgs/run_cfg/nope.yaml", timeout=60)
     assert missing.returncode == 2
-    assert missing.stderr.strip() == ("error: config file cfgs/run_cfg/nope.yaml does not exist; run configs: "
-                                      f"{available_run_configs()}")
+    assert missing.stderr.strip() == (f"error: run config cfgs/run_cfg/nope.yaml not found relative to the current "
+                                      f"folder {ROOT}; run configs: {' '.join(available_run_configs())}")
 
 
 def test_a_finished_run_closes_its_process_group_and_a_failed_one_leaves_it(monkeypatch):

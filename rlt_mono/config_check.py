@@ -1,0 +1,358 @@
+"""Every config mistake that can be seen in the composed config, found before torch, transformers or TRL load.
+
+``rlt_mono.cli`` runs ``check_config`` right after composing, so a wrong key or value answers in about a second
+with one line, instead of after the libraries load (tens of seconds on a busy machine). Two checks:
+
+- **Keys.** A group read into a dataclass (``GROUP_CLASSES``) holds only that class's fields. The fields are read
+  from the source files (``rlt_mono.read_source``), nothing imported: rlt_mono's own modules, and TRL's and
+  transformers' files for the fields ``RLTConfig`` and ``SFTStageConfig`` inherit. A key added with
+  ``+group.key=...`` to another group must be one of that group's keys. An unknown key is answered with at most
+  three close names (``unknown_key``), never the whole list.
+- **Values.** Every field annotated as a plain ``int``, ``float`` or ``bool`` (or that, or None) holds a value of
+  that type, and the ranges the dataclasses' ``__post_init__`` check hold (``RULES``, ``CROSS_CHECKS``; their
+  choices are read from the constants of the modules that own them). tests/test_first_hour_on_cpu.py keeps the
+  table in step with the dataclasses: every rule is refused by its dataclass too.
+
+The dataclasses check everything again when a stage builds them, with TRL's and transformers' own cross-field
+checks, which only run there. A class whose fields cannot be read (a TRL or transformers release that moved them)
+is logged as a warning: its unknown keys are then found only when the stage builds it.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import functools
+import importlib.util
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rlt_mono import runtime
+from rlt_mono.config import ConfigError, config_groups
+from rlt_mono.placement import MODES as PLACEMENT_MODES
+from rlt_mono.placement import ROLLOUTS
+from rlt_mono.read_source import dataclass_fields, module_constant
+from rlt_mono.stages import STAGES
+
+logger = logging.getLogger(__name__)
+
+# The config groups built into a dataclass, as "module:Class" (read with ast, never imported here).
+GROUP_CLASSES = {
+    "trainer": "rlt_mono.grpo_config:RLTConfig",
+    "sft": "rlt_mono.sft:SFTStageConfig",
+    "data": "rlt_mono.data:DataConfig",
+    "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
+    "distill": "rlt_mono.distill:DistillConfig",
+    "eval": "rlt_mono.evaluate:EvalConfig",
+}
+# How many close names an unknown key is answered with.
+SUGGESTIONS = 3
+# A plain annotation's type -> what the message says a value must be.
+TYPE_WORDS = {"int": "a whole number", "float": "a number", "bool": "true or false"}
+
+
+def plain_types(annotation: ast.expr) -> tuple[frozenset[str], bool] | None:
+    """``({"int"}, True)`` for ``int | None`` (or ``Optional[int]``): the plain types of an annotation made only of
+    int, float, bool and None, and whether None is allowed; None for any other annotation (not type-checked)."""
+    names, nullable = set(), False
+
+    def read(node: ast.expr) -> bool:
+        nonlocal nullable
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+            return read(node.left) and read(node.right)
+        if isinstance(node, ast.Constant) and node.value is None:
+            nullable = True
+            return True
+        if isinstance(node, ast.Name) and node.id in TYPE_WORDS:
+            names.add(node.id)
+            return True
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and node.value.id in ("Optional", "Union"):
+            nullable = nullable or node.value.id == "Optional"
+            members = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            return all(read(member) for member in members)
+        return False
+
+    return (frozenset(names), nullable) if read(annotation) and names else None
+
+
+def _is_type(value: Any, name: str) -> bool:
+    if name == "bool":
+        return isinstance(value, bool)
+    numbers = (int,) if name == "int" else (int, float)
+    return isinstance(value, numbers) and not isinstance(value, bool)
+
+
+# ---- the ranges the dataclasses check ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """What one key's value must be: ``allows(value)`` is True for a good value (None is left to the type check);
+    ``text`` ends the message ``<group>.<key> must be <text>, got <value>``."""
+
+    allows: Callable[[Any], bool]
+    text: str
+
+
+def above(low: float, text: str = "") -> Rule:
+    return Rule(lambda v: v > low, f"> {low}{text}")
+
+
+def at_least(low: float, text: str = "") -> Rule:
+    return Rule(lambda v: v >= low, f">= {low}{text}")
+
+
+def one_of(choices: Iterable[str]) -> Rule:
+    choices = tuple(choices)
+    return Rule(lambda v: v in choices, f"one of {list(choices)}")
+
+
+def one_of_constant(key: str, module: str, name: str) -> dict[str, Rule]:
+    """``{key: one_of(<module>.<name>)}``, or nothing when that module has no such constant."""
+    choices = module_constant(module, name)
+    return {} if choices is None else {key: one_of(choices)}
+
+
+def _reductions() -> tuple[str, ...]:
+    return module_constant("rlt_mono.rewards.maths", "REDUCTIONS")
+
+
+def _sampling_rules() -> dict[str, Rule]:
+    """``SamplingOptions`` (rlt_mono.explanation_sampler), shared by the distill and eval groups."""
+    return {
+        "temperature": at_least(0, " (0: greedy)"),
+        "top_p": Rule(lambda v: 0 < v <= 1, "in (0, 1]"),
+        "max_new_tokens": at_least(1),
+        "rows_per_batch": at_least(1),
+        "vllm_gpu_memory_utilization": Rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        "vllm_kv_cache_gib": above(0, " GiB (null: vLLM sizes it by profiling)"),
+    }
+
+
+@functools.cache
+def rules() -> dict[str, dict[str, Rule]]:
+    """group -> key -> ``Rule``: the single-key checks of each group's dataclass (``RLTConfig._check_ranges``,
+    ``SFTStageConfig``, ``DataConfig``, ``TeacherRewardConfig``, ``SamplingOptions``, ``DistillConfig``,
+    ``EvalConfig``) and of the placement group (``rlt_mono.placement``). Choices come from their home modules."""
+    normalizations = module_constant("rlt_mono.rewards.maths", "NORMALIZATIONS")
+    return {
+        "trainer": {
+            **{key: above(0) for key in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                                         "max_completion_length", "logging_steps", "save_steps",
+                                         "ref_model_sync_steps", "sleep_leak_warn_gib", "temperature")},
+            "num_generations": at_least(2, " (GRPO compares completions of one prompt)"),
+            "steps_per_generation": at_least(1, " or null"),
+            **{key: at_least(0) for key in ("beta", "learning_rate", "explanation_samples_per_step",
+                                            "eval_questions", "dynamic_sampling_rounds")},
+            "ref_model_mixup_alpha": Rule(lambda v: 0 <= v <= 1, "in [0, 1]"),
+        },
+        "sft": {
+            "learning_rate": at_least(0),
+            **{key: at_least(1) for key in ("per_device_train_batch_size", "per_device_eval_batch_size",
+                                            "gradient_accumulation_steps")},
+            "max_steps": Rule(lambda v: v >= 1 or v == -1, ">= 1 (or -1: train sft.num_train_epochs)"),
+            "early_stopping_patience": at_least(0),
+        },
+        "data": {
+            "on_bad_row": one_of(("error", "skip")),
+            "on_long_row": one_of(("error", "skip")),
+            **one_of_constant("row_format", "rlt_mono.data", "ROW_FORMATS"),
+            "max_rows": at_least(1, " or null"),
+            "eval_rows": at_least(0, " or null (data.eval_fraction then applies)"),
+            "eval_fraction": Rule(lambda v: 0 <= v < 1, "in [0, 1)"),
+            "heldout_template_rows": at_least(1, " or null (all their rows)"),
+            "heldout_templates": Rule(lambda v: isinstance(v, list | tuple) and all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v),
+                "a list of template numbers (whole numbers >= 0)"),
+        },
+        "reward": {
+            "normalize_log_prob_fn": one_of(normalizations),
+            "normalize_kl_fn": one_of(normalizations),
+            "reduction_log_prob_fn": Rule(lambda v: all(r in _reductions() for r in v),
+                                          f"reductions out of {list(_reductions())}"),
+            "reduction_kl_fn": Rule(lambda v: all(r in _reductions() for r in v),
+                                    f"reductions out of {list(_reductions())}"),
+            "clip_log_prob": above(0, " or null (a bound <= 0 flips the sign of its term)"),
+            "clip_kl": above(0, " or null (a bound <= 0 flips the sign of its term)"),
+            "answer_log_prob_coeff": Rule(lambda v: all(c >= 0 for c in v), "coefficients >= 0"),
+            "kl_penalty_reward_coeff": Rule(lambda v: all(c >= 0 for c in v), "coefficients >= 0"),
+            "not_matched_penalty": Rule(lambda v: v <= 0, "<= 0 (a penalty)"),
+            "unbias_student_log_probs_temp": above(0),
+            "micro_batch_size": at_least(1),
+        },
+        "distill": {
+            **_sampling_rules(),
+            "samples_per_question": at_least(1),
+            **one_of_constant("selection", "rlt_mono.distill", "SELECTIONS"),
+        },
+        "eval": {
+            **_sampling_rules(),
+            **one_of_constant("student_prompt", "rlt_mono.evaluate", "STUDENT_PROMPTS"),
+            "student_max_new_tokens": at_least(1),
+            "bootstrap_resamples": at_least(1),
+            "confidence": Rule(lambda v: 0 < v < 1, "in (0, 1)"),
+        },
+        "placement": {
+            "mode": one_of(PLACEMENT_MODES),
+            "rollout": one_of(ROLLOUTS),
+        },
+    }
+
+
+def _gpu_kernels(group: str) -> Callable[[Mapping], str | None]:
+    """The training group's ``use_liger_kernel`` needs a GPU and the liger-kernel package (as
+    ``rlt_mono.build.check_gpu_kernels`` finds when the stage starts, with the same words)."""
+    def check(values: Mapping) -> str | None:
+        if values.get("use_liger_kernel") is not True:
+            return None
+        if values.get("use_cpu") or runtime.gpus_present() == 0:
+            return (f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has none "
+                    f"(no CUDA device, or {group}.use_cpu=true): set {group}.use_liger_kernel=false")
+        if importlib.util.find_spec("liger_kernel") is None:
+            return (f"{group}.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
+                    f"install liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
+        return None
+
+    return check
+
+
+def _trainer_cross(values: Mapping) -> str | None:
+    """``RLTConfig``'s checks of one key against another."""
+    if values.get("use_liger_kernel") and (values.get("liger_kernel_config") or {}).get("fused_linear_cross_entropy"):
+        return ("trainer.liger_kernel_config.fused_linear_cross_entropy=true replaces the model's forward, which TRL's "
+                "fused log-prob head needs: leave it out (TRL turns it off)")
+    if values.get("activation_offloading") and values.get("use_cpu"):
+        return "trainer.activation_offloading moves activations from a GPU to the CPU: it needs a GPU run"
+    return None
+
+
+def _data_cross(values: Mapping) -> str | None:
+    """``DataConfig``'s checks that depend on ``data.source``."""
+    source = values.get("source")
+    builtin = module_constant("rlt_mono.data", "BUILTIN_SOURCES")
+    if values.get("row_format", "columns") != "columns" and source in builtin:
+        return (f"data.row_format={values['row_format']} applies to files and hub datasets, not to the built-in "
+                f"data.source={source}: set data.row_format=columns")
+    if source == "embedded" and values.get("embedded_rows", 1) < 1:
+        return f"data.embedded_rows must be >= 1 with data.source=embedded, got {values['embedded_rows']}"
+    most = module_constant("rlt_mono.data", "MAX_GSM_ITEMS_PER_TEMPLATE") or float("inf")
+    if source == "gsm_symbolic" and not 1 <= values.get("gsm_items_per_template", 1) <= most:
+        return (f"data.gsm_items_per_template must be in 1..{most} (each item is a generator call), got "
+                f"{values['gsm_items_per_template']}")
+    if values.get("heldout_templates") and source != "gsm_symbolic":
+        return (f"data.heldout_templates holds out whole templates of data.source=gsm_symbolic; data.source={source} "
+                "has none: set data.heldout_templates=[]")
+    return None
+
+
+def _reward_cross(values: Mapping) -> str | None:
+    """``TeacherRewardConfig``: one coefficient per reduction."""
+    for coeffs, reductions in (("answer_log_prob_coeff", "reduction_log_prob_fn"),
+                               ("kl_penalty_reward_coeff", "reduction_kl_fn")):
+        if len(values.get(coeffs, ())) != len(values.get(reductions, ())):
+            return (f"reward.{coeffs} has {len(values[coeffs])} entries but reward.{reductions} has "
+                    f"{len(values[reductions])}: give one coefficient per reduction")
+    return None
+
+
+# group -> checks of several keys at once, each returning the message of what is wrong (None: nothing).
+CROSS_CHECKS: dict[str, tuple[Callable[[Mapping], str | None], ...]] = {
+    "trainer": (_gpu_kernels("trainer"), _trainer_cross),
+    "sft": (_gpu_kernels("sft"),),
+    "data": (_data_cross,),
+    "reward": (_reward_cross,),
+}
+
+
+# ---- the checks -----------------------------------------------------------------------------------------------
+def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
+    """Raise ``ConfigError`` (one line) at the first unknown key or bad value of a composed run config;
+    ``overrides`` are the command's, whose ``+group.key=...`` additions are checked against the group's keys."""
+    added = [o.lstrip("+").partition("=")[0] for o in overrides if o.startswith("+") and "@" not in o]
+    for key in added:
+        group, _, name = key.partition(".")
+        if name and "." not in name and group not in GROUP_CLASSES and isinstance(cfg.get(group), DictConfig):
+            known = set(cfg[group]) - {k.partition(".")[2] for k in added if k.startswith(f"{group}.")}
+            if name not in known:
+                raise ConfigError(unknown_key(cfg, key, known))
+    for group, reference in GROUP_CLASSES.items():
+        if not isinstance(cfg.get(group), DictConfig):
+            continue
+        fields = dataclass_fields(reference)
+        if fields is None:
+            logger.warning("the fields of %s (the %s group) could not be read from its source: an unknown %s key is "
+                           "found only when the stage builds it", reference.replace(":", "."), group, group)
+        else:
+            for key in cfg[group]:
+                if key not in fields:
+                    raise ConfigError(unknown_key(cfg, f"{group}.{key}", fields))
+        check_values(group, cfg[group], fields or {})
+    if isinstance(cfg.get("placement"), DictConfig):
+        check_values("placement", cfg.placement, {})
+
+
+def check_values(group: str, node: DictConfig, fields: Mapping[str, ast.expr]) -> None:
+    """The values of one group: unset keys, plain types from the ``fields``' annotations, ``rules()`` and
+    ``CROSS_CHECKS``."""
+    unset = [key for key in node if OmegaConf.is_missing(node, key)]
+    if unset:
+        raise ConfigError(f"{group}.{unset[0]} must be set (e.g. {group}.{unset[0]}=...)")
+    try:
+        values = OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{group}: {str(err).strip().splitlines()[0]}") from err
+    group_rules = rules().get(group, {})
+    for key, value in values.items():
+        if value is None:
+            continue
+        types = plain_types(fields[key]) if key in fields else None
+        if types is not None and not any(_is_type(value, name) for name in types[0]):
+            wanted = " or ".join(TYPE_WORDS[name] for name in sorted(types[0]))
+            raise ConfigError(f"{group}.{key} must be {wanted}{' or null' if types[1] else ''}, got {value!r}")
+        rule = group_rules.get(key)
+        if rule is not None and not _allows(rule, value):
+            raise ConfigError(f"{group}.{key} must be {rule.text}, got {value!r}")
+    for check in CROSS_CHECKS.get(group, ()):
+        problem = check(values)
+        if problem is not None:
+            raise ConfigError(problem)
+
+
+def _allows(rule: Rule, value: Any) -> bool:
+    try:
+        return bool(rule.allows(value))
+    except TypeError:  # a string where a number is due, a number where a list is: not allowed
+        return False
+
+
+def unknown_key(cfg: DictConfig, dotted: str, known: Iterable[str] | None = None) -> str:
+    """The one line for ``dotted``, a key ``cfg`` does not have: up to ``SUGGESTIONS`` close names of the level
+    where it goes astray (``known``: that level's names, when they are more than the config holds, e.g. the
+    fields of the group's dataclass), or what that level is."""
+    parts = dotted.split(".")
+    node, depth = cfg, 0
+    while depth < len(parts) - 1 and isinstance(node, DictConfig) and isinstance(node.get(parts[depth]), DictConfig):
+        node, depth = node[parts[depth]], depth + 1
+    names = set(known or ()) | (set(node) if isinstance(node, DictConfig) else set())
+    names.discard(parts[depth])  # a key added with +group.key=... is in the config, and no answer to itself
+    if depth == 0 and cfg.get("stage") in STAGES:
+        names |= set(STAGES[cfg.stage].config_groups) & set(cfg)
+    close = difflib.get_close_matches(parts[depth], sorted(names), n=SUGGESTIONS)
+    if close:
+        heads = [".".join([*parts[:depth], name, *parts[depth + 1:]]) for name in close]
+        return f"unknown key {dotted}: did you mean {_either(heads)}?"
+    if depth == 0 and parts[0] in config_groups():
+        stage = cfg.get("stage")
+        groups = [g for g in (STAGES[stage].config_groups if stage in STAGES else ()) if g in cfg]
+        return (f"unknown key {dotted}: stage {stage} has no {parts[0]} group (its groups: "
+                f"{', '.join(groups) or 'none'})")
+    where = ".".join(parts[:depth]) or "the run config"
+    return f"unknown key {dotted}: {where} has no key {parts[depth]} and none close to it"
+
+
+def _either(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
