@@ -3,12 +3,14 @@
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
 model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded by
-``rlt_mono.models``; ``resolve_placement_for`` (distill, eval) and ``set_wandb_env`` (SFT) are shared with the other
-stages; the trainer releases what it holds itself (``RLTTrainer.release``).
+``rlt_mono.models``; ``resolve_placement_for`` (distill, eval), ``set_wandb_env`` and ``check_gpu_kernels`` (SFT) and
+``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the trainer releases what it holds
+itself (``RLTTrainer.release``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -70,7 +72,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps,
-                                                   world_size=runtime.world_size())
+                                                   world_size=runtime.world_size(), stage=cfg.stage)
     if main_process:
         checkpoints.remove_stale_staging(output_dir)
     set_wandb_env(cfg.logging, args.report_to)
@@ -82,6 +84,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
     student_tokenizer = load_tokenizer(student_path, "student.model_name_or_path")
     teacher_config = load_config(teacher_path, "model.model_name_or_path")
+    lora.check_rank_fits(cfg.model, teacher_config.hidden_size)
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
     # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
@@ -112,6 +115,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     bars_only_in_terminal()  # the weight-loading bars too: none in a log file or a pipe
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
                          **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
+    lora.check_target_modules(cfg.model, teacher)
     student = load_model(student_path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype)).eval()
     student.requires_grad_(False)
     swapper.place(student, "student", offload=placement.offloads(Role.STUDENT), device=placement.device(Role.STUDENT))
@@ -152,6 +156,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     except NoMatchingPeftModuleError as err:  # none of model.lora_target_modules is in the teacher
         raise lora.no_target_error(cfg.model, err) from err
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
+    trainer.checkpoint_stage = cfg.stage
     trainer.resume_checkpoint = resume_checkpoint
     if resume_checkpoint is not None:  # the step-0 evaluation is in metrics.jsonl already: not again on resume
         trainer.args.eval_on_start = False
@@ -165,11 +170,40 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
 
 
 def check_gpu_kernels(cfg: DictConfig, on_gpu: bool) -> None:
-    """``trainer.use_liger_kernel`` runs liger-kernel's Triton kernels, which need the run on a GPU: a ``ConfigError``
-    when its placement put it on the CPU (no CUDA device here, or ``trainer.use_cpu``)."""
-    if cfg.trainer.get("use_liger_kernel") is True and not on_gpu:
-        raise ConfigError("trainer.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has "
-                          "none (no CUDA device, or trainer.use_cpu=true): set trainer.use_liger_kernel=false")
+    """``<group>.use_liger_kernel`` of the stage's training group (``trainer`` for the RL stage, ``sft`` for the SFT
+    stages) runs liger-kernel's Triton kernels, which need the run on a GPU and the liger-kernel package: a one-line
+    ``ConfigError`` when the run is on the CPU (no CUDA device here, or ``<group>.use_cpu``) or the package is
+    missing (transformers would stop in the trainer's constructor, with a traceback)."""
+    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
+    if runtime.training_group(cfg).get("use_liger_kernel") is not True:
+        return
+    if not on_gpu:
+        raise ConfigError(f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run "
+                          f"has none (no CUDA device, or {group}.use_cpu=true): set {group}.use_liger_kernel=false")
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(f"{group}.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
+                          f"install liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
+
+
+def warn_unused_options(cfg: DictConfig, placement: Placement | None = None) -> None:
+    """One warning for each option the config of an SFT, distill or eval run sets that its stage does not read.
+    ``placement``: the run's resolved placement (None: the stage resolves none, as the SFT stages, which train one
+    model per process).
+
+    - ``memory=auto|speed`` outside teacher_rlt: it plans that stage's GPU memory;
+    - ``placement=student_gpu|auto`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
+    - ``<stage>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM engine.
+    """
+    if cfg.stage != "teacher_rlt" and cfg.get("memory") in memory_planner.PLANNING_MODES:
+        logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
+                       cfg.stage)
+    if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto"):
+        logger.warning("placement=%s is ignored: %s trains one model in one process (placement=dp spreads it over "
+                       "GPUs)", cfg.placement.mode, cfg.stage)
+    kv_cache = cfg[cfg.stage].get("vllm_kv_cache_gib") if cfg.stage in ("distill", "eval") else None
+    if placement is not None and not placement.use_vllm and kv_cache is not None:
+        logger.warning("%s.vllm_kv_cache_gib=%s is ignored: this run samples with transformers, not vLLM (no CUDA GPU, "
+                       "no vllm package, or placement.rollout=transformers)", cfg.stage, kv_cache)
 
 
 def release_trainer(trainer: RLTTrainer) -> None:

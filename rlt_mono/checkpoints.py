@@ -25,6 +25,7 @@ from rlt_mono import runtime
 from rlt_mono.atomic_write import check_free_space, write_error
 from rlt_mono.config import ConfigError
 from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +80,12 @@ def new_run_dir(run_dir: str | Path) -> Path:
         folder = run_dir if attempt == 1 else run_dir.with_name(f"{run_dir.name}_{attempt}")
         try:
             folder.mkdir()
-            _made_run_dirs.append(folder)
-            return folder
         except FileExistsError:
             continue
+        except OSError as err:  # a read-only disk or a folder not ours: no variant of the name can be made either
+            raise _cannot_create(folder, f"run_dir={run_dir}", err) from err
+        _made_run_dirs.append(folder)
+        return folder
     raise CheckpointError(f"{run_dir} and 998 variants of it exist: set output_dir=<a new folder>")
 
 
@@ -98,10 +101,15 @@ def previous_run_files(output_dir: str | Path) -> list[str]:
 def check_fresh_output_dir(output_dir: str | Path) -> None:
     """Refuse to start a new run in a folder another run wrote (its metrics would be mixed with ours)."""
     found = previous_run_files(output_dir)
-    if found:
+    if found and last_complete_checkpoint(output_dir):
         raise CheckpointError(
             f"output_dir={output_dir} already holds a run ({', '.join(found[:4])}): continue it with "
             "resume_from_checkpoint=true, or start a new one in another output_dir (or leave output_dir unset)"
+        )
+    if found:
+        raise CheckpointError(
+            f"output_dir={output_dir} already holds a run ({', '.join(found[:4])}) that saved no complete checkpoint, "
+            "so it cannot be resumed: start the new run in another output_dir (or leave output_dir unset)"
         )
     ensure_output_dir(output_dir)
 
@@ -138,8 +146,12 @@ def _make_dir(folder: Path, what: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise CheckpointError(f"{what}: cannot create {folder} ({err.strerror or err}): choose a folder you can "
-                              "write to (output_dir=...)") from err
+        raise _cannot_create(folder, what, err) from err
+
+
+def _cannot_create(folder: Path, what: str, err: OSError) -> CheckpointError:
+    return CheckpointError(f"{what}: cannot create {folder} ({err.strerror or err}): choose a folder you can write "
+                           "to (output_dir=...)")
 
 
 # ---- checkpoints -----------------------------------------------------------------------------------
@@ -162,8 +174,9 @@ def saved_world_size(folder: str | Path) -> int | None:
     return len(ranks) or None
 
 
-def write_manifest(folder: str | Path, step: int) -> None:
-    """Record every file of a finished checkpoint with its size, fsync them, then write the manifest."""
+def write_manifest(folder: str | Path, step: int, stage: str | None = None) -> None:
+    """Record every file of a finished checkpoint with its size, and the stage that wrote it (``stage``), fsync
+    them, then write the manifest."""
     folder = Path(folder)
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
@@ -171,7 +184,7 @@ def write_manifest(folder: str | Path, step: int) -> None:
             os.fsync(f.fileno())
         files[str(path.relative_to(folder))] = path.stat().st_size
     tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    tmp.write_text(json.dumps({"step": step, "stage": stage, "files": files}, indent=1))
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     tmp.replace(folder / MANIFEST)
@@ -232,6 +245,22 @@ def checkpoint_problem(folder: str | Path) -> str | None:
     return None
 
 
+def saved_stage(folder: str | Path) -> str | None:
+    """The stage that wrote a checkpoint: recorded in its manifest, or (a checkpoint saved before manifests
+    recorded it) the ``stage`` of its run folder's ``config.yaml``; None when neither says."""
+    folder = Path(folder)
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no manifest, or not a JSON object
+        stage = json.loads((folder / MANIFEST).read_text()).get("stage")
+        if stage is not None:
+            return stage
+    import yaml  # here: only a resume of an older checkpoint reads its run's config
+
+    with contextlib.suppress(OSError, yaml.YAMLError, AttributeError):
+        stage = yaml.safe_load((folder.parent / "config.yaml").read_text()).get("stage")
+        return stage if isinstance(stage, str) else None
+    return None
+
+
 def saved_step(folder: str | Path) -> int:
     """The optimizer step a checkpoint was saved at (transformers' trainer_state.json)."""
     try:
@@ -240,14 +269,25 @@ def saved_step(folder: str | Path) -> int:
         raise CheckpointError(f"{folder}: cannot read the step from {TRAINER_STATE} ({err})") from err
 
 
+def _newest_first(folder: Path) -> list[Path]:
+    return sorted((p for p in folder.iterdir() if checkpoint_step(p) is not None), key=checkpoint_step, reverse=True)
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest resumable ``checkpoint-N`` in ``output_dir``, or None (no such folder, or none complete yet)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return None
+    return next((candidate for candidate in _newest_first(folder) if checkpoint_problem(candidate) is None), None)
+
+
 def newest_complete_checkpoint(output_dir: str | Path) -> Path:
     """The newest resumable ``checkpoint-N`` in ``output_dir``; each newer one skipped is logged with why."""
     folder = Path(output_dir)
     if not folder.is_dir():
         raise CheckpointError(f"resume_from_checkpoint=true: output_dir={output_dir} does not exist; "
                               "set output_dir=<the run's folder>")
-    candidates = sorted((p for p in folder.iterdir() if checkpoint_step(p) is not None),
-                        key=checkpoint_step, reverse=True)
+    candidates = _newest_first(folder)
     for candidate in candidates:
         problem = checkpoint_problem(candidate)
         if problem is None:
@@ -260,11 +300,13 @@ def newest_complete_checkpoint(output_dir: str | Path) -> Path:
     )
 
 
-def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int, world_size: int = 1) -> str | None:
-    """The verified checkpoint folder a run resumes from, or None for a fresh run.
+def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int, world_size: int = 1,
+                   stage: str | None = None) -> str | None:
+    """The verified checkpoint folder a run of ``stage`` resumes from, or None for a fresh run.
 
     ``resume_from_checkpoint`` is null/false, true (the newest complete checkpoint in ``output_dir``) or a
-    checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint or one past ``max_steps``; one at
+    checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint, one another stage wrote
+    (``saved_stage``: its optimizer and step belong to another training) or one past ``max_steps``; one at
     ``max_steps`` is returned (the run stopped before saving ``final/``: nothing trains, ``final/`` is saved).
     A checkpoint saved by another number of ranks (``world_size``, placement=dp) is refused: each rank's data
     order and RNG state continue only with the same ranks.
@@ -281,6 +323,13 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
                 f"resume_from_checkpoint={resume_from_checkpoint} cannot be resumed: {problem}; resume from "
                 "an earlier checkpoint, or set resume_from_checkpoint=true for the newest complete one"
             )
+    written_by = saved_stage(checkpoint)
+    if stage is not None and written_by not in (None, stage):
+        raise CheckpointError(
+            f"{checkpoint} was saved by stage {written_by}, not {stage}: a checkpoint resumes only the stage that "
+            f"saved it; to train {stage} from that run's model, leave resume_from_checkpoint unset and set "
+            f"{STAGES[stage].trains}.model_name_or_path={checkpoint.parent / 'final'}"
+        )
     saved_ranks = saved_world_size(checkpoint)
     if saved_ranks != world_size:
         raise CheckpointError(
@@ -307,6 +356,8 @@ class VerifiedCheckpoints:
     (the run folder's README says what the run was)."""
 
     _staging_root: str | None = None
+    # The stage recorded in each checkpoint's manifest (``saved_stage``); set by the stage that builds the trainer.
+    checkpoint_stage: str | None = None
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if self.args.world_size > 1 and self.args.device.type == "cpu":
@@ -354,7 +405,7 @@ class VerifiedCheckpoints:
         previous = _newest_checkpoint_size(run_dir)
         if previous:  # every rank checks (the same disk), so none waits below for one that stopped
             check_free_space(run_dir, previous, f"{name} (as large as the last checkpoint)",
-                             then=f"resume with {resume_hint(run_dir)}")
+                             then=how_to_continue(run_dir))
         if self.args.should_save:
             shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
@@ -372,7 +423,7 @@ class VerifiedCheckpoints:
             if self.state.best_model_checkpoint == str(staging):
                 self.state.best_model_checkpoint = str(run_dir / name)
                 self.state.save_to_json(str(staging / "trainer_state.json"))
-            write_manifest(staging, self.state.global_step)
+            write_manifest(staging, self.state.global_step, self.checkpoint_stage)
             publish(staging, run_dir / name)
             shutil.rmtree(staging_root)
             # transformers rotated inside the staging folder (one checkpoint there); rotate the real ones now.
@@ -410,19 +461,19 @@ def training_failures(trainer, output_dir: Path, memory_hint: str) -> Iterator[N
     try:
         yield
     except KeyboardInterrupt as err:
-        raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; resume with "
-                             f"{resume_hint(output_dir)}") from err
+        raise RunInterrupted(f"interrupted at step {trainer.state.global_step}; "
+                             f"{how_to_continue(output_dir)}") from err
     except Exception as err:
         if isinstance(err, OSError) or is_disk_full(err):  # full, read-only or not ours: one line (write_error)
             as_os_error = err if isinstance(err, OSError) else OSError(errno.ENOSPC, str(err))
             error = write_error(getattr(err, "filename", None) or output_dir, as_os_error,
-                                then=f"resume with {resume_hint(output_dir)}")
+                                then=how_to_continue(output_dir))
             if error is not None:
                 raise error from err
         if type(err).__name__ != "OutOfMemoryError":  # torch.OutOfMemoryError, without importing torch here
             raise
-        raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; resume "
-                        f"with {resume_hint(output_dir)}") from err
+        raise UserError(f"out of GPU memory at step {trainer.state.global_step + 1}: lower {memory_hint}; "
+                        f"{how_to_continue(output_dir)}") from err
 
 
 # What libraries say when a write runs out of disk: safetensors' writer (Rust) "No space left on device (os error
@@ -446,14 +497,12 @@ def _newest_checkpoint_size(run_dir: Path) -> int:
     return sum(f.stat().st_size for f in steps[-1].rglob("*") if f.is_file()) if steps else 0
 
 
-def resume_hint(output_dir: Path) -> str:
-    """The overrides that resume the run in ``output_dir``, with its last complete checkpoint. Evaluated when the
+def how_to_continue(output_dir: str | Path) -> str:
+    """What to do after a run in ``output_dir`` stopped: the overrides that resume it from its last complete
+    checkpoint, or, before its first checkpoint (a resume would be refused), to start it again. Evaluated when the
     failure happens, so it names the checkpoint that exists then."""
-    return f"output_dir={output_dir} resume_from_checkpoint=true ({_last_checkpoint(output_dir)})"
-
-
-def _last_checkpoint(output_dir: Path) -> str:
-    try:
-        return f"last complete checkpoint: {newest_complete_checkpoint(output_dir)}"
-    except CheckpointError:
-        return "no complete checkpoint yet"
+    saved = last_complete_checkpoint(output_dir)
+    if saved is not None:
+        return f"resume with output_dir={output_dir} resume_from_checkpoint=true (last complete checkpoint: {saved})"
+    return ("start the run again in a new output_dir (or with output_dir unset): it saved no checkpoint yet, so "
+            "there is nothing to resume")

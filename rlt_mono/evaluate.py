@@ -254,6 +254,10 @@ def run_eval(cfg: DictConfig) -> Path:
     except torch.OutOfMemoryError as err:
         raise UserError("out of GPU memory: lower reward.micro_batch_size, eval.rows_per_batch or "
                         "eval.vllm_gpu_memory_utilization") from err
+    if options.student_accuracy and not any(record["correct"] is not None for record in records):
+        logger.warning("eval: student/accuracy is not measured (n=0): no held-out row of data.source=%s has an answer "
+                       "to check the student's against (an answer column, or a solution stating '%s ...'); add an "
+                       "answer column, or set eval.student_accuracy=false", cfg.data.source, THE_ANSWER_IS)
     result = {
         "teacher": cfg.model.model_name_or_path,
         "student": cfg.student.model_name_or_path,

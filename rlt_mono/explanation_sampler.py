@@ -32,7 +32,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints, left_align, lora, run_lock
-from rlt_mono.build import resolve_placement_for
+from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_split, render_prompts
 from rlt_mono.errors import UserError
@@ -104,6 +104,7 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.left_align``, as
     ``trainer.left_align_padding`` does for the RL stage's models); generation with a cache is left alone."""
     placement = resolve_placement_for(cfg.placement)
+    warn_unused_options(cfg, placement)
     phases = PhaseTimer(placement.device(Role.ACTOR))
     swapper = ModelSwapper(placement.device(Role.ACTOR), phases, pin_memory=cfg.placement.pin_memory)
     # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).

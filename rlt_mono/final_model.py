@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from rlt_mono import lora
 from rlt_mono.atomic_write import check_free_space, write_text
-from rlt_mono.checkpoints import STAGING_PREFIX, publish, resume_hint
+from rlt_mono.checkpoints import STAGING_PREFIX, how_to_continue, publish
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def save_final(trainer, output_dir: Path) -> Path:
     one line, when the disk has less free than the weights need."""
     weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
     check_free_space(output_dir, weights, f"{FINAL_DIR}/ (the model's weights)",
-                     then=f"resume with {resume_hint(output_dir)}")
+                     then=how_to_continue(output_dir))
     staging = Path(output_dir) / f"{STAGING_PREFIX}{FINAL_DIR}"
     main_process = trainer.args.should_save  # data parallel: rank 0 writes, the other ranks wait
     if main_process:

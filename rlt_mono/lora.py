@@ -68,6 +68,31 @@ def lora_rank(model_cfg) -> int:
     return rank
 
 
+def check_rank_fits(model_cfg, hidden_size: int) -> None:
+    """``model.lora_r`` no larger than the teacher's hidden size (its config, before the weights load): a rank-``r``
+    update of a ``hidden x hidden`` layer has rank at most ``hidden``, so a larger ``r`` only adds parameters."""
+    rank = lora_rank(model_cfg)
+    if rank > hidden_size:
+        raise ConfigError(f"model.lora_r={rank}: above the teacher's hidden size ({hidden_size}), the most an "
+                          f"adapter's rank can use: set model.lora_r from 1 to {hidden_size} (or 0: train every "
+                          "weight)")
+
+
+def check_target_modules(model_cfg, model: nn.Module) -> None:
+    """Every name of a ``model.lora_target_modules`` list names a linear layer of ``model`` (the teacher, loaded),
+    as peft matches it (the layer's full name, or its last parts): peft adapts the names it finds and drops the
+    rest without a word. A ``ConfigError`` names the unknown ones and lists the teacher's linear layers."""
+    targets = model_cfg.get("lora_target_modules", "all-linear")
+    if not lora_rank(model_cfg) or isinstance(targets, str):  # all-linear, or a regex peft matches itself
+        return
+    linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
+    unknown = [t for t in targets if not any(name == t or name.endswith(f".{t}") for name in linear)]
+    if unknown:
+        valid = sorted({name.rsplit(".", 1)[-1] for name in linear} - {"lm_head"})
+        raise ConfigError(f"model.lora_target_modules={list(targets)}: {', '.join(unknown)} not among the teacher's "
+                          f"linear layers; choose from {', '.join(valid)} (or all-linear)")
+
+
 def _is_sequence(value) -> bool:
     from omegaconf import ListConfig
 

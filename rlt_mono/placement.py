@@ -40,6 +40,9 @@ class Role(enum.Enum):
 
 MODES = ("mono", "student_gpu", "auto", "dp")
 ROLLOUTS = ("auto", "vllm", "transformers")
+# The TCP ports a data-parallel run's ranks can meet on (placement.main_process_port; 0, "any free port", cannot be
+# shared between machines, so null asks rlt_mono.launch to pick one).
+PORTS = range(1, 65536)
 
 
 class PlacementError(ValueError):
@@ -140,6 +143,15 @@ def _vllm_installed() -> bool:
     except ImportError:
         return False
     return True
+
+
+def check_main_process_port(port) -> int | None:
+    """``placement.main_process_port`` as given: None (the launcher picks a free port) or a whole number in
+    ``PORTS``; anything else is a ``PlacementError`` (accelerate's launcher would stop on it with a traceback)."""
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or port not in PORTS):
+        raise PlacementError(f"placement.main_process_port={port!r}: a TCP port, a whole number from {PORTS[0]} to "
+                             f"{PORTS[-1]} (or null for a free one)")
+    return port
 
 
 def gpus_to_expose(mode: str, gpus_present: int, processes: int | None = None) -> int:

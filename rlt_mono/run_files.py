@@ -17,6 +17,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from rlt_mono.atomic_write import append_text
+from rlt_mono.checkpoints import how_to_continue
 from rlt_mono.outputs import (
     EVAL_EVENT,
     METRICS_FILE,
@@ -71,7 +72,7 @@ class RunFilesCallback(TrainerCallback):
         event = (SUMMARY_EVENT if is_summary_log(logs) else
                  EVAL_EVENT if any(key.startswith("eval_") for key in logs) else STEP_EVENT)
         row = {"event": event, "step": state.global_step, **{k: _jsonable(v) for k, v in logs.items()}}
-        then = f"resume with output_dir={self.output_dir} resume_from_checkpoint=true"
+        then = how_to_continue(self.output_dir)
         append_text(self.output_dir / METRICS_FILE, json.dumps(row) + "\n", then)
         scores = getattr(self.reward, "last_scores", None) or []
         if self.samples_per_step and scores and event == STEP_EVENT and "reward" in logs:

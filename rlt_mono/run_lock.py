@@ -54,10 +54,7 @@ def acquire(folder: str | Path) -> None:
         return
     path = folder / LOCK_FILE
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as err:
-            raise (write_error(path, err) or err) from err
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,11 +88,7 @@ def engine_start(what: str = "vLLM engine") -> Iterator[None]:
     """Hold the machine-wide engine-start lock while the block runs (a vLLM engine's start and first sleep): a
     second process waits, saying once whom it waits for."""
     global _starting_here
-    path = engine_lock_path()
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError as err:
-        raise (write_error(path, err) or err) from err
+    fd = _open_lock_file(engine_lock_path())
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,6 +155,18 @@ def _stop_hint(record: dict | None) -> str:
     if record and record.get("host") == socket.gethostname():
         return f" or stop it (kill {record.get('pid')})"
     return " or stop it"
+
+
+def _open_lock_file(path: Path) -> int:
+    """A descriptor of the lock file ``path``, created if missing; a folder in its place, or a disk that refuses
+    the write, is one line (``UserError``)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except IsADirectoryError as err:
+        raise UserError(f"{path} is a folder, where rlt_mono keeps a lock file: remove that folder (it is not "
+                        "rlt_mono's), then run again") from err
+    except OSError as err:
+        raise (write_error(path, err) or err) from err
 
 
 def _read(fd: int) -> dict | None:

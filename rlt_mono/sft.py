@@ -40,13 +40,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import torch
 import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints, console, diversity, lora, runtime
 from rlt_mono.atomic_write import write_json, write_text
-from rlt_mono.build import set_wandb_env
+from rlt_mono.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, load_rows, split_questions, validate_rows
 from rlt_mono.errors import UserError
@@ -294,10 +295,12 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         # The best checkpoint by held-out loss becomes final/ (transformers keeps it from save_total_limit).
         sft_kwargs.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
     args = instantiate(SFTStageConfig, sft_kwargs, "sft")
+    check_gpu_kernels(cfg, on_gpu=torch.cuda.is_available() and not args.use_cpu)
+    warn_unused_options(cfg)
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize,
-                                                   world_size=runtime.world_size())
+                                                   world_size=runtime.world_size(), stage=stage)
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
@@ -320,6 +323,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     tokenizer = load_tokenizer(model_path, key)
     if args.eos_token is None:
         args.eos_token = end_of_turn_token(tokenizer, key)
+    elif args.eos_token not in tokenizer.get_vocab():  # TRL's trainer would stop on it, with a traceback
+        raise ConfigError(f"sft.eos_token={args.eos_token!r} is not a token of {key}={model_path}'s vocabulary: set "
+                          "one of its tokens, or sft.eos_token=null for the token its chat template ends a turn with")
     # the rows in tokens need only the tokenizer: rows that all leave no completion cost no model load
     train_dataset = build_sft_dataset(train_rows, tokenizer, stage, args.explanation_column, args.eos_token,
                                       max_length=args.max_length)
@@ -342,6 +348,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    trainer.checkpoint_stage = stage
     console.replace_progress_callback(trainer)  # one line per logged step (and one bar in a terminal), no dicts
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

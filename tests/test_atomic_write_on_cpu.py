@@ -76,8 +76,9 @@ def test_a_metrics_row_cut_by_a_full_disk_leaves_the_file_at_its_last_complete_r
     before = (tmp_path / METRICS_FILE).read_text()
     monkeypatch.setattr(atomic_write, "open", _half_then_full, raising=False)
     state.global_step = 2
-    with pytest.raises(DiskError, match=rf"^disk full while writing {tmp_path / METRICS_FILE}: free space, then resume "
-                                        rf"with output_dir={tmp_path} resume_from_checkpoint=true"):
+    with pytest.raises(DiskError, match=rf"^disk full while writing {tmp_path / METRICS_FILE}: free space, then start "
+                                        r"the run again in a new output_dir \(or with output_dir unset\): it saved no "
+                                        r"checkpoint yet"):
         callback.on_log(None, state, None, logs={"loss": 0.5, "note": "y" * 200})
     monkeypatch.undo()
     assert (tmp_path / METRICS_FILE).read_text() == before
@@ -89,18 +90,18 @@ def test_final_is_refused_before_writing_when_the_weights_do_not_fit(tmp_path, m
     trainer = SimpleNamespace(model=model, args=SimpleNamespace(should_save=True))
     monkeypatch.setattr(atomic_write, "free_bytes", lambda folder: 100 * 1024)
     with pytest.raises(DiskError, match=rf"^not enough disk space for final/ \(the model's weights\) in {tmp_path}: "
-                                        r"needs 257\.0 KiB, 100\.0 KiB free; free space, then resume with "
-                                        rf"output_dir={tmp_path} resume_from_checkpoint=true \(no complete checkpoint"):
+                                        r"needs 257\.0 KiB, 100\.0 KiB free; free space, then start the run again "
+                                        r"in a new output_dir \(or with output_dir unset\): it saved no checkpoint"):
         save_final(trainer, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_torch_zip_writer_running_out_of_disk_mid_checkpoint_is_one_line_naming_the_last_checkpoint(tmp_path):
+def test_torch_zip_writer_running_out_of_disk_mid_checkpoint_is_one_line(tmp_path):
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=2))
     error = RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file "
                          "data/3: file write failed")
-    with pytest.raises(DiskError, match=rf"^disk full while writing {tmp_path}: free space, then resume with "
-                                         rf"output_dir={tmp_path} resume_from_checkpoint=true"):
+    with pytest.raises(DiskError, match=rf"^disk full while writing {tmp_path}: free space, then start the run again "
+                                         r"in a new output_dir"):
         with checkpoints.training_failures(trainer, tmp_path, "x"):
             raise error
     with pytest.raises(DiskError, match=r"^cannot write /ro/x: its filesystem is read-only"):

@@ -55,8 +55,9 @@ def test_a_new_run_lands_in_the_configs_run_dir(tmp_path):
 
 def test_reusing_an_output_dir_without_resume_names_both_ways_forward(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(checkpoints.CheckpointError, match=r"already holds a run \(metrics.jsonl\): continue it "
-                       r"with resume_from_checkpoint=true, or start a new one in another output_dir"):
+    _fake_checkpoint(tmp_path, 1)
+    with pytest.raises(checkpoints.CheckpointError, match=r"already holds a run \(metrics.jsonl, checkpoint-1\): "
+                       r"continue it with resume_from_checkpoint=true, or start a new one in another output_dir"):
         resolve_output_dir(str(tmp_path), "demo", resuming=False)
     assert resolve_output_dir(str(tmp_path / "empty"), "demo", resuming=False) == tmp_path / "empty"
     (tmp_path / "a_file").write_text("")
@@ -245,7 +246,7 @@ def test_a_full_disk_reported_by_safetensors_is_one_line_too(tmp_path):
         pass
 
     trainer = SimpleNamespace(state=SimpleNamespace(global_step=24))
-    with pytest.raises(UserError, match=rf"^disk full while writing {tmp_path}: free space, then resume with"):
+    with pytest.raises(UserError, match=rf"^disk full while writing {tmp_path}: free space, then start the run again"):
         with checkpoints.training_failures(trainer, tmp_path, "x"):
             raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
     with pytest.raises(SafetensorError):  # anything else is still a bug, with its traceback
