@@ -10,6 +10,8 @@
 #       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study's aggregate; returns at
 #       once. Run it again on a warm machine to continue a study that stopped (finished stages are skipped). It
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`, carried) or this tree.
+#   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
+#       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz, logs).
 # Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
@@ -80,6 +82,15 @@ case "${1:-}" in
     cd "$code"
     setsid nohup bash bench/study_gsm.sh /root/study "$2" "${3:-2}" >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+  fair)
+    setup
+    mkdir -p /root/study && rm -f /root/study/DONE
+    # From a copy of the code: .snap/code.tar (git archive of a commit, its id in .snap/commit) when carried.
+    code=/root/code-$(date +%s) && mkdir -p "$code"
+    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
+    cd "$code"
+    setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" >> /root/study/orchestrator.log 2>&1 < /dev/null &
+    sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
     end=$((SECONDS + $2))
     while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
@@ -87,7 +98,7 @@ case "${1:-}" in
     tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
     cd /root/study
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
-      --exclude='1_teacher_sft' --exclude='*.partial-*' seed* aggregate* logs orchestrator.log 2>/dev/null || true
+      --exclude='1_teacher_sft' --exclude='*.partial-*' --exclude='*.safetensors' . 2>/dev/null || true
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

@@ -25,7 +25,9 @@ import hashlib
 import itertools
 import logging
 import math
-from collections.abc import Iterable
+import random
+import unicodedata
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from rlt_mono.config import default_cache_dir
 from rlt_mono.data_sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
 from rlt_mono.embedded import generate_rows
 from rlt_mono.errors import UserError
+from rlt_mono.gsm_symbolic import SOLUTIONS as GSM_SOLUTIONS
 from rlt_mono.gsm_symbolic import generate_rows as generate_gsm
 from rlt_mono.prompts import PromptFormat
 
@@ -43,9 +46,19 @@ logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("question", "solution")
 OPTIONAL_COLUMNS = ("reasoning_trace", "answer", "heldout")
+# A row's group, kept when the source has one (gsm_symbolic: the template number): caps sample by it, eval reports
+# and resamples by it.
+GROUP_COLUMN = "template"
 BUILTIN_SOURCES = ("embedded", "champ", "gsm_symbolic")
 ROW_FORMATS = ("columns", "stratos")
 SPLITS = ("train", "eval")
+# data.gsm_items_per_template above this many items per template is refused: 1,000 already makes 78,000 questions,
+# and each item is a generator call (a typo such as 100000 ran for hours without a word).
+MAX_GSM_ITEMS_PER_TEMPLATE = 1000
+# A question or solution longer than this many characters is a long row (data.on_long_row) in every stage that
+# reads rows, before any tokenizer sees it: far above any real maths question, far below a runaway (a 1 MB row kept
+# distill and eval busy for minutes with nothing written).
+MAX_ROW_CHARS = 65_536
 # OmegaConf's value for a mandatory key nobody set (cfgs/data/custom.yaml's source); it reaches the dataclass
 # as this string because OmegaConf.to_container does not raise on missing values by default.
 MISSING = "???"
@@ -53,7 +66,7 @@ MISSING = "???"
 __all__ = [
     "BadRowError", "DataConfig", "DataConfigError", "DataSourceError", "NotEnoughRowsError", "build_prompt_dataset",
     "check_enough_rows", "held_out_questions", "load_rows", "load_split", "prepare_dataset", "render_prompts",
-    "split_questions", "validate_rows",
+    "check_cap", "coverage", "group_of", "sample_rows", "split_questions", "validate_rows",
 ]
 
 
@@ -84,6 +97,7 @@ class DataConfig:
     eval_fraction: float = 0.05
     seed: int | None = None
     gsm_items_per_template: int = 60
+    gsm_solution: str = "worked"
     heldout_templates: list[int] = field(default_factory=list)
     heldout_template_rows: int | None = None
 
@@ -104,6 +118,10 @@ class DataConfig:
             raise DataConfigError(
                 f"data.embedded_rows must be >= 1 with data.source=embedded, got {self.embedded_rows}"
             )
+        for key in ("max_rows", "eval_rows", "heldout_template_rows"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise DataConfigError(f"data.{key} must be a whole number or null, got {value!r}")
         if self.max_rows is not None and self.max_rows < 1:
             raise DataConfigError(f"data.max_rows must be >= 1 or null, got {self.max_rows}")
         if self.eval_rows is not None and self.eval_rows < 0:
@@ -111,8 +129,15 @@ class DataConfig:
                                   f"got {self.eval_rows}")
         if not 0 <= self.eval_fraction < 1:
             raise DataConfigError(f"data.eval_fraction must be in [0, 1), got {self.eval_fraction}")
-        if self.source == "gsm_symbolic" and self.gsm_items_per_template < 1:
-            raise DataConfigError(f"data.gsm_items_per_template must be >= 1, got {self.gsm_items_per_template}")
+        if self.source == "gsm_symbolic" and not 1 <= self.gsm_items_per_template <= MAX_GSM_ITEMS_PER_TEMPLATE:
+            raise DataConfigError(f"data.gsm_items_per_template must be in 1..{MAX_GSM_ITEMS_PER_TEMPLATE} (each item "
+                                  f"is a generator call), got {self.gsm_items_per_template}")
+        if self.gsm_solution not in GSM_SOLUTIONS:
+            raise DataConfigError(f"data.gsm_solution must be one of {list(GSM_SOLUTIONS)}, got {self.gsm_solution!r}")
+        if not isinstance(self.heldout_templates, list | tuple) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.heldout_templates):
+            raise DataConfigError(f"data.heldout_templates must be a list of template numbers (whole numbers >= 0), "
+                                  f"got {self.heldout_templates!r}")
         if self.heldout_template_rows is not None and self.heldout_template_rows < 1:
             raise DataConfigError(f"data.heldout_template_rows must be >= 1 or null (all their rows), got "
                                   f"{self.heldout_template_rows}")
@@ -129,7 +154,7 @@ def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
     ``data.seed``, when set, replaces ``seed`` (the rows of every run seed are then the same)."""
     seed = config.seed if config.seed is not None else seed
     if config.source == "gsm_symbolic":
-        return generate_gsm(default_cache_dir(), config.gsm_items_per_template, seed)
+        return generate_gsm(default_cache_dir(), config.gsm_items_per_template, seed, config.gsm_solution)
     if config.source == "embedded":
         return generate_rows(config.embedded_rows, seed=seed)
     if config.source == "champ":
@@ -145,23 +170,36 @@ def _is_path(source: str) -> bool:
     return path.exists() or path.suffix in FILE_SUFFIXES or source.startswith(("/", ".", "~")) or source.count("/") > 1
 
 
-def validate_rows(rows: list[dict], source: str, on_bad_row: str = "error") -> tuple[list[dict], int]:
+def validate_rows(rows: list[dict], source: str, on_bad_row: str = "error", on_long_row: str = "error"
+                  ) -> tuple[list[dict], int]:
     """Check every row; return ``(valid_rows, skipped)``, each valid row reduced to the known columns.
 
     Raises:
-        BadRowError: with ``on_bad_row="error"``, at the first bad row, naming source, row index and column.
+        BadRowError: with ``on_bad_row="error"``, at the first bad row, naming source, row index and column; with
+            ``on_long_row="error"``, at the first row with a column over ``MAX_ROW_CHARS`` characters.
     """
-    indexed, skipped = _validate(rows, source, on_bad_row)
+    indexed, skipped = _validate(rows, source, on_bad_row, on_long_row)
     return [row for _, row in indexed], skipped
 
 
-def _validate(rows: list[dict], source: str, on_bad_row: str) -> tuple[list[tuple[int, dict]], int]:
+def _validate(rows: list[dict], source: str, on_bad_row: str, on_long_row: str = "error"
+              ) -> tuple[list[tuple[int, dict]], int]:
     """``validate_rows`` keeping each valid row's index in the source, for later messages."""
-    valid, skipped = [], 0
+    valid, bad, long = [], 0, 0
     for index, row in enumerate(rows):
         problem = _row_problem(row)
         if problem is None:
-            valid.append((index, {k: row[k] for k in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS) if row.get(k) is not None}))
+            column = next((c for c in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS)
+                           if isinstance(row.get(c), str) and len(row[c]) > MAX_ROW_CHARS), None)
+            if column is None:
+                valid.append((index, {k: row[k] for k in (*REQUIRED_COLUMNS, *OPTIONAL_COLUMNS, GROUP_COLUMN)
+                                      if row.get(k) is not None}))
+            elif on_long_row == "error":
+                raise BadRowError(f"{source}: row {index}: column {column!r} has {len(row[column]):,} characters, "
+                                  f"over the {MAX_ROW_CHARS:,} any stage reads: shorten the row, or set "
+                                  "data.on_long_row=skip to drop such rows")
+            else:
+                long += 1
             continue
         column, what = problem
         if on_bad_row == "error":
@@ -169,11 +207,13 @@ def _validate(rows: list[dict], source: str, on_bad_row: str) -> tuple[list[tupl
                 f"{source}: row {index}: column {column!r} {what} "
                 "(fix the row, or set data.on_bad_row=skip to drop such rows)"
             )
-        skipped += 1
-    if skipped:
-        logger.warning("%s: skipped %d of %d rows with a missing, empty or non-string column", source, skipped,
-                       len(rows))
-    return valid, skipped
+        bad += 1
+    if bad:
+        logger.warning("%s: skipped %d of %d rows with a missing, empty or non-string column", source, bad, len(rows))
+    if long:
+        logger.warning("%s: skipped %d of %d rows with a column over %d characters", source, long, len(rows),
+                       MAX_ROW_CHARS)
+    return valid, bad + long
 
 
 def _row_problem(row: dict) -> tuple[str, str] | None:
@@ -182,12 +222,53 @@ def _row_problem(row: dict) -> tuple[str, str] | None:
             return column, "is missing"
         if not isinstance(row[column], str):
             return column, f"is a {type(row[column]).__name__}, not a string"
-        if not row[column].strip():
-            return column, "is empty"
+        if not _visible(row[column]):
+            return column, "is empty" if not row[column] else "has no visible character"
     for column in OPTIONAL_COLUMNS:
         if row.get(column) is not None and not isinstance(row[column], str):
             return column, f"is a {type(row[column]).__name__}, not a string"
     return None
+
+
+def _visible(text: str) -> bool:
+    """Whether ``text`` has a character that is neither white space nor an invisible format character (zero-width
+    spaces and joiners, byte-order marks: Unicode category Cf)."""
+    return any(not ch.isspace() and unicodedata.category(ch) != "Cf" for ch in text)
+
+
+# ---- caps: seeded samples, stratified by group --------------------------------------------------------------
+
+
+def sample_rows(rows: list, count: int | None, seed: int, group: Callable[[object], Hashable] | None = None) -> list:
+    """``count`` of ``rows`` (all of them when ``count`` is None or not smaller), drawn with ``seed``, in drawing order.
+
+    With ``group`` (a row -> its group, e.g. a GSM-Symbolic template; None for a row without one) the draw is
+    stratified: groups are visited in a seeded order, one row of each in turn, each group's rows in a seeded order,
+    so every group is represented before any has two rows, and every prefix of the result is itself stratified
+    (a later ``[:n]`` of it, e.g. the held-out curve's first questions, covers as many groups as it can). Without
+    ``group`` it is a seeded uniform sample. Never the first rows in source order: sources list rows by group.
+    """
+    rng = random.Random(f"rlt_mono.sample/{seed}")
+    groups: dict[Hashable, list] = {}
+    for row in rows:
+        groups.setdefault(group(row) if group is not None else None, []).append(row)
+    queues = [members for _, members in sorted(groups.items(), key=lambda item: repr(item[0]))]
+    rng.shuffle(queues)
+    for members in queues:
+        rng.shuffle(members)
+    drawn = [row for layer in itertools.zip_longest(*queues) for row in layer if row is not None]
+    return drawn if count is None else drawn[:count]
+
+
+def group_of(row: dict) -> Hashable:
+    """A row's group (``GROUP_COLUMN``), None where its source has none."""
+    return row.get(GROUP_COLUMN)
+
+
+def coverage(rows: Iterable[dict]) -> str:
+    """", covering G templates" for rows with groups, else nothing (for the log line of a cap)."""
+    covered = {group_of(row) for row in rows} - {None}
+    return f", covering {len(covered)} templates" if covered else ""
 
 
 # ---- the held-out split -----------------------------------------------------------------------------------
@@ -228,20 +309,29 @@ def _partition(config: DataConfig, seed: int) -> tuple[dict[str, list[tuple[int,
     seed = config.seed if config.seed is not None else seed
     raw = load_rows(config, seed=seed)
     whole = set(config.heldout_templates)
+    if whole:
+        present = {row.get("template") for row in raw} - {None}
+        if not whole <= present:
+            raise DataConfigError(f"data.heldout_templates: {sorted(whole - present)} not among the templates of "
+                                  f"data.source={config.source} (they are {_ranges(sorted(present))}): hold out "
+                                  "templates of that list")
     template_questions = {_question_key(row["question"]) for row in raw if row.get("template") in whole}
-    indexed, skipped = _validate(raw, config.source, config.on_bad_row)
+    indexed, skipped = _validate(raw, config.source, config.on_bad_row, config.on_long_row)
     pool = [(i, row) for i, row in indexed if _question_key(row["question"]) not in template_questions]
     questions = {_question_key(row["question"]) for _, row in pool}
     held_out = held_out_questions(questions, seed, _eval_count(config, len(questions)))
     parts = {split: [(i, row) for i, row in pool if (_question_key(row["question"]) in held_out) == (split == "eval")]
              for split in SPLITS}
+    # The held-out rows in a stratified, seeded order (sample_rows), so that their first N (max_rows,
+    # trainer.eval_questions) are a sample covering every template they can; training rows stay in source order.
+    parts["eval"] = sample_rows(parts["eval"], None, seed, _group_of)
     if whole:
         count = len(template_questions) if config.heldout_template_rows is None else \
             min(config.heldout_template_rows, len(template_questions))
         by_template = held_out_questions(template_questions, seed, count)
         instances = [(i, {**row, "heldout": "instances"}) for i, row in parts["eval"]]
-        templates = [(i, {**row, "heldout": "templates"}) for i, row in indexed
-                     if _question_key(row["question"]) in by_template]
+        templates = sample_rows([(i, {**row, "heldout": "templates"}) for i, row in indexed
+                                 if _question_key(row["question"]) in by_template], None, seed, _group_of)
         # Alternated, so that any first N rows (max_rows, trainer.eval_questions) hold both sets.
         parts["eval"] = [pair for both in itertools.zip_longest(instances, templates) for pair in both
                          if pair is not None]
@@ -256,9 +346,44 @@ def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[i
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
     parts, skipped = _partition(config, seed)
-    chosen = parts[split] if config.max_rows is None else parts[split][: config.max_rows]
-    logger.info("data: %d %s rows from %s", len(chosen), split, config.source)
+    rows = parts[split]
+    check_cap(config.max_rows, len(rows), split, config.source)
+    if split == "eval":  # a stratified, seeded order (_partition): its first rows are a sample
+        chosen = rows[: config.max_rows]
+    else:  # a stratified, seeded sample, kept in source order
+        chosen = sorted(sample_rows(rows, config.max_rows, seed if config.seed is None else config.seed, _group_of))
+    logger.info("data: %d of %d %s rows from %s%s%s", len(chosen), len(rows), split, config.source,
+                " (a seeded sample, data.max_rows)" if len(chosen) < len(rows) else "",
+                coverage(row for _, row in chosen))
     return chosen, skipped
+
+
+def check_cap(cap: int | None, available: int, split: str, source: str) -> None:
+    """``data.max_rows`` against the rows of a split: a cap over the training rows is a mistake (one line); over the
+    held-out rows every one is used, with a warning (their number is set by data.eval_rows)."""
+    if cap is None or cap <= available:
+        return
+    if split == "train":
+        raise DataConfigError(f"data.max_rows={cap} but data.source={source} has {available} training rows: lower "
+                              "data.max_rows, or set it to null for all of them")
+    logger.warning("data.max_rows=%d is more than the %d held-out rows of data.source=%s: all of them are used "
+                   "(data.eval_rows sets how many there are)", cap, available, source)
+
+
+def _group_of(pair: tuple[int, dict]) -> Hashable:
+    """An (index, row) pair -> the row's group."""
+    return group_of(pair[1])
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    spans = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def split_questions(config: DataConfig, seed: int = 0) -> tuple[set[str], set[str]]:
@@ -269,7 +394,9 @@ def split_questions(config: DataConfig, seed: int = 0) -> tuple[set[str], set[st
 
 
 def load_split(config: DataConfig, seed: int = 0, split: str = "train") -> list[dict]:
-    """The valid rows of ``split`` ("train" or "eval"), in source order, ``max_rows`` applied.
+    """The valid rows of ``split`` ("train" or "eval"), ``max_rows`` applied: training rows in source order (a cap
+    draws a seeded sample, stratified by template), held-out rows in a stratified, seeded order (a cap keeps the
+    first, a sample).
 
     Raises:
         DataSourceError, BadRowError, DataConfigError: the source cannot be read, a row is bad

@@ -11,12 +11,12 @@ total among the samples whose equations are all right (``rlt_mono.arithmetic``),
 
 Output, in ``<output_dir>/distill.jsonl``, one JSON line per kept explanation: ``question``, ``solution``,
 ``explanation`` (the generated text before the closing tag, exactly what the reward scored), the row's own
-``reasoning_trace`` and ``answer`` when it has them (the raw-trace student baseline trains on the same rows), ``r_ss``,
-``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``wrong_equations`` (the explanation's
-equations that ``rlt_mono.arithmetic.check`` finds wrong), ``teacher`` (as configured) and ``sample_index``. This
-file *is* the student SFT dataset: the student SFT stage reads its ``question``, ``solution`` and ``explanation``
-columns and renders ``PromptFormat.student_completion`` itself, so no second file is written (filter on ``matched``
-or ``total`` there if wanted).
+``reasoning_trace``, ``answer`` and ``template`` when it has them (the raw-trace student baseline trains on the same
+rows), ``r_ss``, ``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``wrong_equations`` (the
+explanation's equations that ``rlt_mono.arithmetic.check`` finds wrong), ``teacher`` (as configured) and
+``sample_index``. This file *is* the student SFT dataset: the student SFT stage reads its ``question``, ``solution``
+and ``explanation`` columns and renders ``PromptFormat.student_completion`` itself, so no second file is written
+(filter on ``matched`` or ``total`` there if wanted).
 
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
@@ -254,7 +254,7 @@ def _distill_row(row: dict, sample: dict, teacher: str) -> dict:
         "solution": row["solution"],
         "explanation": sample["explanation"],
         # the row's own trace and answer travel along: the raw-trace student baseline trains on the same rows
-        **{name: row[name] for name in ("reasoning_trace", "answer") if row.get(name)},
+        **{name: row[name] for name in ("reasoning_trace", "answer", "template") if row.get(name) is not None},
         **{name: sample[name] for name in ("r_ss", "r_kl", "match_penalty", "total")},
         "matched": not sample["unmatched"],
         "wrong_equations": check(sample["explanation"])[1],

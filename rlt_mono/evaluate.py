@@ -79,7 +79,12 @@ METRICS = {
     "solution_log_prob": "student/solution_log_prob",
     "correct": "student/accuracy",
     "unparsed": "student/unparsed_frac",
+    "capped": "student/capped_frac",
 }
+# eval.student_prompt: the student chat (system prompt + question, the format student SFT teaches) or a plain
+# request for steps (an untrained instruct model's own way of answering).
+STUDENT_PROMPTS = ("student", "plain")
+PLAIN_REQUEST = "\n\nSolve this step by step. End with one line: The answer is <the number>."
 # Where a stated answer starts: the sentence the embedded and GSM-Symbolic solutions end with.
 THE_ANSWER_IS = "The answer is"
 # A full stop that ends a sentence (not the point of 3.5), or a line break.
@@ -91,12 +96,15 @@ class EvalConfig(SamplingOptions):
     """The ``eval`` config group (``cfgs/eval/default.yaml`` documents each field)."""
 
     student_accuracy: bool = True
+    student_prompt: str = "student"
     student_max_new_tokens: int = 4096
     bootstrap_resamples: int = 2000
     confidence: float = 0.95
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.student_prompt not in STUDENT_PROMPTS:
+            raise ValueError(f"student_prompt must be one of {list(STUDENT_PROMPTS)}, got {self.student_prompt!r}")
         if self.student_max_new_tokens < 1:
             raise ValueError(f"student_max_new_tokens must be >= 1, got {self.student_max_new_tokens}")
         if self.bootstrap_resamples < 1:
@@ -168,9 +176,8 @@ def solution_log_probs(models: StageModels, rows: list[dict], completion_ids: li
 def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
     """Per row: the student's greedy answer from the question alone and whether it is right (None: not checkable)."""
     tokenizer = models.student_tokenizer
-    # The student chat without its assistant turn: system + user, then the generation prompt.
-    prompts = [tokenizer.apply_chat_template(models.prompt_format.student_messages(r["question"], "", "")[:2],
-                                             tokenize=False, add_generation_prompt=True) for r in rows]
+    prompts = [tokenizer.apply_chat_template(student_question(models, options, r["question"]), tokenize=False,
+                                             add_generation_prompt=True) for r in rows]
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
     generator = open_generator(models, "student", options, cfg, max_new_tokens=options.student_max_new_tokens,
                                max_prompt_tokens=max(len(ids) for ids in prompt_ids))
@@ -179,13 +186,24 @@ def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows
     finally:
         generator.close()
     texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
-    return [answer_record(row, text) for row, text in zip(rows, texts)]
+    return [answer_record(row, text, len(ids) >= options.student_max_new_tokens)
+            for row, text, ids in zip(rows, texts, outputs, strict=True)]
 
 
-def answer_record(row: dict, student_output: str) -> dict:
-    """The student half's fields of one eval row: its output, whether it is right, whether it parsed."""
+def student_question(models: StageModels, options: EvalConfig, question: str) -> list[dict[str, str]]:
+    """The messages a student answers (``eval.student_prompt``): the student chat without its assistant turn
+    (system + user), or the question with a plain request for steps and a stated answer."""
+    if options.student_prompt == "plain":
+        return [{"role": "user", "content": question + PLAIN_REQUEST}]
+    return models.prompt_format.student_messages(question, "", "")[:2]
+
+
+def answer_record(row: dict, student_output: str, capped: bool = False) -> dict:
+    """The student half's fields of one eval row: its output, whether it is right, whether it parsed, whether it
+    stopped at eval.student_max_new_tokens."""
     correct, parsed = check_answer(row, student_output)
-    return {"student_output": student_output, "correct": correct, "unparsed": None if correct is None else not parsed}
+    return {"student_output": student_output, "correct": correct, "unparsed": None if correct is None else not parsed,
+            "capped": capped}
 
 
 def summarize_records(records: list[dict], confidence: float, resamples: int, seed: int) -> dict:
@@ -243,7 +261,8 @@ def run_eval(cfg: DictConfig) -> Path:
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher,
                                left_align_padding=options.left_align_padding)
-    records = [{k: row[k] for k in ("question", "solution", "answer", "heldout") if k in row} for row in rows]
+    records = [{k: row[k] for k in ("question", "solution", "answer", "heldout", "template") if k in row}
+               for row in rows]
     try:
         if with_teacher:
             for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
@@ -288,7 +307,7 @@ def rescore(folder: Path, resamples: int = 2000) -> dict:
         raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
     for row in rows:
         if "student_output" in row:
-            row.update(answer_record(row, row["student_output"]))
+            row.update(answer_record(row, row["student_output"], row.get("capped", False)))
     result = json.loads((folder / EVAL_FILE).read_text())
     result.update(summarize_records(rows, result["confidence"], resamples, result["seed"]))
     result["rescored"] = True

@@ -20,8 +20,10 @@ and nothing else of the package:
   than the size share items). Rows are de-duplicated by question text.
 - **Columns** (docs/METHOD.md, "GSM-Symbolic"): ``question`` the problem; ``reasoning_trace`` the step lines of
   ``answer_cot`` (what the teacher learns to write in SFT, and what the raw-trace student arm trains on);
-  ``solution`` ``"The answer is N."`` (what the student must produce after the explanation, what the RLT reward
-  scores); ``answer`` ``N``; ``template`` the template number (for the held-out split, then dropped).
+  ``solution`` what the teacher is shown, what the student must produce after the explanation and what the RLT
+  reward scores: with ``solution="worked"`` (the RLT mapping) the whole worked solution, the step lines then
+  ``"The answer is N."``; with ``solution="answer"`` (an ablation) ``"The answer is N."`` alone; ``answer`` ``N``;
+  ``template`` the template number (the held-out split, stratified caps, and intervals over templates).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ NEEDS_FIX = (32, 35, 37, 61, 63, 65, 74, 76, 77, 79, 86, 87, 90, 97, 98)
 # final answer is then wrong), 27 has non-integer money answers, 24 produced an age of -1.
 FLAWED_TEMPLATES = (2, 3, 4, 24, 27, 75, 99)
 DIFFICULTY = 1.0
+# What the solution column holds (module docstring): the worked solution, or its answer line alone.
+SOLUTIONS = ("worked", "answer")
 _FINAL_LINE = re.compile(r"^####\s*(-?[\d,]*\.?\d+)\s*$")
 
 _generators: dict[int, Callable] | None = None
@@ -99,7 +103,7 @@ def _import_generators(wheel: Path) -> dict[int, Callable]:
     return {t: fn for t, fn in found.items() if t not in NEEDS_FIX and t not in FLAWED_TEMPLATES}
 
 
-def item_row(item: dict, template: int) -> dict | None:
+def item_row(item: dict, template: int, solution: str = "worked") -> dict | None:
     """An item mapped onto rlt_mono's columns (module docstring), or None when its arithmetic does not check."""
     lines = item["metadata"]["answer_cot"].strip().split("\n")
     final = _FINAL_LINE.match(lines[-1].strip())
@@ -113,17 +117,27 @@ def item_row(item: dict, template: int) -> dict | None:
     if not steps:
         return None
     number = str(int(answer))
-    return {"question": item["question"].strip(), "reasoning_trace": steps, "solution": f"The answer is {number}.",
-            "answer": number, "template": template}
+    answer_line = f"The answer is {number}."
+    return {"question": item["question"].strip(), "reasoning_trace": steps,
+            "solution": f"{steps}\n{answer_line}" if solution == "worked" else answer_line, "answer": number,
+            "template": template}
 
 
-def generate_rows(cache_dir: Path, per_template: int, seed: int) -> list[dict]:
+def generate_rows(cache_dir: Path, per_template: int, seed: int, solution: str = "worked") -> list[dict]:
     """``per_template`` items of every template (module docstring), in template then index order, de-duplicated by
     question text; items whose arithmetic does not check are dropped and counted in the log."""
+    if solution not in SOLUTIONS:
+        raise ValueError(f"solution must be one of {SOLUTIONS}, got {solution!r}")
     rows, seen, flawed, duplicates = [], set(), 0, 0
-    for template, generate in sorted(generators(cache_dir).items()):
+    templates = sorted(generators(cache_dir).items())
+    start = last_report = time.monotonic()
+    for done, (template, generate) in enumerate(templates, start=1):
+        if time.monotonic() - last_report > 10:
+            last_report = time.monotonic()
+            logger.info("data: gsm_symbolic: %d of %d templates generated (%.0f s)", done - 1, len(templates),
+                        last_report - start)
         for k in range(per_template):
-            row = item_row(generate(Random(f"gsm_symbolic/{seed}/{template}/{k}"), DIFFICULTY), template)
+            row = item_row(generate(Random(f"gsm_symbolic/{seed}/{template}/{k}"), DIFFICULTY), template, solution)
             if row is None:
                 flawed += 1
                 continue

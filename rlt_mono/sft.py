@@ -49,7 +49,16 @@ from rlt_mono import checkpoints, console, diversity, lora, runtime
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, load_rows, split_questions, validate_rows
+from rlt_mono.data import (
+    DataConfig,
+    check_cap,
+    coverage,
+    group_of,
+    load_rows,
+    sample_rows,
+    split_questions,
+    validate_rows,
+)
 from rlt_mono.errors import UserError
 from rlt_mono.final_model import save_final
 from rlt_mono.models import load_model, load_tokenizer, model_kwargs
@@ -66,6 +75,9 @@ SFT_STAGES = tuple(name for name, stage in STAGES.items() if stage.run == "rlt_m
 SUMMARY_FILE = "sft_summary.json"
 # data.py's column for an SFT target: the stage's explanation column is validated under this name.
 TARGET_COLUMN = "reasoning_trace"
+# sft.explanation_column for a student that learns question -> solution with an empty thought (the dataset's own
+# worked solutions: the study's positive control).
+NO_EXPLANATION = "none"
 
 
 @dataclass
@@ -76,7 +88,8 @@ class SFTStageConfig(trl.SFTConfig):
         default="reasoning_trace",
         metadata={
             "help": "Data column holding the explanation trained on: reasoning_trace (the data's traces: the "
-            "teacher warm-up, the raw-trace student baseline) or explanation (rows written by the distill stage)."
+            "teacher warm-up, the raw-trace student baseline), explanation (rows written by the distill stage), or "
+            "none (student_sft only: the student learns question -> solution with an empty thought)."
         },
     )
     early_stopping_patience: int = field(
@@ -144,7 +157,7 @@ def build_sft_dataset(
     eos_ids = [tokenizer.convert_tokens_to_ids(eos_token or tokenizer.eos_token)]
     examples = {"input_ids": [], "completion_mask": []}
     for row in rows:
-        explanation = row[explanation_column]
+        explanation = "" if explanation_column == NO_EXPLANATION else row[explanation_column]
         if stage == "teacher_sft":
             messages = prompt_format.teacher_messages(row["question"], row["solution"])
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
@@ -198,12 +211,22 @@ def load_sft_rows(data_config: DataConfig, seed: int, stage: str, explanation_co
             no train row.
     """
     train_questions, heldout_questions = split_questions(data_config, seed)
-    rows, skipped = _usable_rows(load_rows(data_config, seed=seed), data_config, stage, explanation_column)
+    if explanation_column != NO_EXPLANATION:
+        rows, skipped = _usable_rows(load_rows(data_config, seed=seed), data_config, stage, explanation_column)
+    elif stage == "student_sft":
+        rows, skipped = validate_rows(load_rows(data_config, seed=seed), data_config.source, data_config.on_bad_row,
+                                      data_config.on_long_row)
+    else:
+        raise UserError(f"sft.explanation_column={NO_EXPLANATION} trains a student on solutions alone; {stage} learns "
+                        "to write explanations: set sft.explanation_column to the column that holds them")
     # A row of a held-out template that the eval split did not sample is in neither: no stage trains on it.
     train = [row for row in rows if _question_key(row["question"]) in train_questions]
     heldout = [row for row in rows if _question_key(row["question"]) in heldout_questions]
     if data_config.max_rows is not None:
-        train, heldout = train[: data_config.max_rows], heldout[: data_config.max_rows]
+        check_cap(data_config.max_rows, len(train), "train", data_config.source)
+        train = sample_rows(train, data_config.max_rows, seed, group_of)
+        heldout = sample_rows(heldout, data_config.max_rows, seed, group_of)
+        logger.info("%s: a seeded sample of %d training rows (data.max_rows)%s", stage, len(train), coverage(train))
     if not train:
         raise UserError(f"data.source={data_config.source}: no usable train rows for {stage} ({skipped} skipped, "
                         f"{len(heldout)} held out): add rows, or hold fewer out (data.eval_rows / data.eval_fraction)")
@@ -242,7 +265,7 @@ def _usable_rows(rows: list[dict], data_config: DataConfig, stage: str, column: 
     if len(with_target) < len(rows):
         logger.warning("%s: skipped %d of %d rows without a usable %r", source, len(rows) - len(with_target),
                        len(rows), column)
-    valid, skipped = validate_rows(with_target, source, data_config.on_bad_row)
+    valid, skipped = validate_rows(with_target, source, data_config.on_bad_row, data_config.on_long_row)
     return [{**row, column: row[TARGET_COLUMN]} for row in valid], skipped + len(rows) - len(with_target)
 
 
@@ -348,8 +371,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         processing_class=tokenizer,
         callbacks=callbacks,
     )
-    trainer.checkpoint_stage = stage
     console.replace_progress_callback(trainer)  # one line per logged step (and one bar in a terminal), no dicts
+    trainer.checkpoint_stage = stage
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts

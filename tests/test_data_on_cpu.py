@@ -210,7 +210,7 @@ def test_hub_dataset_missing_from_the_offline_cache_fails_with_one_line(monkeypa
 
 def test_rows_over_the_prompt_budget_error_or_skip(tmp_path, tokenizer):
     long_question = "How many apples are there? " * 100  # 2,700 characters: counted by tokenizing
-    rows = [GOOD, {**GOOD, "question": long_question}, {**GOOD, "question": "x" * 1_000_000}, GOOD]
+    rows = [GOOD, {**GOOD, "question": long_question}, {**GOOD, "question": "x" * 60_000}, GOOD]
     path = _write_jsonl(tmp_path / "rows.jsonl", rows)
     [prompt] = render_prompts([rows[1]], tokenizer, PromptFormat())
     tokens = len(tokenizer(prompt)["input_ids"])
@@ -219,9 +219,9 @@ def test_rows_over_the_prompt_budget_error_or_skip(tmp_path, tokenizer):
         prepare_dataset(config, tokenizer, PromptFormat(), max_prompt_tokens=tokens - 1)
     assert str(err.value) == (f"{path}: row 1: the teacher prompt has {tokens:,} tokens, over the {tokens - 1:,}-token "
                               "prompt budget: shorten the row, or set data.on_long_row=skip to drop such rows")
-    # At the exact budget row 1 fits; the 1 MB row is judged on its length alone (no tokenizing).
+    # At the exact budget row 1 fits; the 60,000-character row is judged on its length alone (no tokenizing).
     start = time.monotonic()
-    with pytest.raises(BadRowError, match=r"row 2: the teacher prompt has at least [\d,]+ tokens \(1,00\d,\d{3} "
+    with pytest.raises(BadRowError, match=r"row 2: the teacher prompt has at least [\d,]+ tokens \(6\d,\d{3} "
                                           r"characters\), over the"):
         prepare_dataset(config, tokenizer, PromptFormat(), max_prompt_tokens=tokens)
     assert time.monotonic() - start < 2
@@ -379,8 +379,10 @@ DATA_OPTIONS = {
     "champ": {"source": "champ", "embedded_rows": 0},
     "custom": {"source": MISSING, "embedded_rows": 0},
     "bespoke_stratos": {"source": "bespokelabs/Bespoke-Stratos-17k", "row_format": "stratos", "embedded_rows": 0},
-    "gsm_symbolic": {"source": "gsm_symbolic", "embedded_rows": 0, "seed": 0, "eval_rows": 200,
-                     "heldout_templates": [0, 11, 19, 29, 40, 48, 56, 67, 80, 91], "heldout_template_rows": 200},
+    "gsm_symbolic": {"source": "gsm_symbolic", "embedded_rows": 0, "seed": 0, "eval_rows": 1000,
+                     "gsm_items_per_template": 100,
+                     "heldout_templates": [0, 8, 13, 18, 23, 30, 38, 43, 48, 53, 58, 66, 71, 81, 88],
+                     "heldout_template_rows": 1000},
 }
 
 

@@ -37,7 +37,8 @@ def test_rows_map_the_gsm8k_solution_onto_the_columns_and_are_deterministic_per_
     templates = {row["template"] for row in rows}
     assert len(templates) == 78 and not templates & {*gsm_symbolic.NEEDS_FIX, *gsm_symbolic.FLAWED_TEMPLATES}
     for row in rows:
-        assert row["solution"] == f"The answer is {row['answer']}." and row["answer"].lstrip("-").isdigit()
+        assert row["solution"] == f"{row['reasoning_trace']}\nThe answer is {row['answer']}."
+        assert row["answer"].lstrip("-").isdigit()
         assert "####" not in row["reasoning_trace"] and row["reasoning_trace"].strip() == row["reasoning_trace"]
     # the package's import never ran: its __init__ would import every task family
     assert not [name for name in sys.modules if name.startswith("reasoning_gym")]
@@ -45,8 +46,10 @@ def test_rows_map_the_gsm8k_solution_onto_the_columns_and_are_deterministic_per_
 
 def test_an_item_whose_arithmetic_does_not_check_is_dropped():
     item = {"question": "Q?", "answer": "168", "metadata": {"answer_cot": "2 * 84 = 168\n#### 168.0"}}
-    assert gsm_symbolic.item_row(item, 5) == {"question": "Q?", "reasoning_trace": "2 * 84 = 168",
-                                              "solution": "The answer is 168.", "answer": "168", "template": 5}
+    assert gsm_symbolic.item_row(item, 5, "answer") == {"question": "Q?", "reasoning_trace": "2 * 84 = 168",
+                                                        "solution": "The answer is 168.", "answer": "168",
+                                                        "template": 5}
+    assert gsm_symbolic.item_row(item, 5)["solution"] == "2 * 84 = 168\nThe answer is 168."
     wrong_final = {**item, "metadata": {"answer_cot": "2 * 84 = 168\n#### 167"}}
     money = {**item, "answer": "12.5", "metadata": {"answer_cot": "25 / 2 = 12.5\n#### 12.5"}}
     no_steps = {**item, "metadata": {"answer_cot": "#### 168"}}
@@ -80,8 +83,10 @@ def test_held_out_templates_are_refused_for_a_source_without_templates(config):
     with pytest.raises(DataConfigError, match=r"data.heldout_templates holds out whole templates of "
                                               r"data.source=gsm_symbolic; data.source=embedded has none"):
         replace(config, source="embedded", embedded_rows=10)
-    with pytest.raises(DataConfigError, match="data.gsm_items_per_template must be >= 1, got 0"):
-        replace(config, gsm_items_per_template=0)
+    for items in (0, 100_000):
+        with pytest.raises(DataConfigError, match=rf"data.gsm_items_per_template must be in 1..1000 \(each item is a "
+                                                  rf"generator call\), got {items}$"):
+            replace(config, gsm_items_per_template=items)
 
 
 def test_eval_reports_each_held_out_set_apart():
