@@ -83,7 +83,6 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
         check_run_keys(cfg)
         config_check.check_config(cfg, args.overrides)
         quiet_progress_bars()
-        run = STAGES[cfg.stage].load()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
             args.overrides.append("placement=split")
@@ -92,9 +91,10 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
             cfg = compose(args.config, args.overrides)
         mode = cfg.placement.mode if "placement" in cfg else "mono"
         if mode == "dp" and not runtime.in_rank():
-            return launch.launch(cfg, args.config, args.overrides, runtime.gpus_present())
+            return launch.launch(cfg, args.config, args.overrides, runtime.gpus_present()), ""
         if mode != "dp" and "placement" in cfg:
             launch.check_dp_keys_unused(cfg)
+        run = STAGES[cfg.stage].load()  # the stage's code, torch with it: after every check that needs none
         hold_run_folder(cfg)
         if not runtime.in_rank():  # a rank sees the GPUs its launcher exposed
             expose_gpus(mode)

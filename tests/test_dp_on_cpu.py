@@ -345,10 +345,12 @@ def test_auto_on_two_gpus_launches_split_as_data_parallel_over_two(monkeypatch):
 
     monkeypatch.setattr(launch, "launch", fake_launch)
     monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
-    # logging=local: the GPU config's default W&B logging needs wandb, which a CPU machine may lack
-    assert cli.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3", "logging=local"]) == 0
-    assert launched == {"mode": "dp", "processes": 2,
-                        "overrides": ["trainer.max_steps=3", "logging=local", "placement=split"]}
+    # logging=local, no liger-kernel: the GPU config's W&B logging and liger-kernel's layers need packages a CPU
+    # machine may lack
+    assert cli.main(["teacher_rlt_mono", "placement=auto", "trainer.max_steps=3", "logging=local",
+                     "trainer.use_liger_kernel=false"]) == 0
+    assert launched == {"mode": "dp", "processes": 2, "overrides": [
+        "trainer.max_steps=3", "logging=local", "trainer.use_liger_kernel=false", "placement=split"]}
     # one GPU, the CPU, or a stage other than RL: auto stays in one process (mono)
     for gpus, overrides in ((1, []), (2, ["+trainer.use_cpu=true"])):
         monkeypatch.setattr(runtime, "gpus_present", lambda gpus=gpus: gpus)

@@ -120,10 +120,10 @@ def test_a_finished_run_closes_its_process_group_and_a_failed_one_leaves_it(monk
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    monkeypatch.setattr(cli, "_run", lambda argv: 0)
+    monkeypatch.setattr(cli, "_run", lambda argv: (0, ""))
     assert cli.main([]) == 0 and not dist.is_initialized()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    monkeypatch.setattr(cli, "_run", lambda argv: 2)
+    monkeypatch.setattr(cli, "_run", lambda argv: (2, ""))
     try:
         assert cli.main([]) == 2 and dist.is_initialized()
     finally:
