@@ -39,11 +39,11 @@ also_controls=distill_sft_teacher,student_sft_sft_teacher,eval_student_sft_teach
 start=$SECONDS
 pipeline() {  # <folder> <seed> <steps> [overrides]: a second attempt continues from a stage that failed
   local folder=$1 seed=$2 steps=$3; shift 3
-  ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "+steps=[$steps]" "${extra[@]}" "$@" && return 0
+  ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "steps=[$steps]" "${extra[@]}" "$@" && return 0
   # a vLLM start that failed on another process's memory moves (lease 7) is likelier to pass a little later
   echo "pipeline $folder failed: one more attempt from the stage that failed, in 30 s"
   sleep 30
-  ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "+steps=[$steps]" "${extra[@]}" "$@"
+  ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "steps=[$steps]" "${extra[@]}" "$@"
 }
 selection() {  # <folder> <seed> <steps>: a pipeline whose distill keeps $also
   pipeline "$@" "+pipeline.distill.extra_overrides=['distill.selection=$also']"

@@ -336,16 +336,22 @@ def stage_output_dir(cfg: DictConfig) -> Path:
 
 def check_resume_matches(output_dir: Path, cfg: DictConfig, keys: tuple[str, ...]) -> None:
     """Refuse a folder that another stage wrote, or (``keys``) that this stage wrote under other settings, as
-    recorded in the earlier run's ``config.yaml``."""
+    recorded in the earlier run's ``config.yaml``. Two paths of one existing file or folder are the same setting: a
+    pipeline of an earlier rlt_mono recorded absolute what it now hands on relative to its folder."""
     saved_path = output_dir / "config.yaml"
     if not saved_path.exists():
         return
     saved = OmegaConf.load(saved_path)
     for key in ("stage", *keys):
         before, now = OmegaConf.select(saved, key), OmegaConf.select(cfg, key)
-        if before != now:
+        if before != now and not _same_path(before, now):
             raise UserError(f"output_dir={output_dir} was written with {key}={_short(before)}, not {_short(now)}: "
                             f"set {key} back to resume it, or choose a new output_dir")
+
+
+def _same_path(before, now) -> bool:
+    return (isinstance(before, str) and isinstance(now, str) and os.path.exists(before) and os.path.exists(now)
+            and os.path.samefile(before, now))
 
 
 def _short(value) -> str:

@@ -4,15 +4,21 @@ Each stage is its own run config (``pipeline.<stage>.config``) launched in its o
 ``./launch_mono.sh <config>`` would launch it, so a stage gets the whole GPU and gives all of it back (vLLM
 included) when it ends. The pipeline adds only the wiring between stages, as overrides after the stage's own:
 
-    teacher_sft   output_dir=<root>/1_teacher_sft
-    teacher_rlt   output_dir=<root>/2_teacher_rlt  model.model_name_or_path=<root>/1_teacher_sft/final
-    distill       output_dir=<root>/3_distill      model.model_name_or_path=<root>/2_teacher_rlt/final
-    student_sft   output_dir=<root>/4_student_sft  data=custom data.source=<root>/3_distill/distill.jsonl
+    teacher_sft   output_dir=1_teacher_sft
+    teacher_rlt   output_dir=2_teacher_rlt  model.model_name_or_path=1_teacher_sft/final
+    distill       output_dir=3_distill      model.model_name_or_path=2_teacher_rlt/final
+    student_sft   output_dir=4_student_sft  data=custom data.source=3_distill/distill.jsonl
                   sft.explanation_column=explanation
-    eval_teacher  output_dir=<root>/5_eval_teacher model.model_name_or_path=<root>/2_teacher_rlt/final
+    eval_teacher  output_dir=5_eval_teacher model.model_name_or_path=2_teacher_rlt/final
                   (the student stays the frozen one the RL reward used: the teacher's held-out reward)
-    eval_student  output_dir=<root>/6_eval_student model.model_name_or_path=null
-                  student.model_name_or_path=<root>/4_student_sft/final   (the distilled student's accuracy)
+    eval_student  output_dir=6_eval_student model.model_name_or_path=null
+                  student.model_name_or_path=4_student_sft/final   (the distilled student's accuracy)
+
+Each stage runs in the pipeline folder (``run_stage``), and these paths are relative to it: so is everything a
+stage records (its ``config.yaml``, distill's ``teacher`` field, ``eval.json``, a trainer's best checkpoint), and a
+pipeline folder copied or moved elsewhere continues as it would have in place. A ``model_name_or_path`` or
+``data.source`` given to a stage that names a file or folder relative to where the pipeline was launched is handed
+on absolute (``launch_relative``).
 
 with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
 distilled explanation can be empty).
@@ -25,17 +31,20 @@ Before the first stage runs, every step's composed config goes through its stage
 (``rlt_mono.stages.base.Stage``; distill's and eval's options and reward): a wrong option of the last step stops
 the pipeline at once, naming the step, instead of after the stages before it.
 
-``keep_checkpoints: false`` (``+keep_checkpoints=false``) deletes a training stage's checkpoints once its
-``final/`` is written (``drop_checkpoints``), for a disk that cannot hold every stage's optimizer states.
+The pipeline's own settings are root keys of ``cfgs/train.yaml`` (``rlt_mono.pipeline_steps.PipelineOptions``):
 
-``steps=[...]`` (``+steps=[...]`` where the config has no ``steps`` key) launches only the named steps and
-leaves the others as they are, their outputs read where a later step needs them.
+``keep_checkpoints=false`` deletes a training stage's checkpoints once its ``final/`` is written, and those of
+the steps found finished when a pipeline continues (``drop_checkpoints``), for a disk that cannot hold every
+stage's optimizer states.
+
+``steps=[...]`` launches only the named steps and leaves the others as they are, their outputs read where a later
+step needs them.
 
 ``+pipeline.<stage>.extra_overrides=[...]`` adds overrides after the stage's own ``overrides`` without restating
 them (a command line cannot append to a list), e.g. ``"+pipeline.distill.extra_overrides=['distill.selection=
 best_correct']"`` (Hydra's grammar wants each quoted): bench/study_gsm.sh distils the same teachers a second way.
 
-``study: true`` adds the controls that say whether RL made the teacher better (the "Does it teach?" study):
+``study=true`` adds the controls that say whether RL made the teacher better (the "Does it teach?" study):
 
     distill_sft_teacher      the SFT-only teacher (1_teacher_sft) explains the same rows as distill
     student_sft_sft_teacher  the student trained on those explanations
@@ -53,10 +62,10 @@ distill skips the rows it wrote.
 What a continued pipeline trusts: ``pipeline.json`` records each step's resolved config as it launched it (paths
 inside the pipeline folder relative to it, so a moved folder still compares equal). A step whose recorded config
 (or, without a record, its folder's ``config.yaml``) differs from the one it would run now stops the pipeline with
-the changed keys named; ``+rerun_changed=true`` moves that step's folder aside (``<folder>.changed-<time>``) and
-runs it again, and so every later step that reads it. A folder that holds another kind of run is refused. Each
-stage runs in its own process group and dies with the pipeline (``run_stage``): a killed pipeline leaves no stage
-writing beside its rerun.
+the changed keys named, before the pipeline's ``config.yaml`` is written; ``rerun_changed=true`` moves that step's
+folder aside (``<folder>.changed-<time>``) and runs it again, and so every later step that reads it. A folder
+that holds another kind of run is refused. Each stage runs in its own process group and dies with the pipeline
+(``run_stage``): a killed pipeline leaves no stage writing beside its rerun.
 
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml                      # CPU, embedded pair
     ./launch_mono.sh cfgs/run_cfg/pipeline_tiny.yaml output_dir=outputs/pipeline_tiny/<time>   # continue
@@ -69,7 +78,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -87,7 +95,15 @@ from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.evaluate import compare_table
-from rlt_mono.pipeline_steps import ORDER, STEP_FOLDER_NAMES, STEPS, STUDY_STEPS
+from rlt_mono.pipeline_steps import (
+    ORDER,
+    STEP_FOLDER_NAMES,
+    STEPS,
+    STUDY_STEPS,
+    PipelineOptions,
+    override_value,
+    pipeline_options,
+)
 from rlt_mono.stages import STAGES
 from rlt_mono.study import write_study
 
@@ -103,12 +119,17 @@ DISTILL_FILE = "distill.jsonl"  # rlt_mono.distill.DISTILL_FILE (not imported: i
 UNCOMPARED = ("run_dir", "output_dir", "resume_from_checkpoint")
 # Linux prctl(2) option: the signal a process gets when its parent dies.
 PR_SET_PDEATHSIG = 1
+# The keys of a stage config that may name a local file or folder, read from where the stage runs.
+LOCAL_PATH_KEYS = ("model.model_name_or_path", "student.model_name_or_path", "data.source")
+# The folder that holds the rlt_mono package: a stage, run in the pipeline folder, imports the same rlt_mono.
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
 class StagePlan:
-    """One stage of a pipeline run: its run config, every override (its own, then the wiring), its folder and
-    its resolved config as dotted keys (``stage_settings``)."""
+    """One stage of a pipeline run: its run config, every override (its own, then the wiring; paths relative to
+    the pipeline folder, where it runs), its folder (the pipeline folder's child) and its resolved config as dotted
+    keys (``stage_settings``)."""
 
     stage: str
     config: str
@@ -121,11 +142,13 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     """The five stages with their wiring; each stage config is composed now, so a mistake in any of them
     stops the pipeline before the first stage runs."""
     stages = cfg.pipeline
+    options = pipeline_options(cfg)
     unknown = sorted(set(stages) - set(ORDER))
     if unknown:
         raise ConfigError(f"pipeline: unknown stages {unknown}; the stages are {list(ORDER)}")
-    # Numbered in the order of STEPS then STUDY_STEPS (a study's main folders are named as without it).
-    folders = {step: root / name for step, name in STEP_FOLDER_NAMES.items()}
+    # Numbered in the order of STEPS then STUDY_STEPS (a study's main folders are named as without it); relative to
+    # the pipeline folder, where each stage runs.
+    folders = {step: Path(name) for step, name in STEP_FOLDER_NAMES.items()}
     def load(group: str, folder: Path) -> list[str]:  # a trained folder replaces the group's model (and GGUF)
         return [f"{group}.model_name_or_path={folder / 'final'}", f"{group}.gguf_file=null"]
 
@@ -156,12 +179,17 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
     data = data_overrides(cfg)
     plans = []
-    for step in steps_of(cfg):
+    for step in steps_of(options):
         stage = stage_of(step)
         own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
         forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
         overrides = (*forwarded, *own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         composed = compose(stages[stage].config, list(overrides))
+        wired = {override.split("=", 1)[0] for override in wiring[step]}
+        if absolute := launch_relative(composed, skip=wired):
+            logger.info("pipeline step %s runs in %s: %s handed on absolute", step, root, " ".join(absolute))
+            overrides = (*overrides, *absolute)
+            composed = compose(stages[stage].config, list(overrides))
         if composed.get("stage") != stage:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
@@ -169,9 +197,21 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
             STAGES[stage].check_config(composed)
         except ConfigError as err:
             raise ConfigError(f"pipeline step {step}: {err}") from err
-        plans.append(StagePlan(step, str(stages[stage].config), overrides, folders[step],
+        plans.append(StagePlan(step, str(stages[stage].config), overrides, root / folders[step],
                                stage_settings(composed, root)))
     return plans
+
+
+def launch_relative(composed: DictConfig, skip: set[str]) -> list[str]:
+    """Overrides that make each ``LOCAL_PATH_KEYS`` value (but those in ``skip``: the wiring) that names an existing
+    file or folder relative to this process's folder absolute, for a stage that runs in the pipeline folder."""
+    found = []
+    for key in LOCAL_PATH_KEYS:
+        value = OmegaConf.select(composed, key, default=None)
+        if key not in skip and isinstance(value, str) and value not in ("", ".") and not os.path.isabs(value) \
+                and os.path.exists(value):
+            found.append(f"{key}={override_value(os.path.abspath(value))}")
+    return found
 
 
 def data_overrides(cfg: DictConfig) -> list[str]:
@@ -181,19 +221,8 @@ def data_overrides(cfg: DictConfig) -> list[str]:
     defaults = {f.name: f.default_factory() if f.default is dataclasses.MISSING else f.default
                 for f in dataclasses.fields(DataConfig)}
     values = OmegaConf.to_container(cfg.data, resolve=True)
-    return [f"data.{key}={_override_value(value)}" for key, value in values.items()
+    return [f"data.{key}={override_value(value)}" for key, value in values.items()
             if key not in defaults or value != defaults[key]]
-
-
-def _override_value(value) -> str:
-    """A value as Hydra's override grammar reads it back."""
-    if value is None:
-        return "null"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_override_value(v) for v in value) + "]"
-    if isinstance(value, str) and not re.fullmatch(r"[\w./~:+-]+", value):
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def stage_settings(config: DictConfig, root: Path) -> dict:
@@ -249,17 +278,24 @@ def recorded_settings(plan_: StagePlan, record: dict | None, root: Path) -> dict
         raise UserError(f"{saved}: unreadable ({err}); move {plan_.folder} aside to run the step again") from err
 
 
-def stale_reasons(plan_: StagePlan, record: dict | None, root: Path, launched: list[Path]) -> list[str]:
+def stale_reasons(plan_: StagePlan, record: dict | None, root: Path, launched: list[str]) -> list[str]:
     """Why a step's folder no longer matches what the step would run now: its changed settings
-    (``changed_settings``), or an input folder that a step launched by this run wrote again. Empty: it matches (or
-    the step never ran)."""
+    (``changed_settings``), or an input folder (``launched``: names in the pipeline folder) that a step launched by
+    this run wrote again. Empty: it matches (or the step never ran)."""
     if not plan_.folder.exists():
         return []
     recorded = recorded_settings(plan_, record, root)
     reasons = changed_settings(recorded, plan_.settings) if recorded is not None else []
-    reasons += [f"reads {folder.name}, which ran again" for folder in launched
-                if any(f"={folder}/" in override or override.endswith(f"={folder}") for override in plan_.overrides)]
+    reasons += [f"reads {name}, which ran again" for name in launched
+                if any(f"={name}/" in override or override.endswith(f"={name}") for override in plan_.overrides)]
     return reasons
+
+
+def refuse_changed(plan_: StagePlan, reasons: list[str]) -> UserError:
+    """The one line that stops a pipeline at a step whose folder ran with other settings (``stale_reasons``)."""
+    return UserError(f"pipeline step {plan_.stage} in {plan_.folder} ran with other settings than now "
+                     f"({'; '.join(reasons[:6])}{'; ...' if len(reasons) > 6 else ''}): set them back to continue "
+                     f"it, or add rerun_changed=true to run it again (its folder is moved aside)")
 
 
 def check_pipeline_folder(root: Path) -> None:
@@ -280,19 +316,25 @@ def check_pipeline_folder(root: Path) -> None:
                         "not a pipeline: choose another output_dir (or leave it unset for a new folder)")
 
 
-def run_stage(command: list[str]) -> int:
-    """Run one stage's command and return its exit code. The stage runs in its own process group and gets SIGTERM
+def run_stage(command: list[str], folder: Path) -> int:
+    """Run one stage's command in ``folder`` (the pipeline folder: the stage's paths are relative to it) and return
+    its exit code. The stage imports the rlt_mono this process runs (``PACKAGE_PARENT`` first on its
+    ``PYTHONPATH``) and uses the same ``$RLT_MONO_CACHE``. It runs in its own process group and gets SIGTERM
     if the pipeline dies (Linux parent-death signal), so killing the pipeline, even with ``kill -9``, stops the
     stage rather than leaving it writing beside a rerun. Ctrl-C (delivered to the pipeline only, the stage being
     in another group) is passed on to the stage, which stops as its own Ctrl-C says, and the pipeline then stops."""
     pipeline_pid = os.getpid()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(PACKAGE_PARENT),
+                                                                      os.environ.get("PYTHONPATH"))))}
+    if os.environ.get("RLT_MONO_CACHE"):
+        env["RLT_MONO_CACHE"] = os.path.abspath(os.environ["RLT_MONO_CACHE"])
 
     def die_with_pipeline() -> None:  # runs in the child, between fork and exec
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != pipeline_pid:  # the pipeline died before the signal was armed
             os._exit(1)
 
-    stage = subprocess.Popen(command, env=os.environ.copy(), process_group=0,
+    stage = subprocess.Popen(command, cwd=folder, env=env, process_group=0,
                              preexec_fn=die_with_pipeline if sys.platform == "linux" else None)
     try:
         return stage.wait()
@@ -302,9 +344,9 @@ def run_stage(command: list[str]) -> int:
         raise
 
 
-def steps_of(cfg: DictConfig) -> tuple[str, ...]:
-    """The steps a pipeline config runs: ``STEPS``, then ``STUDY_STEPS`` with ``study: true``."""
-    return (*STEPS, *STUDY_STEPS) if cfg.get("study", False) else STEPS
+def steps_of(options: PipelineOptions) -> tuple[str, ...]:
+    """The steps a pipeline runs: ``STEPS``, then ``STUDY_STEPS`` with ``study=true``."""
+    return (*STEPS, *STUDY_STEPS) if options.study else STEPS
 
 
 def stage_of(step: str) -> str:
@@ -312,10 +354,10 @@ def stage_of(step: str) -> str:
     return next(stage for stage in ORDER if step.startswith(stage))
 
 
-def selected_steps(cfg: DictConfig, steps: list[str]) -> set[str]:
+def selected_steps(options: PipelineOptions, steps: list[str]) -> set[str]:
     """The steps this run may launch: ``steps`` (a list of step names, e.g. to finish a study's controls with the
     main steps' outputs already in place), or all of them when it is unset."""
-    chosen = cfg.get("steps")
+    chosen = options.steps
     if chosen is None:
         return set(steps)
     unknown = sorted(set(chosen) - set(steps))
@@ -341,7 +383,7 @@ def distilled_bytes(plan_: StagePlan) -> int:
 
 
 def drop_checkpoints(folder: Path) -> float:
-    """Delete the ``checkpoint-*`` folders of a finished stage (``keep_checkpoints: false``); its ``final/`` stays.
+    """Delete the ``checkpoint-*`` folders of a finished stage (``keep_checkpoints=false``); its ``final/`` stays.
     Nothing is deleted without a ``final/`` (a stopped stage resumes from its checkpoints). Returns GiB freed."""
     if not (folder / "final").is_dir():
         return 0.0
@@ -380,51 +422,54 @@ def resume_overrides(plan_: StagePlan) -> list[str]:
 
 def run_pipeline(cfg: DictConfig) -> Path:
     """Run (or continue) every stage in order; returns the pipeline folder (``pipeline.json`` sums it up)."""
+    options = pipeline_options(cfg)
     root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
     check_pipeline_folder(root)
     plans = plan(cfg, root)
-    selected = selected_steps(cfg, [p.stage for p in plans])
-    write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    selected = selected_steps(options, [p.stage for p in plans])
     summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the records of the stages it skips
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"stages": {}}
-    launched: list[Path] = []  # folders of the steps this run launched: a step reading one is stale
+    if not options.rerun_changed:  # refused before this run's config replaces the one the folder ran with
+        for stage in plans:
+            if stage.stage in selected and (changed := stale_reasons(stage, summary["stages"].get(stage.stage),
+                                                                     root, [])):
+                raise refuse_changed(stage, changed)
+    write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    launched: list[str] = []  # folders of the steps this run launched: a step reading one is stale
     for i, stage in enumerate(plans, start=1):
         if stage.stage not in selected:
             logger.info("[%d/%d] %s: not in steps=%s, left as it is", i, len(plans), stage.stage, sorted(selected))
             continue
         changed = stale_reasons(stage, summary["stages"].get(stage.stage), root, launched)
         if changed:
-            if not cfg.get("rerun_changed", False):
-                raise UserError(f"pipeline step {stage.stage} in {stage.folder} ran with other settings than now "
-                                f"({'; '.join(changed[:6])}{'; ...' if len(changed) > 6 else ''}): set them back to "
-                                f"continue it, or add +rerun_changed=true to run it again (its folder is moved aside)")
+            if not options.rerun_changed:
+                raise refuse_changed(stage, changed)
             aside = move_aside(stage.folder, "changed")
             logger.warning("%s: %s; moved aside to %s, running it again", stage.stage, "; ".join(changed), aside)
         elif stage_done(stage):
             logger.info("[%d/%d] %s: done already (%s), skipped", i, len(plans), stage.stage, stage.folder)
-            summary["stages"].setdefault(stage.stage, {"folder": str(stage.folder.relative_to(root))})
+            summary["stages"].setdefault(stage.stage, {"folder": stage.folder.name})
+            drop_asked_checkpoints(stage, options)
             continue
         overrides = [*stage.overrides, *resume_overrides(stage)]
-        logger.info("[%d/%d] %s: ./launch_mono.sh %s %s", i, len(plans), stage.stage, stage.config,
+        logger.info("[%d/%d] %s: (in %s) ./launch_mono.sh %s %s", i, len(plans), stage.stage, root, stage.config,
                     " ".join(overrides))
         # recorded before it starts: a stage stopped half-way is checked against what it started with
-        summary["stages"][stage.stage] = {"folder": str(stage.folder.relative_to(root)), "config": stage.settings}
+        summary["stages"][stage.stage] = {"folder": stage.folder.name, "config": stage.settings}
         write_json(summary_path, summary)
         distilled = distilled_bytes(stage)
         start = time.perf_counter()
-        code = run_stage([sys.executable, "-m", "rlt_mono.cli", stage.config, *overrides])
+        code = run_stage([sys.executable, "-m", "rlt_mono.cli", stage.config, *overrides], root)
         seconds = time.perf_counter() - start
         if code != 0:
             raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "
                             f"same command with output_dir={root} to continue from this stage")
         if stage_of(stage.stage) != "distill" or distilled_bytes(stage) != distilled:
-            launched.append(stage.folder)  # its output is new: what a later step made from the old one is stale
+            launched.append(stage.folder.name)  # its output is new: what a later step made from the old one is stale
         summary["stages"][stage.stage]["seconds"] = round(seconds, 1)
         write_json(summary_path, summary)
-        if not cfg.get("keep_checkpoints", True) and (freed := drop_checkpoints(stage.folder)):
-            logger.info("%s: deleted its checkpoints (%.1f GiB; keep_checkpoints: false), final/ kept", stage.stage,
-                        freed)
+        drop_asked_checkpoints(stage, options)
     folders = {p.stage: p.folder for p in plans}
     evals = [folders[step] / "eval.json" for step in ("eval_teacher", "eval_student")]
     if not all(path.is_file() for path in evals):  # steps=[...] stopped before the evaluations
@@ -433,6 +478,12 @@ def run_pipeline(cfg: DictConfig) -> Path:
     table = compare_table(evals)
     write_text(root / TABLE_FILE, table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
-    if cfg.get("study", False):
+    if options.study:
         logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed))
     return root
+
+
+def drop_asked_checkpoints(plan_: StagePlan, options: PipelineOptions) -> None:
+    """With ``keep_checkpoints=false``, delete a finished step's checkpoints (``drop_checkpoints``)."""
+    if not options.keep_checkpoints and (freed := drop_checkpoints(plan_.folder)):
+        logger.info("%s: deleted its checkpoints (%.1f GiB; keep_checkpoints=false), final/ kept", plan_.stage, freed)

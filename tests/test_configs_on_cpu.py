@@ -127,7 +127,8 @@ def test_the_root_leaves_stage_and_run_name_to_the_run_configs():
     assert OmegaConf.is_missing(root, "stage") and OmegaConf.is_missing(root, "run_name")
     assert set(root) == {"model", "student", "data", "reward", "placement", "logging",
                          "trainer", "sft", "distill", "eval",  # each stage's own group, picked by size=full
-                         "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint", "memory"}
+                         "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint", "memory",
+                         "study", "steps", "rerun_changed", "keep_checkpoints"}  # the pipeline's settings
 
 
 # The run config of each stage; the size group sizes it (cfgs/size/).

@@ -1,5 +1,5 @@
 """What a continued pipeline trusts (rlt_mono.pipeline): a step ran with other settings is refused with the keys
-named (or run again, with what reads it, on +rerun_changed=true); a moved folder continues; a folder of another
+named (or run again, with what reads it, on rerun_changed=true); a moved folder continues; a folder of another
 kind of run is refused; a stage dies with its pipeline, even one killed with SIGKILL."""
 
 import json
@@ -24,8 +24,8 @@ def launched(monkeypatch) -> list[str]:
     """Stages run as fakes that leave the output a real stage leaves; the list names the folders launched."""
     names = []
 
-    def fake_stage(command):
-        out = Path(next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1])
+    def fake_stage(command, folder):
+        out = folder / next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1]
         names.append(out.name)
         out.mkdir(parents=True, exist_ok=True)
         if "eval" in out.name:
@@ -57,15 +57,15 @@ def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_
     changed = "pipeline.eval.overrides=['size=tiny','data.max_rows=2']"
     with pytest.raises(UserError, match=r"^pipeline step eval_teacher in .*5_eval_teacher ran with other settings "
                                         r"than now \(data.max_rows: 6 -> 2\): set them back to continue it, or add "
-                                        r"\+rerun_changed=true"):
+                                        r"rerun_changed=true"):
         _run(root, changed)
-    assert launched == ["3_distill"]  # distill always runs (it skips the rows it wrote); eval was refused
+    assert launched == []  # refused before any step runs
     launched.clear()
-    _run(root, changed, "+rerun_changed=true")
+    _run(root, changed, "rerun_changed=true")
     assert launched == ["3_distill", "5_eval_teacher", "6_eval_student"]
     assert len(list(root.glob("5_eval_teacher.changed-*"))) == 1
     launched.clear()
-    _run(root, "pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=3']", changed, "+rerun_changed=true")
+    _run(root, "pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=3']", changed, "rerun_changed=true")
     assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]  # all read teacher_sft
 
 
@@ -88,7 +88,7 @@ PARENT = """
 import sys
 from rlt_mono.pipeline import run_stage
 stage = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
-run_stage([sys.executable, "-c", stage, sys.argv[1]])
+run_stage([sys.executable, "-c", stage, sys.argv[1]], ".")
 """
 
 

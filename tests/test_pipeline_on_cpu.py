@@ -24,12 +24,12 @@ SMALL = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4']",
 def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
     steps = {p.stage: p for p in plan(compose("pipeline_tiny"), tmp_path)}
     assert list(steps) == list(STEPS)
-    assert f"model.model_name_or_path={tmp_path}/1_teacher_sft/final" in steps["teacher_rlt"].overrides
-    assert f"model.model_name_or_path={tmp_path}/2_teacher_rlt/final" in steps["distill"].overrides
-    assert f"data.source={tmp_path}/3_distill/distill.jsonl" in steps["student_sft"].overrides
+    assert "model.model_name_or_path=1_teacher_sft/final" in steps["teacher_rlt"].overrides  # the folder's own
+    assert "model.model_name_or_path=2_teacher_rlt/final" in steps["distill"].overrides
+    assert "data.source=3_distill/distill.jsonl" in steps["student_sft"].overrides
     # the RL teacher is scored by the frozen student the reward used; the distilled student is evaluated alone
     assert not any(o.startswith("student.model_name_or_path") for o in steps["eval_teacher"].overrides)
-    assert f"student.model_name_or_path={tmp_path}/4_student_sft/final" in steps["eval_student"].overrides
+    assert "student.model_name_or_path=4_student_sft/final" in steps["eval_student"].overrides
     assert "model.model_name_or_path=null" in steps["eval_student"].overrides
     assert [p.folder.name for p in steps.values()] == [f"{i}_{s}" for i, s in enumerate(STEPS, start=1)]
     with pytest.raises(ConfigError, match="pipeline.distill.config=eval runs stage 'eval', not 'distill'"):
@@ -50,7 +50,7 @@ def test_extra_overrides_follow_the_stage_own_and_reach_its_composed_config(tmp_
 
 
 def _pipeline(out: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.cli", "pipeline_tiny", f"output_dir={out}", "+study=true",
+    return subprocess.run([sys.executable, "-m", "rlt_mono.cli", "pipeline_tiny", f"output_dir={out}", "study=true",
                            *SMALL],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
 
@@ -66,9 +66,9 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
     assert json.loads((out / "4_student_sft" / "sft_summary.json").read_text())["steps"] == 2
     teacher_eval = json.loads((out / "5_eval_teacher" / "eval.json").read_text())
     student_eval = json.loads((out / "6_eval_student" / "eval.json").read_text())
-    assert teacher_eval["teacher"] == str(out / "2_teacher_rlt" / "final")
+    assert teacher_eval["teacher"] == "2_teacher_rlt/final"  # relative to the pipeline folder
     assert teacher_eval["metrics"]["teacher/reward"]["n"] == 3
-    assert student_eval["student"] == str(out / "4_student_sft" / "final") and student_eval["teacher"] is None
+    assert student_eval["student"] == "4_student_sft/final" and student_eval["teacher"] is None
     assert "teacher/reward" not in student_eval["metrics"]
     table = (out / "eval_table.md").read_text()
     assert "| teacher/reward |" in table and "| student/accuracy |" in table
@@ -81,7 +81,7 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
     assert all(r["reasoning_trace"] for r in distilled)
     sft_teacher = [json.loads(line) for line in (out / "7_distill_sft_teacher" / "distill.jsonl").open()]
     assert [r["question"] for r in sft_teacher] == [r["question"] for r in distilled]
-    assert {r["teacher"] for r in sft_teacher} == {str(out / "1_teacher_sft" / "final")}
+    assert {r["teacher"] for r in sft_teacher} == {"1_teacher_sft/final"}
     study = json.loads((out / "study.json").read_text())
     assert study["teachers"]["teacher/reward"]["rl_minus_sft"]["n"] == 3
     assert set(study["students"]) == {"base", "raw_traces", "sft_teacher", "rl_teacher"}
@@ -100,8 +100,8 @@ def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
 
     launched = []
 
-    def fake_run(command):  # an eval step writes its eval.json, as the real stage does
-        out = Path(next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1])
+    def fake_run(command, folder):  # an eval step writes its eval.json, as the real stage does
+        out = folder / next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1]
         launched.append(out.name)
         out.mkdir(parents=True)
         (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1, "metrics": {}}))
@@ -111,11 +111,11 @@ def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
     root = tmp_path / "p"
     (root / "5_eval_teacher").mkdir(parents=True)
     (root / "5_eval_teacher" / "eval.json").write_text(json.dumps({"questions": 1, "metrics": {}}))
-    pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "+steps=[eval_teacher,eval_student]"]))
+    pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "steps=[eval_teacher,eval_student]"]))
     assert launched == ["6_eval_student"]  # eval_teacher was done already; nothing else was selected
     assert (root / "eval_table.md").is_file()
     with pytest.raises(ConfigError, match=r"steps: unknown steps \['eval_sft_teacher'\]"):
-        pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "+steps=[eval_sft_teacher]"]))
+        pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "steps=[eval_sft_teacher]"]))
     first = tmp_path / "first"  # the first steps alone: done, without the eval table the eval steps would write
-    assert pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={first}", "+steps=[teacher_sft]"])) == first
+    assert pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={first}", "steps=[teacher_sft]"])) == first
     assert launched[-1] == "1_teacher_sft" and not (first / "eval_table.md").exists()

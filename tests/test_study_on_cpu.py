@@ -75,17 +75,17 @@ def test_write_study_reads_each_arm_and_writes_the_table(tmp_path):
 
 
 def test_a_study_pipeline_wires_each_control_to_its_source(tmp_path):
-    steps = {p.stage: p for p in plan(compose("pipeline_tiny", ["+study=true"]), tmp_path)}
+    steps = {p.stage: p for p in plan(compose("pipeline_tiny", ["study=true"]), tmp_path)}
     assert list(steps) == [*STEPS, *STUDY_STEPS]
     assert [p.folder.name for p in steps.values()][-1] == "12_eval_student_raw_traces"
-    sft_final = f"model.model_name_or_path={tmp_path}/1_teacher_sft/final"
+    sft_final = "model.model_name_or_path=1_teacher_sft/final"
     assert sft_final in steps["distill_sft_teacher"].overrides and sft_final in steps["eval_sft_teacher"].overrides
-    assert f"data.source={tmp_path}/7_distill_sft_teacher/distill.jsonl" in steps["student_sft_sft_teacher"].overrides
+    assert "data.source=7_distill_sft_teacher/distill.jsonl" in steps["student_sft_sft_teacher"].overrides
     # the SFT teacher's distilled rows (the same questions), their own traces
     raw = steps["student_sft_raw_traces"].overrides
-    assert f"data.source={tmp_path}/7_distill_sft_teacher/distill.jsonl" in raw
+    assert "data.source=7_distill_sft_teacher/distill.jsonl" in raw
     assert "sft.explanation_column=reasoning_trace" in raw
-    assert (f"student.model_name_or_path={tmp_path}/9_student_sft_raw_traces/final"
+    assert ("student.model_name_or_path=9_student_sft_raw_traces/final"
             in steps["eval_student_raw_traces"].overrides)
     assert steps["student_sft_raw_traces"].config == "student_sft"  # the student_sft stage's run config
 

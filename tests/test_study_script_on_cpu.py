@@ -24,7 +24,7 @@ def _rows(path: Path) -> dict[str, dict]:
 def test_a_seed_chain_runs_a_second_selection_and_links_every_step_where_the_study_reads_it(tmp_path):
     root = tmp_path / "study"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "STUDY_CONFIG": "cfgs/run_cfg/pipeline_tiny.yaml", "STUDY_OVERRIDES": " ".join(["+study=true", *SMALL]),
+           "STUDY_CONFIG": "cfgs/run_cfg/pipeline_tiny.yaml", "STUDY_OVERRIDES": " ".join(["study=true", *SMALL]),
            "STUDY_CONTROLS": "", "STUDY_ALSO_SELECTION": "best_correct",
            "RLT_MONO_ENGINE_LOCK": str(tmp_path / "engine.lock")}
     result = subprocess.run(["bash", "bench/study_gsm.sh", str(root), "0", "1"], cwd=ROOT, env=env,
@@ -46,7 +46,7 @@ def test_a_seed_chain_runs_a_second_selection_and_links_every_step_where_the_stu
                                                    "best_correct")):
         config = OmegaConf.load(folder / step / "config.yaml")
         assert config.distill.selection == selection, (folder, step)
-        assert Path(config.model.model_name_or_path).resolve() == (main / teacher_step / "final").resolve()
+        assert (folder / config.model.model_name_or_path).resolve() == (main / teacher_step / "final").resolve()
     assert not (main / "7_distill_sft_teacher").exists()  # STUDY_CONTROLS="" ran none of the usual controls
     # the same samples (seeded by seed and question) kept two ways: best_correct keeps a sample with every equation
     # right, or the reward's best when there is none
@@ -57,7 +57,7 @@ def test_a_seed_chain_runs_a_second_selection_and_links_every_step_where_the_stu
         assert row["total"] <= best[question]["total"]
     # the second selection's students trained on their own rows, the SFT teacher's linked in from its control folder
     sft = json.loads((also / "4_student_sft" / "sft_summary.json").read_text())
-    assert Path(OmegaConf.load(also / "4_student_sft" / "config.yaml").data.source).resolve() == (
+    assert (also / OmegaConf.load(also / "4_student_sft" / "config.yaml").data.source).resolve() == (
         also / "3_distill" / "distill.jsonl").resolve() and sft["steps"] == 2
     for step in ("7_distill_sft_teacher", "8_student_sft_sft_teacher", "11_eval_student_sft_teacher"):
         assert (also / step).resolve() == (also_ctl / step).resolve(), step
