@@ -277,3 +277,23 @@ def test_stages_get_paths_in_the_pipeline_folder_relative_and_a_launch_relative_
     assert steps["student_sft"].settings["data.source"] == "3_distill/distill.jsonl"  # the wiring stays relative
     assert steps["distill"].settings["model.model_name_or_path"] == "2_teacher_rlt/final"
     assert steps["distill"].folder == tmp_path / "p" / "3_distill"
+
+
+def test_distill_continues_a_folder_whose_record_names_the_same_teacher_absolute(tmp_path, monkeypatch):
+    from rlt_mono.explanation_sampler import check_resume_matches
+
+    (tmp_path / "2_teacher_rlt" / "final").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    distilled = tmp_path / "3_distill"
+    distilled.mkdir()
+    # what a pipeline of an earlier rlt_mono recorded: the teacher by its absolute path
+    (distilled / "config.yaml").write_text(f"stage: distill\nmodel:\n  model_name_or_path: "
+                                           f"{tmp_path}/2_teacher_rlt/final\n")
+    monkeypatch.chdir(tmp_path)  # where a stage of the pipeline runs
+    keys = ("model.model_name_or_path",)
+    check_resume_matches(distilled, OmegaConf.create({"stage": "distill",
+                                                      "model": {"model_name_or_path": "2_teacher_rlt/final"}}), keys)
+    with pytest.raises(UserError, match=rf"^output_dir={distilled} was written with model.model_name_or_path="
+                                        rf"\"{tmp_path}/2_teacher_rlt/final\", not \"other\": set"):
+        check_resume_matches(distilled, OmegaConf.create({"stage": "distill",
+                                                          "model": {"model_name_or_path": "other"}}), keys)
