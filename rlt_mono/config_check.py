@@ -9,7 +9,7 @@ with one line, instead of after the libraries load (tens of seconds on a busy ma
   ``+group.key=...`` to another group must be one of that group's keys. An unknown key is answered with at most
   three close names (``unknown_key``), never the whole list.
 - **Values.** Every field annotated as a plain ``int``, ``float`` or ``bool`` (or that, or None) holds a value of
-  that type, and the ranges the dataclasses' ``__post_init__`` check hold (``RULES``, ``CROSS_CHECKS``; their
+  that type, and the ranges the dataclasses' ``__post_init__`` check hold (``rules()``, ``CROSS_CHECKS``; their
   choices are read from the constants of the modules that own them). tests/test_first_hour_on_cpu.py keeps the
   table in step with the dataclasses: every rule is refused by its dataclass too.
 
@@ -339,8 +339,6 @@ def unknown_key(cfg: DictConfig, dotted: str, known: Iterable[str] | None = None
         node, depth = node[parts[depth]], depth + 1
     names = set(known or ()) | (set(node) if isinstance(node, DictConfig) else set())
     names.discard(parts[depth])  # a key added with +group.key=... is in the config, and no answer to itself
-    if depth == 0 and cfg.get("stage") in STAGES:
-        names |= set(STAGES[cfg.stage].config_groups) & set(cfg)
     close = difflib.get_close_matches(parts[depth], sorted(names), n=SUGGESTIONS)
     if close:
         heads = [".".join([*parts[:depth], name, *parts[depth + 1:]]) for name in close]
