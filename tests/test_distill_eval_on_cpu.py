@@ -198,7 +198,8 @@ def test_eval_student_accuracy_alone_with_controlled_answers(tmp_path, monkeypat
     run_eval(compose("eval", ["size=tiny", f"output_dir={tmp_path / 'out'}", "model.model_name_or_path=null",
                               "data=custom", f"data.source={data}", "data.eval_rows=5"]))
     result = json.loads((tmp_path / "out" / EVAL_FILE).read_text())
-    assert result["teacher"] is None and set(result["metrics"]) == {"student/accuracy", "student/unparsed_frac"}
+    assert result["teacher"] is None and set(result["metrics"]) == {"student/accuracy", "student/unparsed_frac",
+                                                                    "student/capped_frac"}
     assert result["metrics"]["student/accuracy"]["mean"] == 0.5 and result["metrics"]["student/accuracy"]["n"] == 4
     assert result["metrics"]["student/unparsed_frac"]["mean"] == 0.0  # every checkable answer had a number
     correct = {r["question"]: r["correct"] for r in _lines(tmp_path / "out" / ROWS_FILE)}

@@ -209,11 +209,17 @@ def test_too_few_rows_and_a_runaway_row_stop_before_training(tmp_path):
     assert "has 3 usable training rows (0 skipped) but one optimizer step needs 4 distinct prompts" in result.stderr
     assert not (tmp_path / "a" / "final").exists()  # no untrained teacher saved as if trained
     huge = tmp_path / "huge.jsonl"
-    huge.write_text("".join(json.dumps(r) + "\n" for r in [*rows * 3, {"question": "x " * 500_000, "solution": "1"}]))
+    huge.write_text("".join(json.dumps(r) + "\n" for r in [*rows * 3, {"question": "x " * 30_000, "solution": "1"}]))
     result = _cli("demo_tiny", "data=custom", f"data.source={huge}", "data.eval_rows=0",
                   f"output_dir={tmp_path / 'b'}")
     assert result.returncode == 2, result.stderr[-2000:]
     assert "row 9" in result.stderr.splitlines()[-1] and "tokens" in result.stderr.splitlines()[-1]
+    # a megabyte row is stopped by the length guard every stage shares, before any tokenizer sees it
+    huge.write_text("".join(json.dumps(r) + "\n" for r in [*rows * 3, {"question": "x " * 500_000, "solution": "1"}]))
+    result = _cli("demo_tiny", "data=custom", f"data.source={huge}", "data.eval_rows=0",
+                  f"output_dir={tmp_path / 'c'}")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "row 9: column 'question' has 1,000,000 characters" in result.stderr.splitlines()[-1]
 
 
 def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tmp_path):

@@ -1,0 +1,202 @@
+"""The fair study's summary (docs/STUDY.md): every arm's held-out accuracy with intervals over seeds, templates and
+questions, the positive control, and the paired differences, from the eval folders bench/study_fair.sh writes.
+
+    python bench/study_fair.py summarize <root> [<root> ...] --out results/study_gsm_symbolic_v2 \
+        --device nvidia-h100 --commit <sha> --command "<how it ran>" [--command ...]
+
+A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
+``template``, ``correct``, ``capped``). An arm's accuracy on a held-out set is the mean over its seeds of the mean
+over questions. Its interval is a percentile bootstrap that resamples, in turn, seeds (with replacement), templates
+(clusters: the questions of one template share wording and method) and questions within each drawn template. A
+difference between two arms of one student resamples the same templates and questions for both (paired over
+questions) and each arm's seeds apart. Writes ``study.json`` and ``study_table.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SETS = {"instances": "held_out_instances", "templates": "held_out_templates"}
+# The positive control: students trained on the dataset's own worked solutions against the better untrained prompt,
+# on held-out instances of the training templates, must gain at least this much with the interval above zero.
+CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained_plain"), 0.05
+# The comparisons the study exists for, each as (arm, minus arm), per student, wherever both arms were run.
+DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
+               ("rl_teacher", "worked"), ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
+_SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
+
+
+class StudyError(ValueError):
+    """What the user must fix: one line."""
+
+
+def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
+    """``{student: {arm: {seed: eval rows}}}`` from every ``<root>/<student>/<arm>[_s<seed>]/eval``."""
+    arms: dict[str, dict[str, dict[int, list[dict]]]] = {}
+    for root in roots:
+        for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
+            folder = rows_file.parent.parent
+            match = _SEEDED.match(folder.name)
+            arm, seed = (match["arm"], int(match["seed"])) if match else (folder.name, 0)
+            rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+            if not rows:
+                raise StudyError(f"{rows_file} is empty: that eval did not finish; run its part again")
+            seeds = arms.setdefault(folder.parent.name, {}).setdefault(arm, {})
+            if seed in seeds:
+                raise StudyError(f"{folder}: {folder.parent.name}/{arm} seed {seed} is in two roots; pass each once")
+            seeds[seed] = rows
+    if not arms:
+        raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {', '.join(map(str, roots))}: pass the "
+                         "folder bench/study_fair.sh wrote")
+    return arms
+
+
+def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Correctness (seeds x questions, questions in one sorted order), the questions, and each one's template."""
+    by_seed = {seed: {row["question"]: row for row in rows if row.get("heldout") == held_out
+                      and row.get("correct") is not None} for seed, rows in per_seed.items()}
+    questions = sorted(set.intersection(*(set(rows) for rows in by_seed.values())))
+    first = next(iter(by_seed.values()))
+    templates = np.array([first[q].get("template", -1) for q in questions])
+    correct = np.array([[float(by_seed[s][q]["correct"]) for q in questions] for s in sorted(by_seed)])
+    return correct, questions, templates
+
+
+def _question_weights(templates: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples x questions) counts: templates drawn with replacement, then questions within each drawn one."""
+    groups = [np.flatnonzero(templates == t) for t in np.unique(templates)]
+    weights = np.zeros((resamples, len(templates)))
+    for b in range(resamples):
+        for g in rng.integers(len(groups), size=len(groups)):
+            members = groups[g]
+            np.add.at(weights[b], members[rng.integers(len(members), size=len(members))], 1.0)
+    return weights
+
+
+def _seed_means(correct: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples x questions): each question's mean over a resample of the seeds."""
+    picks = rng.integers(len(correct), size=(resamples, len(correct)))
+    return correct[picks].mean(axis=1)
+
+
+def _interval(samples: np.ndarray) -> list[float]:
+    return [round(float(np.percentile(samples, 2.5)), 4), round(float(np.percentile(samples, 97.5)), 4)]
+
+
+def summarize(arms: dict, resamples: int, seed: int) -> dict:
+    """Per student: every arm's accuracy per held-out set, and the differences of ``DIFFERENCES``."""
+    rng = np.random.default_rng(seed)
+    students = {}
+    for student, per_arm in sorted(arms.items()):
+        entry = {"arms": {}, "differences": {}}
+        for held_out, name in SETS.items():
+            matrices = {arm: _matrix(per_seed, held_out) for arm, per_seed in per_arm.items()}
+            matrices = {arm: m for arm, m in matrices.items() if m[1]}
+            if not matrices:
+                continue
+            shared = sorted(set.intersection(*(set(m[1]) for m in matrices.values())))
+            keep = {arm: np.isin(m[1], shared) for arm, m in matrices.items()}
+            templates = next(iter(matrices.values()))[2][keep[next(iter(matrices))]]
+            weights = _question_weights(templates, resamples, rng)
+            boot = {}
+            for arm, (correct, _, _) in matrices.items():
+                correct = correct[:, keep[arm]]
+                boot[arm] = (weights * _seed_means(correct, resamples, rng)).sum(1) / weights.sum(1)
+                capped = [row.get("capped") for rows in per_arm[arm].values() for row in rows
+                          if row.get("heldout") == held_out]
+                entry["arms"].setdefault(arm, {"seeds": sorted(per_arm[arm])})[name] = {
+                    "accuracy": round(float(correct.mean()), 4), "ci95": _interval(boot[arm]),
+                    "questions": int(correct.shape[1]), "templates": int(len(np.unique(templates))),
+                    "per_seed": [round(float(x), 4) for x in correct.mean(axis=1)],
+                    "capped_frac": round(float(np.mean([bool(c) for c in capped])), 4) if capped else None}
+            for arm, minus in DIFFERENCES:
+                if arm in boot and minus in boot:
+                    point = entry["arms"][arm][name]["accuracy"] - entry["arms"][minus][name]["accuracy"]
+                    entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = {
+                        "difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
+        entry["positive_control"] = positive_control(entry)
+        students[student] = entry
+    return students
+
+
+def positive_control(entry: dict) -> dict | None:
+    """The worked-solution students against the better untrained prompt, on held-out instances."""
+    name = SETS["instances"]
+    untrained = [arm for arm in UNTRAINED_ARMS if name in entry["arms"].get(arm, {})]
+    if CONTROL_ARM not in entry["arms"] or not untrained:
+        return None
+    baseline = max(untrained, key=lambda arm: entry["arms"][arm][name]["accuracy"])
+    difference = entry["differences"][f"{CONTROL_ARM} - {baseline}"][name]
+    passes = difference["difference"] >= CONTROL_MARGIN and difference["ci95"][0] > 0
+    return {"arm": CONTROL_ARM, "baseline": baseline, "set": name, **difference, "passes": bool(passes),
+            "rule": f"difference >= {CONTROL_MARGIN} and the interval above 0"}
+
+
+def table(students: dict) -> str:
+    """study_table.md: one row per student and arm."""
+    lines = ["| student | arm | seeds | held-out templates | held-out instances | answers cut at the cap |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for student, entry in students.items():
+        for arm, figures in entry["arms"].items():
+            cells = []
+            for name in ("held_out_templates", "held_out_instances"):
+                f = figures.get(name)
+                cells.append("—" if f is None else f"{f['accuracy']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}] "
+                                                   f"(n={f['questions']})")
+            capped = [figures[n]["capped_frac"] for n in SETS.values() if figures.get(n, {}).get("capped_frac")
+                      is not None]
+            cut = f"{max(capped):.1%}" if capped else "—"
+            lines.append(f"| {student} | {arm} | {', '.join(map(str, figures['seeds']))} | {cells[0]} | {cells[1]} | "
+                         f"{cut} |")
+        control = entry.get("positive_control")
+        if control:
+            lines.append("")
+            low, high = control["ci95"]
+            lines.append(f"Positive control ({student}): {control['arm']} - {control['baseline']} on "
+                         f"{control['set'].replace('_', ' ')}: {control['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: "
+                         f"{'passes' if control['passes'] else 'FAILS'} ({control['rule']}).")
+        for pair, sets in entry["differences"].items():
+            for name, d in sets.items():
+                lines.append(f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
+                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python bench/study_fair.py", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    summary = sub.add_parser("summarize", help="study.json and study_table.md from the eval folders")
+    summary.add_argument("roots", nargs="+", type=Path)
+    summary.add_argument("--out", type=Path, required=True)
+    summary.add_argument("--device", required=True)
+    summary.add_argument("--commit", required=True)
+    summary.add_argument("--command", action="append", default=[], dest="commands")
+    summary.add_argument("--gpu-minutes", type=float, default=None)
+    summary.add_argument("--resamples", type=int, default=2000)
+    summary.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    try:
+        students = summarize(read_arms(args.roots), args.resamples, args.seed)
+    except StudyError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"commit": args.commit, "device": args.device, "commands": args.commands,
+              "gpu_minutes": args.gpu_minutes, "bootstrap": {"resamples": args.resamples, "seed": args.seed,
+                                                             "over": ["seeds", "templates", "questions"]},
+              "students": students}
+    (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "study_table.md").write_text(table(students))
+    print(table(students))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The fair study's summary (bench/study_fair.py): arms, intervals over seeds/templates/questions, the positive
+control and the paired differences, from hand-made eval folders."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "study_fair.py"
+
+
+def _eval_folder(root: Path, student: str, arm: str, correct: dict[str, list[bool]]) -> None:
+    """``correct[set]``: one answer per question; 10 templates of the questions in order."""
+    rows = [{"question": f"{held_out} question {i}", "heldout": held_out, "template": i % 10, "correct": ok,
+             "capped": i == 0}
+            for held_out, answers in correct.items() for i, ok in enumerate(answers)]
+    folder = root / student / arm / "eval"
+    folder.mkdir(parents=True)
+    (folder / "eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _summarize(tmp_path, *roots, resamples=400):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, str(SCRIPT), "summarize", *map(str, roots), "--out", str(out),
+                             "--device", "nvidia-h100", "--commit", "abc1234", "--command", "bash x.sh",
+                             "--resamples", str(resamples)], capture_output=True, text=True)
+    return result, out
+
+
+def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
+    root = tmp_path / "study"
+    n = 200
+    _eval_folder(root, "s", "untrained", {"instances": [i % 5 == 0 for i in range(n)],      # 0.20
+                                          "templates": [i % 10 == 0 for i in range(n)]})    # 0.10
+    _eval_folder(root, "s", "untrained_plain", {"instances": [i % 4 == 0 for i in range(n)],  # 0.25
+                                                "templates": [i % 10 == 0 for i in range(n)]})
+    for seed, extra in ((0, 0), (1, 1)):  # 0.50 and 0.55 on instances: mean 0.525
+        answers = [i % 2 == 0 or (extra and i % 20 == 1) for i in range(n)]
+        _eval_folder(root, "s", f"worked_s{seed}", {"instances": answers, "templates": [i % 5 == 0 for i in range(n)]})
+    result, out = _summarize(tmp_path, root)
+    assert result.returncode == 0, result.stderr
+    study = json.loads((out / "study.json").read_text())
+    assert study["commit"] == "abc1234" and study["device"] == "nvidia-h100" and study["commands"] == ["bash x.sh"]
+    arms = study["students"]["s"]["arms"]
+    assert arms["worked"]["seeds"] == [0, 1] and arms["worked"]["held_out_instances"]["per_seed"] == [0.5, 0.55]
+    assert arms["worked"]["held_out_instances"]["accuracy"] == 0.525
+    assert arms["untrained"]["held_out_instances"]["accuracy"] == 0.2
+    assert arms["untrained"]["held_out_templates"]["templates"] == 10
+    assert arms["untrained"]["held_out_instances"]["capped_frac"] == 0.005  # one of 200 answers cut
+    low, high = arms["worked"]["held_out_instances"]["ci95"]
+    assert low < 0.525 < high
+    control = study["students"]["s"]["positive_control"]
+    # against the better untrained prompt (plain, 0.25): +0.275, far above zero
+    assert control["baseline"] == "untrained_plain" and control["difference"] == 0.275 and control["passes"]
+    # half the templates all right, half all wrong: resampling templates as clusters makes the interval wide
+    assert 0 < control["ci95"][0] < 0.2 and control["ci95"][1] > 0.35
+    assert "Positive control (s): worked - untrained_plain on held out instances: +0.275" in \
+        (out / "study_table.md").read_text()
+
+
+def test_a_worked_arm_no_better_than_untrained_fails_the_control(tmp_path):
+    root = tmp_path / "study"
+    same = {"instances": [i % 5 == 0 for i in range(100)]}
+    _eval_folder(root, "s", "untrained", same)
+    _eval_folder(root, "s", "worked_s0", {"instances": [i % 5 == 0 or i % 50 == 1 for i in range(100)]})  # +0.02
+    result, out = _summarize(tmp_path, root)
+    control = json.loads((out / "study.json").read_text())["students"]["s"]["positive_control"]
+    assert control["difference"] == 0.02 and not control["passes"]
+    assert "FAILS" in result.stdout
+
+
+def test_templates_are_resampled_as_clusters():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import numpy as np
+    from study_fair import _question_weights
+
+    templates = np.array([0, 0, 0, 1, 1, 2])
+    weights = _question_weights(templates, 300, np.random.default_rng(0))
+    # every resample draws three templates, each with as many questions as it has: 6 question draws in a resample
+    # when the three templates drawn have sizes summing to 6 -- and a resample's weights sit on whole templates
+    for row in weights:
+        for template in (0, 1, 2):
+            members = templates == template
+            assert row[members].sum() % members.sum() == 0
+    assert (weights.sum(1) != 6).any()  # template sizes differ, so the resample size varies
+
+
+def test_no_eval_folder_is_one_line(tmp_path):
+    result, _ = _summarize(tmp_path, tmp_path / "nothing")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: no <student>/<arm>/eval/eval_rows.jsonl under ")
+
+
+@pytest.mark.parametrize("empty", [True])
+def test_an_unfinished_eval_is_one_line(tmp_path, empty):
+    folder = tmp_path / "study" / "s" / "untrained" / "eval"
+    folder.mkdir(parents=True)
+    (folder / "eval_rows.jsonl").write_text("")
+    result, _ = _summarize(tmp_path, tmp_path / "study")
+    assert result.returncode == 2 and "eval_rows.jsonl is empty: that eval did not finish" in result.stderr
