@@ -225,10 +225,14 @@ def test_an_sft_run_into_a_file_has_no_bar_and_one_line_per_step(tmp_path):
 
 
 def test_an_sft_run_in_a_terminal_draws_one_bar(tmp_path):
+    from rlt_mono.cli import PROGRESS_BAR_SWITCHES
+
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    # as from a shell: without the switches an in-process cli.main of an earlier test left off a terminal
+    env = {name: value for name, value in os.environ.items() if name not in PROGRESS_BAR_SWITCHES}
     process = subprocess.Popen([sys.executable, "-m", "rlt_mono.cli", *SFT_RUN, f"output_dir={tmp_path / 'run'}"],
-                               cwd=ROOT, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+                               cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
     os.close(follower)
     chunks = []
     while True:
