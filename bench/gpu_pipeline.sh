@@ -89,7 +89,8 @@ case "${1:-}" in
     code=/root/code-$(date +%s) && mkdir -p "$code"
     if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
     cd "$code"
-    setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" >> /root/study/orchestrator.log 2>&1 < /dev/null &
+    STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
+      >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
     end=$((SECONDS + $2))

@@ -1,20 +1,25 @@
 """The fair study's summary (docs/STUDY.md): every arm's held-out accuracy with intervals over seeds, templates and
 questions, the positive control, and the paired differences, from the eval folders bench/study_fair.sh writes.
 
-    python bench/study_fair.py summarize <root> [<root> ...] --out results/study_gsm_symbolic_v2 \
-        --device nvidia-h100 --commit <sha> --command "<how it ran>" [--command ...]
+    python bench/study_fair.py export <root> --out results/study_gsm_symbolic_v2/answers [--suffix _lr1e-5] \
+        --device nvidia-h200 --commit <sha> --command "<how it ran>"
+    python bench/study_fair.py summarize results/study_gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
-``template``, ``correct``, ``capped``). An arm's accuracy on a held-out set is the mean over its seeds of the mean
-over questions. Its interval is a percentile bootstrap that resamples, in turn, seeds (with replacement), templates
-(clusters: the questions of one template share wording and method) and questions within each drawn template. A
-difference between two arms of one student resamples the same templates and questions for both (paired over
-questions) and each arm's seeds apart. Writes ``study.json`` and ``study_table.md`` into ``--out``.
+``template``, ``correct``, ``capped``). ``export`` keeps of each what the summary needs, in a few kilobytes
+(``<student>/<arm><suffix>_s<seed>.json``: question hashes, sets, templates, right/wrong, cut at the cap, and where
+it ran), so the study's summary is recomputed from committed files as its parts are run at different times. An arm's
+accuracy on a held-out set is the mean over its seeds of the mean over questions. Its interval is a percentile
+bootstrap that resamples, in turn, seeds (with replacement), templates (clusters: the questions of one template
+share wording and method) and questions within each drawn template. A difference between two arms of one student
+resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
+``study.json`` and ``study_table.md`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import sys
@@ -23,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 SETS = {"instances": "held_out_instances", "templates": "held_out_templates"}
+SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as its first letter
 # The positive control: students trained on the dataset's own worked solutions against the better untrained prompt,
 # on held-out instances of the training templates, must gain at least this much with the interval above zero.
 CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained_plain"), 0.05
@@ -36,25 +42,88 @@ class StudyError(ValueError):
     """What the user must fix: one line."""
 
 
+def _question_id(question: str) -> str:
+    return hashlib.sha256(" ".join(question.split()).encode()).hexdigest()[:12]
+
+
+def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
+    """``(student, arm, seed, rows)`` of every eval folder under ``root``, each row keyed by its question's id."""
+    runs = []
+    for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
+        folder = rows_file.parent.parent
+        match = _SEEDED.match(folder.name)
+        arm, seed = (match["arm"], int(match["seed"])) if match else (folder.name, 0)
+        rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
+        if not rows:
+            raise StudyError(f"{rows_file} is empty: that eval did not finish; run its part again")
+        runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"])}
+                                                     for row in rows]))
+    return runs
+
+
+def _exported_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
+    """The same from ``export``'s files under ``root``."""
+    runs = []
+    for path in sorted(root.glob("*/*.json")):
+        match = _SEEDED.match(path.stem)
+        if match is None:
+            continue
+        saved = json.loads(path.read_text())
+        rows = [{"question": q, "heldout": SHORT_SETS[h], "template": t, "correct": c == "1", "capped": x == "1"}
+                for q, h, t, c, x in zip(saved["question"], saved["heldout"], saved["template"], saved["correct"],
+                                         saved["capped"], strict=True)]
+        runs.append((path.parent.name, match["arm"], int(match["seed"]), rows))
+    return runs
+
+
 def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
-    """``{student: {arm: {seed: eval rows}}}`` from every ``<root>/<student>/<arm>[_s<seed>]/eval``."""
+    """``{student: {arm: {seed: eval rows}}}`` from every ``<root>/<student>/<arm>[_s<seed>]/eval`` and every
+    exported ``<root>/<student>/<arm>_s<seed>.json``."""
     arms: dict[str, dict[str, dict[int, list[dict]]]] = {}
     for root in roots:
-        for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
-            folder = rows_file.parent.parent
-            match = _SEEDED.match(folder.name)
-            arm, seed = (match["arm"], int(match["seed"])) if match else (folder.name, 0)
-            rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
-            if not rows:
-                raise StudyError(f"{rows_file} is empty: that eval did not finish; run its part again")
-            seeds = arms.setdefault(folder.parent.name, {}).setdefault(arm, {})
+        for student, arm, seed, rows in [*_eval_runs(root), *_exported_runs(root)]:
+            seeds = arms.setdefault(student, {}).setdefault(arm, {})
             if seed in seeds:
-                raise StudyError(f"{folder}: {folder.parent.name}/{arm} seed {seed} is in two roots; pass each once")
+                raise StudyError(f"{root}: {student}/{arm} seed {seed} is there twice; pass each run once")
             seeds[seed] = rows
     if not arms:
         raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {', '.join(map(str, roots))}: pass the "
                          "folder bench/study_fair.sh wrote")
     return arms
+
+
+def provenance(roots: list[Path]) -> list[dict]:
+    """Where each exported run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``."""
+    runs = []
+    for root in roots:
+        for path in sorted(root.glob("*/*.json")):
+            match = _SEEDED.match(path.stem)
+            if match:
+                saved = json.loads(path.read_text())
+                runs.append({"student": path.parent.name, "arm": match["arm"], "seed": int(match["seed"]),
+                             **{key: saved.get(key, "?") for key in ("device", "commit", "command")}})
+    return runs
+
+
+def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
+    """Each eval run under ``root`` as ``out/<student>/<arm><suffix>_s<seed>.json``; refuses to overwrite one."""
+    written = []
+    for student, arm, seed, rows in _eval_runs(root):
+        rows = [row for row in rows if row.get("heldout") in SETS and row.get("correct") is not None]
+        path = out / student / f"{arm}{suffix}_s{seed}.json"
+        if path.exists():
+            raise StudyError(f"{path} exists: a run is exported once (choose another --suffix, or delete it)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({
+            **where, "question": [row["question"] for row in rows],
+            "heldout": "".join(row["heldout"][0] for row in rows), "template": [row.get("template") for row in rows],
+            "correct": "".join("1" if row["correct"] else "0" for row in rows),
+            "capped": "".join("1" if row.get("capped") else "0" for row in rows)}) + "\n")
+        written.append(path)
+    if not written:
+        raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {root}: pass the folder bench/study_fair.sh "
+                         "wrote")
+    return written
 
 
 def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -171,26 +240,37 @@ def table(students: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python bench/study_fair.py", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="action", required=True)
     summary = sub.add_parser("summarize", help="study.json and study_table.md from the eval folders")
     summary.add_argument("roots", nargs="+", type=Path)
     summary.add_argument("--out", type=Path, required=True)
-    summary.add_argument("--device", required=True)
-    summary.add_argument("--commit", required=True)
-    summary.add_argument("--command", action="append", default=[], dest="commands")
     summary.add_argument("--gpu-minutes", type=float, default=None)
     summary.add_argument("--resamples", type=int, default=2000)
     summary.add_argument("--seed", type=int, default=0)
+    exporting = sub.add_parser("export", help="the few kilobytes of each eval run the summary needs")
+    exporting.add_argument("root", type=Path)
+    exporting.add_argument("--out", type=Path, required=True)
+    exporting.add_argument("--suffix", default="")
+    exporting.add_argument("--device", required=True)
+    exporting.add_argument("--commit", required=True)
+    exporting.add_argument("--command", required=True)
     args = parser.parse_args(argv)
     try:
+        if args.action == "export":
+            for path in export(args.root, args.out, args.suffix,
+                               {"device": args.device, "commit": args.commit, "command": args.command}):
+                print(path)
+            return 0
         students = summarize(read_arms(args.roots), args.resamples, args.seed)
     except StudyError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"commit": args.commit, "device": args.device, "commands": args.commands,
-              "gpu_minutes": args.gpu_minutes, "bootstrap": {"resamples": args.resamples, "seed": args.seed,
-                                                             "over": ["seeds", "templates", "questions"]},
+    runs = provenance(args.roots)
+    result = {"commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
+              "commands": sorted({r["command"] for r in runs}), "runs": runs, "gpu_minutes": args.gpu_minutes,
+              "bootstrap": {"resamples": args.resamples, "seed": args.seed,
+                            "over": ["seeds", "templates", "questions"]},
               "students": students}
     (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "study_table.md").write_text(table(students))

@@ -21,12 +21,20 @@ def _eval_folder(root: Path, student: str, arm: str, correct: dict[str, list[boo
     (folder / "eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True)
+
+
 def _summarize(tmp_path, *roots, resamples=400):
+    """Each root exported (as a study keeps it), then the summary of the exports."""
+    answers = tmp_path / "answers"
+    for root in roots:
+        exported = _run("export", root, "--out", answers, "--device", "nvidia-h100", "--commit", "abc1234",
+                        "--command", "bash x.sh")
+        if exported.returncode:
+            return exported, None
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, str(SCRIPT), "summarize", *map(str, roots), "--out", str(out),
-                             "--device", "nvidia-h100", "--commit", "abc1234", "--command", "bash x.sh",
-                             "--resamples", str(resamples)], capture_output=True, text=True)
-    return result, out
+    return _run("summarize", answers, "--out", out, "--resamples", resamples), out
 
 
 def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
@@ -42,7 +50,12 @@ def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
     result, out = _summarize(tmp_path, root)
     assert result.returncode == 0, result.stderr
     study = json.loads((out / "study.json").read_text())
-    assert study["commit"] == "abc1234" and study["device"] == "nvidia-h100" and study["commands"] == ["bash x.sh"]
+    assert study["commit"] == ["abc1234"] and study["device"] == ["nvidia-h100"] and study["commands"] == ["bash x.sh"]
+    assert {"student": "s", "arm": "worked", "seed": 1, "device": "nvidia-h100", "commit": "abc1234",
+            "command": "bash x.sh"} in study["runs"]
+    # the summary of the eval folders themselves is the summary of their exports
+    direct = _run("summarize", root, "--out", tmp_path / "direct", "--resamples", 400)
+    assert json.loads((tmp_path / "direct" / "study.json").read_text())["students"] == study["students"], direct.stderr
     arms = study["students"]["s"]["arms"]
     assert arms["worked"]["seeds"] == [0, 1] and arms["worked"]["held_out_instances"]["per_seed"] == [0.5, 0.55]
     assert arms["worked"]["held_out_instances"]["accuracy"] == 0.525
@@ -87,10 +100,15 @@ def test_templates_are_resampled_as_clusters():
     assert (weights.sum(1) != 6).any()  # template sizes differ, so the resample size varies
 
 
-def test_no_eval_folder_is_one_line(tmp_path):
+def test_no_eval_folder_is_one_line_and_a_run_is_exported_once(tmp_path):
     result, _ = _summarize(tmp_path, tmp_path / "nothing")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert result.stderr.startswith("error: no <student>/<arm>/eval/eval_rows.jsonl under ")
+    _eval_folder(tmp_path / "study", "s", "untrained", {"instances": [True, False]})
+    assert _summarize(tmp_path, tmp_path / "study")[0].returncode == 0
+    again = _run("export", tmp_path / "study", "--out", tmp_path / "answers", "--device", "d", "--commit", "c",
+                 "--command", "x")
+    assert again.returncode == 2 and "untrained_s0.json exists: a run is exported once" in again.stderr
 
 
 @pytest.mark.parametrize("empty", [True])
@@ -100,3 +118,30 @@ def test_an_unfinished_eval_is_one_line(tmp_path, empty):
     (folder / "eval_rows.jsonl").write_text("")
     result, _ = _summarize(tmp_path, tmp_path / "study")
     assert result.returncode == 2 and "eval_rows.jsonl is empty: that eval did not finish" in result.stderr
+
+
+def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
+    import os
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                       "MASTER_"))}, "STUDY_TINY": "1"}
+    repo = SCRIPT.parents[1]
+    bad = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(tmp_path / "x")], cwd=repo, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: "
+                                                  "control)\n")
+    root = tmp_path / "study"
+    first = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0 and "worked_s0=0" in (root / "DONE").read_text(), first.stdout + first.stderr
+    student = root / "qwen2.5_coder_0.5b_instruct"
+    for arm in ("untrained", "untrained_plain", "worked_s0"):
+        assert (student / arm / "eval" / "eval.json").is_file(), arm
+    assert (student / "worked_s0" / "sft" / "final").is_dir()
+    prompts = {arm: (student / arm / "eval" / "config.yaml").read_text().split("student_prompt: ")[1].split("\n")[0]
+               for arm in ("untrained", "untrained_plain")}
+    assert prompts == {"untrained": "student", "untrained_plain": "plain"}
+    stamp = (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns
+    again = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns == stamp
