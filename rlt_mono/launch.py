@@ -53,6 +53,7 @@ from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import CONFIG_DIR, ConfigError
 from rlt_mono.errors import UserError
 from rlt_mono.models import load_config, model_path
+from rlt_mono.placement import PlacementError, check_main_process_port
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
@@ -192,8 +193,10 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
         if missing:
             raise ConfigError(f"placement.num_machines={machines}: set {', '.join(missing)}, the same on every machine "
                               "(the main process's address and a free port on it; a folder every machine shares)")
-    if port is not None:
-        port = _positive_int(port, "placement.main_process_port")
+    try:
+        port = check_main_process_port(port)
+    except PlacementError as err:
+        raise ConfigError(str(err)) from None
     return LaunchPlan(processes=processes, num_machines=machines, machine_rank=machine_rank,
                       main_process_ip=ip or "127.0.0.1", main_process_port=port or free_port(),
                       strategy=p.strategy, gpus=gpus)

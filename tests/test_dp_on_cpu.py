@@ -56,6 +56,14 @@ def test_two_machines_number_their_ranks_and_need_an_address_a_port_and_a_shared
         _plan("placement.num_machines=2")
 
 
+@pytest.mark.parametrize("port", [99999, 0])
+def test_a_port_out_of_range_is_refused_before_any_rank_starts(port):
+    with pytest.raises(ConfigError) as err:
+        _plan(f"placement.main_process_port={port}")
+    assert str(err.value) == (f"placement.main_process_port={port}: a TCP port, a whole number from 1 to 65535 (or "
+                              "null for a free one)")
+
+
 def test_split_on_one_gpu_says_to_run_mono():
     with pytest.raises(ConfigError, match=r"^placement.num_processes=2 but this machine has 1 GPU .*placement=split is "
                                           r"two ranks, so on one GPU run placement=mono"):
@@ -70,7 +78,7 @@ def test_split_on_one_gpu_says_to_run_mono():
     (["placement.num_processes=0"], "placement.num_processes=0: must be a whole number >= 1"),
     (["placement.machine_rank=2", "placement.num_machines=2"], "placement.machine_rank=2: this machine's rank, from 0"),
     (["placement.strategy=zero9"], "placement.strategy='zero9': choose one of ddp"),
-    (["placement.main_process_port=-1"], "placement.main_process_port=-1: must be a whole number >= 1"),
+    (["placement.main_process_port=-1"], r"placement.main_process_port=-1: a TCP port, a whole number from 1 to 65535"),
 ])
 def test_launch_mistakes_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
