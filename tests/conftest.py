@@ -1,10 +1,13 @@
 """Shared fixtures: one embedded tiny pair per test session, built in a temporary cache."""
 
+import json
 import os
 import tempfile
 
 import pytest
 import torch
+
+from rlt_mono import pipeline
 
 
 def pytest_configure(config):
@@ -57,3 +60,29 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def launched(monkeypatch) -> list[str]:
+    """Stages run as fakes that leave the output a real stage leaves (a training stage its checkpoint and final/);
+    the list names the folders launched."""
+    names = []
+
+    def fake_stage(command, folder):
+        out = folder / next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1]
+        names.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        if "eval" in out.name:
+            (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1,
+                                                       "metrics": {}}))
+        elif "distill" in out.name:
+            (out / "distill.jsonl").write_text('{"question": "q", "solution": "s"}\n')
+        else:
+            (out / "checkpoint-2").mkdir(exist_ok=True)
+            (out / "checkpoint-2" / "optimizer.pt").write_bytes(b"x" * 1024)
+            (out / "final").mkdir(exist_ok=True)
+            (out / "final" / "config.json").write_text("{}")
+        return 0
+
+    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
+    return names

@@ -19,29 +19,6 @@ from rlt_mono.errors import UserError
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def launched(monkeypatch) -> list[str]:
-    """Stages run as fakes that leave the output a real stage leaves; the list names the folders launched."""
-    names = []
-
-    def fake_stage(command, folder):
-        out = folder / next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1]
-        names.append(out.name)
-        out.mkdir(parents=True, exist_ok=True)
-        if "eval" in out.name:
-            (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1,
-                                                       "metrics": {}}))
-        elif "distill" in out.name:  # every row written: a distill rerun finds nothing left to write
-            (out / "distill.jsonl").write_text('{"question": "q", "solution": "s"}\n')
-        else:
-            (out / "final").mkdir(exist_ok=True)
-            (out / "final" / "config.json").write_text("{}")
-        return 0
-
-    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
-    return names
-
-
 def _run(root: Path, *overrides: str) -> Path:
     return pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", *overrides]))
 

@@ -163,32 +163,6 @@ def test_a_copied_pipeline_killed_mid_distill_ends_with_the_files_of_an_uninterr
 
 
 # ---- the pipeline's settings ------------------------------------------------------------------------------------
-@pytest.fixture
-def launched(monkeypatch) -> list[str]:
-    """Stages run as fakes that leave the output a real stage leaves (a training stage its checkpoint and final/);
-    the list names the folders launched."""
-    names = []
-
-    def fake_stage(command, folder):
-        out = folder / next(a for a in command if a.startswith("output_dir=")).split("=", 1)[1]
-        names.append(out.name)
-        out.mkdir(parents=True, exist_ok=True)
-        if "eval" in out.name:
-            (out / "eval.json").write_text(json.dumps({"teacher": None, "student": "s", "questions": 1,
-                                                       "metrics": {}}))
-        elif "distill" in out.name:
-            (out / "distill.jsonl").write_text('{"question": "q", "solution": "s"}\n')
-        else:
-            (out / "checkpoint-2").mkdir(exist_ok=True)
-            (out / "checkpoint-2" / "optimizer.pt").write_bytes(b"x" * 1024)
-            (out / "final").mkdir(exist_ok=True)
-            (out / "final" / "config.json").write_text("{}")
-        return 0
-
-    monkeypatch.setattr(pipeline, "run_stage", fake_stage)
-    return names
-
-
 def _pipeline(root: Path, *overrides: str) -> Path:
     return pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", *overrides]))
 
