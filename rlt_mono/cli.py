@@ -97,7 +97,7 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
         run = STAGES[cfg.stage].load()  # the stage's code, torch with it: after every check that needs none
         hold_run_folder(cfg)
         if not runtime.in_rank():  # a rank sees the GPUs its launcher exposed
-            expose_gpus(mode)
+            expose_gpus(exposed_mode(cfg.stage, mode))
         run(cfg)
     except UserError as err:
         # a rank's error is printed once, by its launcher
@@ -231,6 +231,13 @@ def auto_picks_split(cfg) -> bool:
     two-GPU placement measured, cfgs/placement/split.yaml); on one GPU (or the CPU) auto is ``mono``."""
     return ("placement" in cfg and cfg.placement.mode == "auto" and cfg.stage == "teacher_rlt"
             and not runtime.in_rank() and not cfg.trainer.get("use_cpu", False) and runtime.gpus_present() >= 2)
+
+
+def exposed_mode(stage: str, mode: str) -> str:
+    """The placement whose GPUs a stage's process sees: its own where the stage places models (its config groups
+    hold ``placement``) or runs data parallel, else ``mono``: an SFT stage shown two GPUs would train on both through
+    ``nn.DataParallel``, which its warning says ``placement=student_gpu`` does not do."""
+    return mode if mode == "dp" or "placement" in STAGES[stage].config_groups else "mono"
 
 
 def expose_gpus(placement_mode: str) -> None:

@@ -6,6 +6,7 @@ import errno
 import importlib.util
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import build, checkpoints, cli, explanation_sampler, pretrained, run_lock
+from rlt_mono import build, checkpoints, cli, explanation_sampler, pretrained, run_lock, runtime
 from rlt_mono.atomic_write import DiskError
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.errors import UserError
@@ -272,3 +273,14 @@ def test_an_eval_without_answers_says_why_the_accuracy_is_not_measured(tmp_path,
     assert (f"eval: student/accuracy is not measured (n=0): no held-out row of data.source={data} has an answer to "
             "check the student's against (an answer column, or a solution stating 'The answer is ...'); add an "
             "answer column, or set eval.student_accuracy=false") in [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(("stage", "mode", "exposed"), [
+    ("teacher_sft", "student_gpu", "0"), ("student_sft", "auto", "0"), ("teacher_sft", "dp", "0,1"),
+    ("teacher_rlt", "student_gpu", "0,1"), ("eval", "mono", "0")])
+def test_an_sft_stage_sees_one_gpu_whatever_placement_it_ignores(monkeypatch, stage, mode, exposed):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
+    cli.expose_gpus(cli.exposed_mode(stage, mode))
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == exposed
