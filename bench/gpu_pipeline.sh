@@ -28,6 +28,7 @@ cache=/root/rltcache
 models=(
   "smol smollm2_135m_instruct-b179c9523d0e.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
   "qwen05 qwen2.5_coder_0.5b_instruct-1d9614638d18.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+  "qwen15 qwen2.5_coder_1.5b_instruct-cc324af070c2.gguf cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
 )
 
 # The GPU stack, the carried wheels (gguf, math-verify), the stashed GGUF models and the reasoning-gym wheel.

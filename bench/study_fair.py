@@ -4,6 +4,7 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py export <root> --out results/study_gsm_symbolic_v2/answers [--suffix _lr1e-5] \
         --device nvidia-h200 --commit <sha> --command "<how it ran>"
     python bench/study_fair.py summarize results/study_gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
+    python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``). ``export`` keeps of each what the summary needs, in a few kilobytes
@@ -14,6 +15,12 @@ bootstrap that resamples, in turn, seeds (with replacement), templates (clusters
 share wording and method) and questions within each drawn template. A difference between two arms of one student
 resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
 ``study.json`` and ``study_table.md`` into ``--out``.
+
+``traces`` makes the larger-model traces (the analog of the RLT paper's larger-model thoughts: the teacher's SFT
+warm-up data and the traces student arm) from an eval folder run with ``eval.split=train`` and
+``eval.student_prompt=plain``: one line per training question the model answered right within the token cap, with
+``trace``, its answer less everything from its last "The answer is" on (the worked solution states the answer)
+and the markup opening that sentence.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
+
+from rlt_mono.read_source import module_constant
 
 SETS = {"instances": "held_out_instances", "templates": "held_out_templates"}
 SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as its first letter
@@ -36,6 +46,13 @@ CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained
 DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
                ("rl_teacher", "worked"), ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
 _SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
+# The sentence a plain-prompt answer ends with (rlt_mono.evaluate), the markup that may open it on its line, and
+# what a traces eval must have been run with.
+THE_ANSWER_IS = module_constant("rlt_mono.evaluate", "THE_ANSWER_IS")
+_SENTENCE_MARKUP = re.compile(r"[ \t*#_>-]*\Z")
+TRACES_EVAL = {"eval.split": "train", "eval.student_prompt": "plain"}
+# A trace line's columns: the row's own, then the trace.
+TRACE_COLUMNS = ("question", "solution", "answer", "template")
 
 
 class StudyError(ValueError):
@@ -124,6 +141,32 @@ def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
         raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {root}: pass the folder bench/study_fair.sh "
                          "wrote")
     return written
+
+
+def trace_text(output: str) -> str:
+    """A right answer as a trace: everything before its last "The answer is" (all of it where there is none), less
+    the markup that opens that sentence on its line (``**``, ``#``, a bullet)."""
+    return _SENTENCE_MARKUP.sub("", output.rsplit(THE_ANSWER_IS, 1)[0]).strip()
+
+
+def traces(folder: Path, out: Path) -> tuple[int, int]:
+    """``out``: one JSON line per row of the eval folder answered right and not cut at the cap, with a non-empty
+    ``trace_text``; returns ``(kept, answered)``."""
+    config = folder / "config.yaml"
+    if not config.is_file() or not (folder / "eval_rows.jsonl").is_file():
+        raise StudyError(f"{folder}: no config.yaml and eval_rows.jsonl here; pass the eval folder of the traces part")
+    cfg = OmegaConf.load(config)
+    for key, value in TRACES_EVAL.items():
+        if OmegaConf.select(cfg, key) != value:
+            raise StudyError(f"{folder} was run with {key}={OmegaConf.select(cfg, key)}: traces come from an eval "
+                             f"with {', '.join(f'{k}={v}' for k, v in TRACES_EVAL.items())}")
+    rows = [json.loads(line) for line in (folder / "eval_rows.jsonl").read_text().splitlines() if line.strip()]
+    kept = [{**{key: row[key] for key in TRACE_COLUMNS if key in row}, "trace": trace_text(row["student_output"])}
+            for row in rows if row.get("correct") and not row.get("capped")]
+    kept = [row for row in kept if row["trace"]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    return len(kept), len(rows)
 
 
 def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -254,8 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     exporting.add_argument("--device", required=True)
     exporting.add_argument("--commit", required=True)
     exporting.add_argument("--command", required=True)
+    tracing = sub.add_parser("traces", help="the right, uncut answers of an eval.split=train eval as traces.jsonl")
+    tracing.add_argument("folder", type=Path)
+    tracing.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
+        if args.action == "traces":
+            kept, answered = traces(args.folder, args.out)
+            print(f"{args.out}: {kept} of {answered} training questions answered right within the cap, kept as traces")
+            return 0
         if args.action == "export":
             for path in export(args.root, args.out, args.suffix,
                                {"device": args.device, "commit": args.commit, "command": args.command}):

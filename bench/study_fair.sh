@@ -6,6 +6,9 @@
 #   control   the positive control: the untrained students (the student chat and a plain step-by-step prompt) and
 #             students trained on the dataset's own worked solutions (sft.explanation_column=none), for each seed;
 #             every student evaluated on both held-out sets (1,000 questions each).
+#   traces    the larger-model traces: Qwen2.5-Coder-1.5B-Instruct answers every training question with the plain
+#             prompt (eval.split=train, at most 768 tokens) in <root>/traces/eval; its right, uncut answers become
+#             <root>/traces/traces.jsonl (bench/study_fair.py traces; column trace). Seeds are not used.
 # Environment:
 #   STUDY_STUDENTS   students, comma-separated config names (default qwen2.5_coder_0.5b_instruct)
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
@@ -14,14 +17,17 @@
 # Each run writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; logs in <root>/logs; <root>/DONE holds the exit codes.
 # bench/study_fair.py summarize <root> writes study.json (arms, intervals, differences) from the eval folders.
 set -uo pipefail
-part=${1:?usage: bash bench/study_fair.sh <part: control> <root> [seeds]}
-root=${2:?usage: bash bench/study_fair.sh <part: control> <root> [seeds]}
+part=${1:?usage: bash bench/study_fair.sh <part: control|traces> <root> [seeds]}
+root=${2:?usage: bash bench/study_fair.sh <part: control|traces> <root> [seeds]}
 seeds=${3:-0,1,2}
 seeds=${seeds//,/ }
 students=${STUDY_STUDENTS:-qwen2.5_coder_0.5b_instruct}
 students=${students//,/ }
 read -ra sft_extra <<< "${STUDY_SFT:-}"
-case "$part" in control) ;; *) echo "bench/study_fair.sh: unknown part '$part' (parts: control)" >&2; exit 2 ;; esac
+case "$part" in
+  control|traces) ;;
+  *) echo "bench/study_fair.sh: unknown part '$part' (parts: control, traces)" >&2; exit 2 ;;
+esac
 mkdir -p "$root/logs"
 start=$SECONDS
 
@@ -30,6 +36,7 @@ if [ "${STUDY_TINY:-0}" = 1 ]; then
         "data.heldout_templates=[]" data.heldout_template_rows=null)
   sft_size=(sft.max_steps=2)
   eval_size=(eval.student_max_new_tokens=16)
+  traces_eval=(student=tiny eval.student_max_new_tokens=16)
 else
   size=(data=gsm_symbolic)
   # Every training question (5,242), two passes, 16 rows a step (656 steps), full fine-tune, no checkpoint but
@@ -42,6 +49,10 @@ else
             sft.eval_strategy=epoch logging=local)
   # Greedy answers of at most 512 tokens; a fixed 3 GiB KV cache (runs side by side); vLLM at 0.08 of the card.
   eval_size=(eval.student_max_new_tokens=512 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
+  # The larger model alone on the card, vLLM at half of it; answers of at most 768 tokens (the plain prompt cut
+  # 1.9-5.1% of the 0.5B's answers at 512).
+  traces_eval=(student=qwen2.5_coder_1.5b_instruct eval.student_max_new_tokens=768
+               eval.vllm_gpu_memory_utilization=0.5)
 fi
 
 # <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
@@ -63,6 +74,17 @@ worked() {  # <seed>: a student trained on the worked solutions, then evaluated
     sft.explanation_column=none "seed=$1" || return 1
   evaluate "$dir/eval" student "$1" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
 }
+
+if [ "$part" = traces ]; then  # one run: the eval on the training split, then its right answers as traces
+  dir=$root/traces
+  stage "$dir/eval" traces_eval ./launch_mono.sh eval "${size[@]}" "${traces_eval[@]}" model.model_name_or_path=null \
+    eval.split=train eval.student_prompt=plain seed=0 \
+    && { PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py traces "$dir/eval" \
+         --out "$dir/traces.jsonl" 2>&1 | tee -a "$root/logs/traces.log"; }
+  status=$?
+  echo "traces=$status seconds=$((SECONDS - start))" | tee "$root/DONE"
+  exit "$status"
+fi
 
 pids=() names=()
 for student in $students; do

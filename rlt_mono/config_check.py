@@ -191,6 +191,7 @@ def rules() -> dict[str, dict[str, Rule]]:
         },
         "eval": {
             **_sampling_rules(),
+            **one_of_constant("split", "rlt_mono.data", "SPLITS"),
             **one_of_constant("student_prompt", "rlt_mono.evaluate", "STUDENT_PROMPTS"),
             "student_max_new_tokens": at_least(1),
             "bootstrap_resamples": at_least(1),

@@ -1,7 +1,7 @@
 """The eval stage (``stage: eval``) and ``compare``: how good a teacher's explanations and a student are.
 
-On the held-out rows, for the teacher ``model.model_name_or_path`` and the student ``student.model_name_or_path``
-(any checkpoints, e.g. a teacher_rlt run's ``final/`` and a student SFT run's):
+On the held-out rows (``eval.split=eval``), for the teacher ``model.model_name_or_path`` and the student
+``student.model_name_or_path`` (any checkpoints, e.g. a teacher_rlt run's ``final/`` and a student SFT run's):
 
 - teacher half (skipped with ``model.model_name_or_path=null``): one explanation per question, sampled as in
   distill, scored by ``TeacherKLReward``: the mean reward and each component (``r_ss``, ``r_kl``,
@@ -14,6 +14,10 @@ On the held-out rows, for the teacher ``model.model_name_or_path`` and the stude
   its last "The answer is", the format student SFT teaches; else its solution section; else its whole output,
   where math-verify takes a ``\boxed{}`` first). An output with no answer math-verify can parse counts as wrong
   and is counted apart (``student/unparsed_frac``).
+
+``eval.split=train`` runs the student half alone on the training questions instead: the right answers of a larger
+model asked with ``eval.student_prompt=plain`` are the larger-model traces of the fair study (bench/study_fair.py
+traces).
 
 Each figure is a mean over questions with a percentile-bootstrap interval (``eval.confidence``, resampling
 questions ``eval.bootstrap_resamples`` times with the run's seed). Output: ``eval.json`` (the figures) and
@@ -49,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlt_mono import eval_compare
 from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.data import SPLITS
 from rlt_mono.errors import UserError
 from rlt_mono.eval_compare import cell, compare_table, questions_fingerprint
 from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
@@ -95,6 +100,7 @@ _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
 class EvalConfig(SamplingOptions):
     """The ``eval`` config group (``cfgs/eval/default.yaml`` documents each field)."""
 
+    split: str = "eval"
     student_accuracy: bool = True
     student_prompt: str = "student"
     student_max_new_tokens: int = 4096
@@ -103,6 +109,8 @@ class EvalConfig(SamplingOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {self.split!r}")
         if self.student_prompt not in STUDENT_PROMPTS:
             raise ValueError(f"student_prompt must be one of {list(STUDENT_PROMPTS)}, got {self.student_prompt!r}")
         if self.student_max_new_tokens < 1:
@@ -243,6 +251,9 @@ def check_options(cfg: DictConfig) -> tuple[EvalConfig, TeacherRewardConfig]:
     if cfg.model.model_name_or_path is None and not options.student_accuracy:
         raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
                           "set a teacher, or eval.student_accuracy=true")
+    if options.split == "train" and cfg.model.model_name_or_path is not None:
+        raise ConfigError("eval.split=train asks the student the training questions; the teacher half is for held-out "
+                          "questions: set model.model_name_or_path=null, or eval.split=eval")
     if options.student_accuracy and importlib.util.find_spec("math_verify") is None:
         raise UserError("the held-out rows' answers are checked with math-verify, which is not installed: "
                         "pip install math-verify, or set eval.student_accuracy=false")
@@ -250,14 +261,15 @@ def check_options(cfg: DictConfig) -> tuple[EvalConfig, TeacherRewardConfig]:
 
 
 def run_eval(cfg: DictConfig) -> Path:
-    """Evaluate the configured teacher and student on the held-out rows; returns ``output_dir`` (``eval.json``)."""
+    """Evaluate the configured teacher and student on the rows of ``eval.split`` (the held-out rows, or the training
+    rows for the student alone); returns ``output_dir`` (``eval.json``)."""
     options, reward_config = check_options(cfg)
     with_teacher = cfg.model.model_name_or_path is not None
-    rows, source = stage_rows(cfg, "eval")
+    rows, source = stage_rows(cfg, options.split)
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    logger.info("eval: %d held-out questions (%s) -> %s", len(rows), source, output_dir)
+    logger.info("eval: %d questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher,
                                left_align_padding=options.left_align_padding)

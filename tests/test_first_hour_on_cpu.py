@@ -145,8 +145,8 @@ CASES = [
         ("vllm_gpu_memory_utilization", 1.0, 0.9), ("vllm_kv_cache_gib", 0.0, 0.5),
         ("vllm_enforce_eager", "no", False))],
     ("distill", "samples_per_question", 0, 1), ("distill", "selection", "worst", "all"),
-    ("eval", "student_prompt", "socratic", "plain"), ("eval", "student_max_new_tokens", 0, 1),
-    ("eval", "bootstrap_resamples", 0, 1), ("eval", "confidence", 1.0, 0.5),
+    ("eval", "split", "test", "train"), ("eval", "student_prompt", "socratic", "plain"),
+    ("eval", "student_max_new_tokens", 0, 1), ("eval", "bootstrap_resamples", 0, 1), ("eval", "confidence", 1.0, 0.5),
     ("placement", "mode", "split", "mono"), ("placement", "rollout", "sglang", "transformers"),
 ]
 

@@ -129,7 +129,7 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
     bad = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(tmp_path / "x")], cwd=repo, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: "
-                                                  "control)\n")
+                                                  "control, traces)\n")
     root = tmp_path / "study"
     first = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=900)
@@ -145,3 +145,29 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
     again = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns == stamp
+
+
+def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
+    import os
+
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
+                                                                       "MASTER_"))}, "STUDY_TINY": "1"}
+    repo = SCRIPT.parents[1]
+    bad = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(tmp_path / "x")], cwd=repo, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: control, "
+                                                  "traces)\n")
+    root = tmp_path / "study"
+    run = subprocess.run(["bash", "bench/study_fair.sh", "traces", str(root)], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("traces=0 "), run.stdout + run.stderr
+    config = (root / "traces" / "eval" / "config.yaml").read_text()
+    assert "split: train" in config and "student_prompt: plain" in config
+    answered = len((root / "traces" / "eval" / "eval_rows.jsonl").read_text().splitlines())
+    assert answered == 6  # size=tiny's data.max_rows: a sample of the 52 training rows (60 less 8 held out)
+    kept = len((root / "traces" / "traces.jsonl").read_text().splitlines())
+    assert f"{root / 'traces' / 'traces.jsonl'}: {kept} of 6 training questions answered right" in run.stdout
+    stamp = (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns
+    again = subprocess.run(["bash", "bench/study_fair.sh", "traces", str(root)], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns == stamp
