@@ -27,7 +27,7 @@ import logging
 import math
 import random
 import unicodedata
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,7 +134,7 @@ class DataConfig:
                                   f"is a generator call), got {self.gsm_items_per_template}")
         if self.gsm_solution not in GSM_SOLUTIONS:
             raise DataConfigError(f"data.gsm_solution must be one of {list(GSM_SOLUTIONS)}, got {self.gsm_solution!r}")
-        if not isinstance(self.heldout_templates, list | tuple) or not all(
+        if isinstance(self.heldout_templates, str) or not isinstance(self.heldout_templates, Sequence) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.heldout_templates):
             raise DataConfigError(f"data.heldout_templates must be a list of template numbers (whole numbers >= 0), "
                                   f"got {self.heldout_templates!r}")
