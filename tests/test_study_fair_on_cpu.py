@@ -2,6 +2,7 @@
 control and the paired differences, from hand-made eval folders."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,19 +121,23 @@ def test_an_unfinished_eval_is_one_line(tmp_path, empty):
     assert result.returncode == 2 and "eval_rows.jsonl is empty: that eval did not finish" in result.stderr
 
 
-def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
-    import os
-
+def _fair_sh(*args, timeout=900):
+    """bench/study_fair.sh on the embedded tiny pair (STUDY_TINY=1), from the repository root."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                        "MASTER_"))}, "STUDY_TINY": "1"}
-    repo = SCRIPT.parents[1]
-    bad = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(tmp_path / "x")], cwd=repo, env=env,
-                         capture_output=True, text=True)
+    return subprocess.run(["bash", "bench/study_fair.sh", *map(str, args)], cwd=SCRIPT.parents[1], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_an_unknown_part_is_one_line_naming_the_parts(tmp_path):
+    bad = _fair_sh("teachers", tmp_path / "x")
     assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: "
                                                   "control, traces)\n")
+
+
+def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
     root = tmp_path / "study"
-    first = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=900)
+    first = _fair_sh("control", root, "0")
     assert first.returncode == 0 and "worked_s0=0" in (root / "DONE").read_text(), first.stdout + first.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"
     for arm in ("untrained", "untrained_plain", "worked_s0"):
@@ -142,24 +147,13 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
                for arm in ("untrained", "untrained_plain")}
     assert prompts == {"untrained": "student", "untrained_plain": "plain"}
     stamp = (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns
-    again = subprocess.run(["bash", "bench/study_fair.sh", "control", str(root), "0"], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=300)
+    again = _fair_sh("control", root, "0", timeout=300)
     assert again.returncode == 0 and (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns == stamp
 
 
 def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
-    import os
-
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                       "MASTER_"))}, "STUDY_TINY": "1"}
-    repo = SCRIPT.parents[1]
-    bad = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(tmp_path / "x")], cwd=repo, env=env,
-                         capture_output=True, text=True)
-    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: control, "
-                                                  "traces)\n")
     root = tmp_path / "study"
-    run = subprocess.run(["bash", "bench/study_fair.sh", "traces", str(root)], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=900)
+    run = _fair_sh("traces", root)
     assert run.returncode == 0 and (root / "DONE").read_text().startswith("traces=0 "), run.stdout + run.stderr
     config = (root / "traces" / "eval" / "config.yaml").read_text()
     assert "split: train" in config and "student_prompt: plain" in config
@@ -168,6 +162,5 @@ def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
     kept = len((root / "traces" / "traces.jsonl").read_text().splitlines())
     assert f"{root / 'traces' / 'traces.jsonl'}: {kept} of 6 training questions answered right" in run.stdout
     stamp = (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns
-    again = subprocess.run(["bash", "bench/study_fair.sh", "traces", str(root)], cwd=repo, env=env,
-                           capture_output=True, text=True, timeout=300)
+    again = _fair_sh("traces", root, timeout=300)
     assert again.returncode == 0 and (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns == stamp
