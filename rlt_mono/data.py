@@ -149,10 +149,15 @@ class DataConfig:
 # ---- reading and validation -------------------------------------------------------------------------------
 
 
+def data_seed(config: DataConfig, seed: int) -> int:
+    """The seed of a source's rows, its held-out split and its caps: ``data.seed`` when set, else the run's."""
+    return config.seed if config.seed is not None else seed
+
+
 def load_rows(config: DataConfig, seed: int = 0) -> list[dict]:
     """All rows named by ``config.source``, mapped onto rlt_mono's columns, in source order (no validation yet).
     ``data.seed``, when set, replaces ``seed`` (the rows of every run seed are then the same)."""
-    seed = config.seed if config.seed is not None else seed
+    seed = data_seed(config, seed)
     if config.source == "gsm_symbolic":
         return generate_gsm(default_cache_dir(), config.gsm_items_per_template, seed, config.gsm_solution)
     if config.source == "embedded":
@@ -306,7 +311,7 @@ def _eval_count(config: DataConfig, n_questions: int) -> int:
 def _partition(config: DataConfig, seed: int) -> tuple[dict[str, list[tuple[int, dict]]], int]:
     """Both splits' valid rows with their source indices (before ``max_rows``), from one read of the source; and
     the bad rows skipped."""
-    seed = config.seed if config.seed is not None else seed
+    seed = data_seed(config, seed)
     raw = load_rows(config, seed=seed)
     whole = set(config.heldout_templates)
     if whole:
@@ -351,7 +356,7 @@ def _split_rows(config: DataConfig, seed: int, split: str) -> tuple[list[tuple[i
     if split == "eval":  # a stratified, seeded order (_partition): its first rows are a sample
         chosen = rows[: config.max_rows]
     else:  # a stratified, seeded sample, kept in source order
-        chosen = sorted(sample_rows(rows, config.max_rows, seed if config.seed is None else config.seed, _group_of))
+        chosen = sorted(sample_rows(rows, config.max_rows, data_seed(config, seed), _group_of))
     logger.info("data: %d of %d %s rows from %s%s%s", len(chosen), len(rows), split, config.source,
                 " (a seeded sample, data.max_rows)" if len(chosen) < len(rows) else "",
                 coverage(row for _, row in chosen))
