@@ -130,8 +130,8 @@ def _fair_sh(*args, timeout=900):
 
 
 def test_an_unknown_part_is_one_line_naming_the_parts(tmp_path):
-    bad = _fair_sh("teachers", tmp_path / "x")
-    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teachers' (parts: "
+    bad = _fair_sh("traces,teechers", tmp_path / "x")
+    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teechers' (parts: "
                                                   "control, traces)\n")
 
 
@@ -160,7 +160,8 @@ def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
     answered = len((root / "traces" / "eval" / "eval_rows.jsonl").read_text().splitlines())
     assert answered == 6  # size=tiny's data.max_rows: a sample of the 52 training rows (60 less 8 held out)
     kept = len((root / "traces" / "traces.jsonl").read_text().splitlines())
-    assert f"{root / 'traces' / 'traces.jsonl'}: {kept} of 6 training questions answered right" in run.stdout
+    log = (root / "logs" / "traces.log").read_text()
+    assert f"{root / 'traces' / 'traces.jsonl'}: {kept} of 6 training questions answered right" in log
     stamp = (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns
     again = _fair_sh("traces", root, timeout=300)
     assert again.returncode == 0 and (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns == stamp
