@@ -79,6 +79,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     timer = PhaseTimer(placement.device(Role.ACTOR))
     swapper = ModelSwapper(placement.device(Role.ACTOR), timer, pin_memory=cfg.placement.pin_memory)
     # ---- models ---------------------------------------------------------------------------------------
+    bars_only_in_terminal()  # the weight-writing and -loading bars too (the embedded pair's first build)
     teacher_path = model_path(cfg.model, cfg.seed, "model")
     student_path = model_path(cfg.student, cfg.seed, "student")
     tokenizer = load_tokenizer(teacher_path, "model.model_name_or_path")
@@ -112,7 +113,6 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source,
                           skipped)
     # ---- models ---------------------------------------------------------------------------------------
-    bars_only_in_terminal()  # the weight-loading bars too: none in a log file or a pipe
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
                          **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
     lora.check_target_modules(cfg.model, teacher)

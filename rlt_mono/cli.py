@@ -45,6 +45,7 @@ PROGRESS_BAR_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISAB
 def main(argv: list[str] | None = None) -> int:
     code, message = _run(argv)
     if code != 0:  # a run that stopped before writing anything leaves no empty folder
+        close_training_bar()
         for folder in checkpoints.remove_unused_run_dirs():
             logger.info("removed the empty run folder %s", folder)
     else:
@@ -52,6 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     if message:  # last, so that the error line ends the output
         sys.stderr.write(message)
     return code
+
+
+def close_training_bar() -> None:
+    """Close the progress bar of a run stopped in the middle of training (an error, Ctrl-C), so that the lines
+    written next start under it rather than glued to its last redraw, and logging goes back to its own handlers."""
+    if "rlt_mono.console" not in sys.modules:  # no stage loaded: no bar
+        return
+    from rlt_mono.console import close_open_bars  # here: only a run that loaded its stage has one open
+
+    close_open_bars()
 
 
 def close_process_group() -> None:

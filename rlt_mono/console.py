@@ -12,20 +12,24 @@ log``, a pipeline stage's log) a bar is a stream of ``\\r`` redraws glued to the
 draws no bar (its per-step line, through ``logging``, is the progress; ``rlt_mono.cli`` also sets the libraries'
 environment switches before they load). In a terminal the training bar is the only one: ``bars_only_in_terminal``
 switches off transformers' bars (loading and saving weights) and datasets' (``map``), keeping huggingface_hub's
-download bars.
+download bars; while it is open every log line is written above it (tqdm's logging redirect), and a run stopped in
+the middle of training closes it before its error line (``close_open_bars``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import datasets
 import huggingface_hub
 import transformers
+from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import is_in_notebook
@@ -52,6 +56,7 @@ class CompactProgressCallback(TrainerCallback):
 
     def __init__(self):
         self.bar = None
+        self._display = contextlib.ExitStack()  # the bar and the redirect of the log lines above it
         self._bar_step = 0
         self._start_step = 0
         self._rewards: list[tuple[int, float]] = []
@@ -66,7 +71,13 @@ class CompactProgressCallback(TrainerCallback):
         if state.is_world_process_zero and not args.disable_tqdm and bars:
             from tqdm.auto import tqdm  # what transformers' ProgressCallback uses (a widget in a notebook)
 
-            self.bar = tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
+            # Every log line goes through tqdm.write while the bar is open: written above the bar, which is drawn
+            # again under it, rather than glued to its last redraw (a line logged at the end of training, before
+            # this callback closes the bar, included). Closed in reverse: the bar, then the loggers' own handlers.
+            self._display.enter_context(logging_redirect_tqdm(console_loggers(), tqdm_class=tqdm))
+            self.bar = self._display.enter_context(
+                tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True))
+            OPEN_BARS.add(self)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.bar is not None:
@@ -89,14 +100,31 @@ class CompactProgressCallback(TrainerCallback):
             self._last_log = (now, state.global_step)
             line = format_step_line(logs, state.global_step, state.max_steps, per_step)
         if self.bar is not None:
-            self.bar.write(line)
+            self.bar.write(line, file=sys.stderr)  # where the bar and the log lines are
         else:
             logger.info(line)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+        self.close()
+
+    def close(self) -> None:
+        """Close the bar (left on screen at its last count, the cursor under it) and give the log lines back to
+        their handlers; nothing when no bar is open."""
+        self._display.close()
+        self.bar = None
+        OPEN_BARS.discard(self)
+
+
+# The callbacks whose bar is open: a run stopped in the middle of training (an error, Ctrl-C) never reaches
+# on_train_end, and closes them with close_open_bars before its error line.
+OPEN_BARS: weakref.WeakSet[CompactProgressCallback] = weakref.WeakSet()
+
+
+def close_open_bars() -> None:
+    """Close every training bar still open (``CompactProgressCallback.close``), so that what is written next starts
+    on a line of its own under the bar."""
+    for callback in list(OPEN_BARS):
+        callback.close()
 
 
 class NoLearningSignalWarning(TrainerCallback):
@@ -134,6 +162,14 @@ def terminal_shows_bars() -> bool:
     shows tqdm's widgets. In a file or a pipe each redraw of a bar is ``\\r`` + the whole bar, glued to whatever is
     written next."""
     return sys.stderr.isatty() or is_in_notebook()
+
+
+def console_loggers() -> list[logging.Logger]:
+    """The loggers whose lines reach the terminal through a handler of their own: the root logger (rlt_mono's, TRL's
+    and accelerate's lines, which propagate to it) and the libraries' own (transformers', datasets')."""
+    named = [each for each in logging.Logger.manager.loggerDict.values()
+             if isinstance(each, logging.Logger) and each.handlers]
+    return [logging.getLogger(), *named]
 
 
 def bars_only_in_terminal() -> bool:
