@@ -29,6 +29,7 @@ import random
 import unicodedata
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import datasets
@@ -64,7 +65,8 @@ MAX_ROW_CHARS = 65_536
 MISSING = "???"
 
 __all__ = [
-    "BadRowError", "DataConfig", "DataConfigError", "DataSourceError", "NotEnoughRowsError", "build_prompt_dataset",
+    "BadRowError", "DataConfig", "DataConfigError", "DataSourceError", "NotEnoughRowsError", "PromptBudget",
+    "build_prompt_dataset",
     "check_enough_rows", "held_out_questions", "load_rows", "load_split", "prepare_dataset", "render_prompts",
     "check_cap", "coverage", "group_of", "sample_rows", "split_questions", "validate_rows",
 ]
@@ -398,16 +400,23 @@ def split_questions(config: DataConfig, seed: int = 0) -> tuple[set[str], set[st
     return tuple({_question_key(row["question"]) for _, row in parts[split]} for split in SPLITS)
 
 
-def load_split(config: DataConfig, seed: int = 0, split: str = "train") -> list[dict]:
+def load_split(config: DataConfig, seed: int = 0, split: str = "train",
+               budgets: Sequence[PromptBudget] = ()) -> list[dict]:
     """The valid rows of ``split`` ("train" or "eval"), ``max_rows`` applied: training rows in source order (a cap
     draws a seeded sample, stratified by template), held-out rows in a stratified, seeded order (a cap keeps the
-    first, a sample).
+    first, a sample). With ``budgets`` (what distill and eval will generate from), a row whose prompt is over one
+    is refused or dropped by ``data.on_long_row``, as the RL stage's ``prepare_dataset`` does.
 
     Raises:
         DataSourceError, BadRowError, DataConfigError: the source cannot be read, a row is bad
-            (``on_bad_row=error``), or ``eval_rows`` exceeds the questions available.
+            (``on_bad_row=error``) or over a budget (``on_long_row=error``), or ``eval_rows`` exceeds the questions
+            available.
     """
-    return [row for _, row in _split_rows(config, seed, split)[0]]
+    indexed, _ = _split_rows(config, seed, split)
+    for budget in budgets:
+        over = _over_budget(config, indexed, budget.render([row for _, row in indexed]), budget, split)
+        indexed = [pair for position, pair in enumerate(indexed) if position not in over]
+    return [row for _, row in indexed]
 
 
 # ---- teacher prompts --------------------------------------------------------------------------------------
@@ -466,6 +475,35 @@ def _prompts_over_budget(prompts: list[str], tokenizer: PreTrainedTokenizerBase,
     return over
 
 
+@dataclass(frozen=True)
+class PromptBudget:
+    """A prompt a stage renders from each row, and the most tokens it may have: the model's context less the tokens
+    the stage generates after it. A row over it is refused or dropped by ``data.on_long_row``."""
+
+    name: str  # what the prompt is, in messages: "teacher prompt"
+    render: Callable[[list[dict]], list[str]]  # rows -> one prompt each
+    tokenizer: PreTrainedTokenizerBase
+    max_tokens: int
+    reason: str = ""  # where max_tokens comes from, in messages: "the teacher's 2,048-token context less ..."
+
+
+def _over_budget(config: DataConfig, indexed: list[tuple[int, dict]], prompts: list[str], budget: PromptBudget,
+                 split: str) -> set[int]:
+    """Positions of the ``prompts`` (one per ``indexed`` row) over ``budget``: with ``on_long_row=error`` the first
+    is one ``BadRowError`` line naming its source row and size; with ``skip`` one warning counts them."""
+    over = _prompts_over_budget(prompts, budget.tokenizer, budget.max_tokens)
+    if over and config.on_long_row == "error":
+        position = min(over)
+        reason = f" ({budget.reason})" if budget.reason else ""
+        raise BadRowError(f"{config.source}: row {indexed[position][0]}: the {budget.name} has {over[position]}, over "
+                          f"the {budget.max_tokens:,}-token prompt budget{reason}: shorten the row, or set "
+                          "data.on_long_row=skip to drop such rows")
+    if over:
+        logger.warning("%s: skipped %d %s rows whose %s exceeds %d tokens (source rows %s)", config.source, len(over),
+                       split, budget.name, budget.max_tokens, sorted(indexed[p][0] for p in over)[:20])
+    return set(over)
+
+
 def prepare_dataset(
     config: DataConfig,
     tokenizer: PreTrainedTokenizerBase,
@@ -488,22 +526,12 @@ def prepare_dataset(
     rows = [row for _, row in indexed]
     prompts = render_prompts(rows, tokenizer, prompt_format)
     if max_prompt_tokens is not None:
-        over = _prompts_over_budget(prompts, tokenizer, max_prompt_tokens)
-        if over and config.on_long_row == "error":
-            position = min(over)
-            size = over[position]
-            raise BadRowError(
-                    f"{config.source}: row {indexed[position][0]}: the teacher prompt has {size}, over the "
-                    f"{max_prompt_tokens:,}-token prompt budget: shorten the row, or set data.on_long_row=skip "
-                    "to drop such rows"
-                )
-        if over:
-            logger.warning("%s: skipped %d %s rows whose teacher prompt exceeds %d tokens (source rows %s)",
-                           config.source, len(over), split, max_prompt_tokens,
-                           sorted(indexed[p][0] for p in over)[:20])
-            rows = [row for p, row in enumerate(rows) if p not in over]
-            prompts = [prompt for p, prompt in enumerate(prompts) if p not in over]
-            skipped += len(over)
+        budget = PromptBudget("teacher prompt", partial(render_prompts, tokenizer=tokenizer,
+                                                        prompt_format=prompt_format), tokenizer, max_prompt_tokens)
+        over = _over_budget(config, indexed, prompts, budget, split)
+        rows = [row for p, row in enumerate(rows) if p not in over]
+        prompts = [prompt for p, prompt in enumerate(prompts) if p not in over]
+        skipped += len(over)
     if not rows:
         hint = ("hold questions out with data.eval_rows=N or data.eval_fraction=F" if split == "eval" else
                 "fix the rows, or hold fewer out (data.eval_rows / data.eval_fraction)")

@@ -63,6 +63,7 @@ from rlt_mono.explanation_sampler import (
     row_key,
     stage_output_dir,
     stage_rows,
+    teacher_budget,
     teacher_prompts,
 )
 from rlt_mono.rewards import TeacherRewardConfig
@@ -184,7 +185,8 @@ def run_distill(cfg: DictConfig) -> Path:
     # Settings that change the rows must match the rows already written (none yet: any settings do).
     check_resume_matches(output_dir, cfg, RESUME_KEYS if out_path.exists() else ())
     per_question = options.samples_per_question if options.selection == "all" else 1
-    rows, source = stage_rows(cfg, "train")
+    # The teacher prompts must leave room for distill.max_new_tokens in the teacher's context, as in the RL stage.
+    rows, source = stage_rows(cfg, "train", [teacher_budget(cfg, "distill.max_new_tokens")])
     done = completed_keys(out_path, per_question)
     todo = [row for row in rows if row_key(row) not in done]
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

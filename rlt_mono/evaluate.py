@@ -64,11 +64,13 @@ from rlt_mono.explanation_sampler import (
     explain,
     load_stage_models,
     open_generator,
+    prompt_budget,
     stage_output_dir,
     stage_rows,
+    teacher_budget,
     teacher_prompts,
 )
-from rlt_mono.prompts import begin_tag
+from rlt_mono.prompts import PromptFormat, begin_tag
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
 
@@ -184,9 +186,7 @@ def solution_log_probs(models: StageModels, rows: list[dict], completion_ids: li
 def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
     """Per row: the student's greedy answer from the question alone and whether it is right (None: not checkable)."""
     tokenizer = models.student_tokenizer
-    prompts = [tokenizer.apply_chat_template(student_question(models, options, r["question"]), tokenize=False,
-                                             add_generation_prompt=True) for r in rows]
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    prompt_ids = [tokenizer(p)["input_ids"] for p in student_prompts(tokenizer, models.prompt_format, options, rows)]
     generator = open_generator(models, "student", options, cfg, max_new_tokens=options.student_max_new_tokens,
                                max_prompt_tokens=max(len(ids) for ids in prompt_ids))
     try:
@@ -198,12 +198,19 @@ def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows
             for row, text, ids in zip(rows, texts, outputs, strict=True)]
 
 
-def student_question(models: StageModels, options: EvalConfig, question: str) -> list[dict[str, str]]:
+def student_prompts(tokenizer, prompt_format: PromptFormat, options: EvalConfig, rows: list[dict]) -> list[str]:
+    """Each row's student prompt (``student_question``), rendered with the student's chat template up to its
+    answer."""
+    return [tokenizer.apply_chat_template(student_question(prompt_format, options, row["question"]), tokenize=False,
+                                          add_generation_prompt=True) for row in rows]
+
+
+def student_question(prompt_format: PromptFormat, options: EvalConfig, question: str) -> list[dict[str, str]]:
     """The messages a student answers (``eval.student_prompt``): the student chat without its assistant turn
     (system + user), or the question with a plain request for steps and a stated answer."""
     if options.student_prompt == "plain":
         return [{"role": "user", "content": question + PLAIN_REQUEST}]
-    return models.prompt_format.student_messages(question, "", "")[:2]
+    return prompt_format.student_messages(question, "", "")[:2]
 
 
 def answer_record(row: dict, student_output: str, capped: bool = False) -> dict:
@@ -265,7 +272,13 @@ def run_eval(cfg: DictConfig) -> Path:
     rows for the student alone); returns ``output_dir`` (``eval.json``)."""
     options, reward_config = check_options(cfg)
     with_teacher = cfg.model.model_name_or_path is not None
-    rows, source = stage_rows(cfg, options.split)
+    # Each prompt must leave room for what is generated after it in its model's context, as in the RL stage.
+    budgets = [teacher_budget(cfg, "eval.max_new_tokens")] if with_teacher else []
+    if options.student_accuracy:
+        prompt_format = PromptFormat()
+        budgets.append(prompt_budget(cfg, "student", "student prompt", "eval.student_max_new_tokens",
+                                     lambda tokenizer, rows: student_prompts(tokenizer, prompt_format, options, rows)))
+    rows, source = stage_rows(cfg, options.split, budgets)
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

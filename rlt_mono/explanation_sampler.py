@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,10 +35,18 @@ from transformers import PreTrainedTokenizerBase
 from rlt_mono import checkpoints, left_align, lora, run_lock
 from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, load_split, render_prompts
+from rlt_mono.data import DataConfig, PromptBudget, load_split, render_prompts
 from rlt_mono.errors import UserError
 from rlt_mono.memory import GIB
-from rlt_mono.models import dtype_name, load_model, load_tokenizer, model_kwargs, model_path, stop_token_ids
+from rlt_mono.models import (
+    dtype_name,
+    load_config,
+    load_model,
+    load_tokenizer,
+    model_kwargs,
+    model_path,
+    stop_token_ids,
+)
 from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
 from rlt_mono.prompts import PromptFormat
@@ -313,11 +322,12 @@ def row_key(row: dict) -> tuple[str, str]:
     return row["question"], row["solution"]
 
 
-def stage_rows(cfg: DictConfig, split: str) -> tuple[list[dict], str]:
+def stage_rows(cfg: DictConfig, split: str, budgets: Sequence[PromptBudget] = ()) -> tuple[list[dict], str]:
     """The rows of ``split`` ("train": distill's, "eval": the held-out questions; ``rlt_mono.data.load_split``),
-    each question + solution once, and a description of where they came from."""
+    each question + solution once, those over a prompt budget (``prompt_budget``) refused or dropped by
+    ``data.on_long_row``, and a description of where they came from."""
     data_config = instantiate(DataConfig, cfg.data, "data")
-    rows = load_split(data_config, cfg.seed, split)
+    rows = load_split(data_config, cfg.seed, split, budgets)
     unique = list({row_key(r): r for r in rows}.values())
     if len(unique) < len(rows):
         logger.info("data: dropped %d repeated question+solution rows", len(rows) - len(unique))
@@ -325,6 +335,33 @@ def stage_rows(cfg: DictConfig, split: str) -> tuple[list[dict], str]:
         raise UserError(f"data.source={data_config.source}: no {split} rows (data.eval_rows / data.eval_fraction "
                         "set how many questions are held out)")
     return unique, f"{data_config.source}, {split} split, {len(unique)} rows"
+
+
+def prompt_budget(cfg: DictConfig, group: str, name: str, max_new_tokens_key: str,
+                  render: Callable[[PreTrainedTokenizerBase, list[dict]], list[str]]) -> PromptBudget:
+    """The budget of the ``name`` prompts that ``render(tokenizer, rows)`` writes for the model of config group
+    ``group`` ("model": the teacher, or "student"): its context less the tokens generated after them
+    (``max_new_tokens_key``), as the RL stage budgets its teacher prompts. Reads the tokenizer and the model's
+    config, no weights, so a row over it stops the stage before any model loads."""
+    role = "teacher" if group == "model" else "student"
+    key = f"{group}.model_name_or_path"
+    path = model_path(cfg[group], cfg.seed, group)
+    tokenizer = load_tokenizer(path, key)
+    context = load_config(path, key).max_position_embeddings
+    max_new_tokens = OmegaConf.select(cfg, max_new_tokens_key)
+    if max_new_tokens >= context:
+        raise ConfigError(f"{max_new_tokens_key}={max_new_tokens} leaves no room for a prompt in the {role}'s "
+                          f"{context}-token context (max_position_embeddings): lower it")
+    return PromptBudget(name, lambda rows: render(tokenizer, rows), tokenizer, context - max_new_tokens,
+                        f"the {role}'s {context:,}-token context less {max_new_tokens_key}={max_new_tokens}")
+
+
+def teacher_budget(cfg: DictConfig, max_new_tokens_key: str) -> PromptBudget:
+    """``prompt_budget`` of the RL stage's teacher prompt (``rlt_mono.data.render_prompts``), which distill and eval
+    explain from."""
+    prompt_format = PromptFormat()
+    return prompt_budget(cfg, "model", "teacher prompt", max_new_tokens_key,
+                         lambda tokenizer, rows: render_prompts(rows, tokenizer, prompt_format))
 
 
 def stage_output_dir(cfg: DictConfig) -> Path:

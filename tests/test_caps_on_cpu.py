@@ -175,14 +175,10 @@ def test_no_explanation_is_for_students_only(tmp_path):
 
 
 # ---- the untrained student's own prompt ------------------------------------------------------------------------
-class _Models:
-    prompt_format = PromptFormat()
-
-
 def test_the_plain_prompt_asks_for_steps_and_the_student_prompt_is_the_student_chat():
-    plain = student_question(_Models(), EvalConfig(student_prompt="plain"), "What is 2 + 3?")
+    plain = student_question(PromptFormat(), EvalConfig(student_prompt="plain"), "What is 2 + 3?")
     assert plain == [{"role": "user", "content": "What is 2 + 3?" + PLAIN_REQUEST}]
-    chat = student_question(_Models(), EvalConfig(), "What is 2 + 3?")
+    chat = student_question(PromptFormat(), EvalConfig(), "What is 2 + 3?")
     assert [m["role"] for m in chat] == ["system", "user"] and chat[1]["content"] == "What is 2 + 3?"
     with pytest.raises(ValueError, match="student_prompt must be one of"):
         EvalConfig(student_prompt="chatty")

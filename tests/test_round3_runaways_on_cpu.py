@@ -1,0 +1,79 @@
+"""Runaways stopped early, in one line: a row over a stage's prompt budget in distill and eval."""
+
+import json
+import logging
+import time
+
+import pytest
+
+from rlt_mono import cli
+from rlt_mono.distill import DISTILL_FILE
+from rlt_mono.evaluate import ROWS_FILE
+
+SHORT = {"question": "What is 4 + 1?", "solution": "4 + 1 = 5. The answer is 5."}
+# Under the 65,536 characters every stage refuses on length alone: only the prompt's token budget catches it.
+HUGE = {"question": "What is 2 + 3? " + "Think of apples. " * 3500, "solution": "2 + 3 = 5. The answer is 5."}
+
+
+@pytest.fixture
+def huge_rows(tmp_path, tiny_pair):  # the pair built first: its progress bars are not the stage's
+    path = tmp_path / "huge.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in (HUGE, SHORT)))
+    return path
+
+
+def _no_model_loads(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model loaded before the rows were checked against the prompt budget")
+
+    monkeypatch.setattr("rlt_mono.explanation_sampler.load_model", refuse)
+
+
+def _cli(capsys, *argv):
+    """``rlt-mono <argv>`` in this process: its exit code, stderr and seconds."""
+    start = time.monotonic()
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err, time.monotonic() - start
+
+
+@pytest.mark.parametrize("stage, data, says", [
+    ("distill", ["data.eval_fraction=0"],
+     "the teacher prompt has at least 2,503 tokens (60,070 characters), over the 1,984-token prompt budget (the "
+     "teacher's 2,048-token context less distill.max_new_tokens=64)"),
+    ("eval", ["data.eval_rows=2"],
+     "the teacher prompt has at least 2,503 tokens (60,070 characters), over the 1,984-token prompt budget (the "
+     "teacher's 2,048-token context less eval.max_new_tokens=64)"),
+    ("eval", ["data.eval_rows=2", "model.model_name_or_path=null"],
+     "the student prompt has at least 2,538 tokens (60,907 characters), over the 1,952-token prompt budget (the "
+     "student's 2,048-token context less eval.student_max_new_tokens=96)"),
+])
+def test_a_row_over_the_prompt_budget_stops_distill_and_eval_in_one_line(tmp_path, monkeypatch, capsys, huge_rows,
+                                                                         stage, data, says):
+    _no_model_loads(monkeypatch)
+    code, err, seconds = _cli(capsys, stage, "size=tiny", "data=custom", f"data.source={huge_rows}",
+                              "data.max_rows=2", *data, f"output_dir={tmp_path / 'run'}")
+    assert code == 2
+    assert err == (f"error: {huge_rows}: row 0: {says}: shorten the row, or set data.on_long_row=skip to drop such "
+                   "rows\n")
+    assert seconds < 10
+
+
+def test_distill_and_eval_skip_a_row_over_the_prompt_budget_with_a_warning(tmp_path, capsys, caplog, huge_rows):
+    common = ["size=tiny", "data=custom", f"data.source={huge_rows}", "data.max_rows=2", "data.on_long_row=skip"]
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.data"):
+        code, err, _ = _cli(capsys, "distill", *common, "data.eval_fraction=0", f"output_dir={tmp_path / 'distill'}")
+    assert code == 0 and "error" not in err
+    assert f"{huge_rows}: skipped 1 train rows whose teacher prompt exceeds 1984 tokens (source rows [0])" in \
+        caplog.messages
+    written = [json.loads(line) for line in (tmp_path / "distill" / DISTILL_FILE).read_text().splitlines()]
+    assert [(row["question"], row["solution"]) for row in written] == [(SHORT["question"], SHORT["solution"])]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.data"):
+        code, err, _ = _cli(capsys, "eval", *common, "data.eval_rows=2", "eval.bootstrap_resamples=10",
+                            f"output_dir={tmp_path / 'eval'}")
+    assert code == 0 and "error" not in err
+    assert f"{huge_rows}: skipped 1 eval rows whose teacher prompt exceeds 1984 tokens (source rows [0])" in \
+        caplog.messages
+    written = [json.loads(line) for line in (tmp_path / "eval" / ROWS_FILE).read_text().splitlines()]
+    assert [row["question"] for row in written] == [SHORT["question"]]
