@@ -16,7 +16,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlt_mono.config import ConfigError
+from rlt_mono.checkpoints import saved_stage
+from rlt_mono.config import ConfigError, default_cache_dir
 from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.pretrained import materialize
 
@@ -83,6 +84,9 @@ def load_config(path: str, key: str):
 
 
 def load_model(path: str, key: str, **kwargs):
+    """The model at ``path``; a folder or download it cannot load, or whose weights are cut short or damaged, is one
+    ``ConfigError`` line naming the folder and what to do (``remake_weights``)."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM  # here: importing transformers imports torch (see the docstring)
 
     try:
@@ -90,6 +94,25 @@ def load_model(path: str, key: str, **kwargs):
     except OSError as err:
         raise ConfigError(f"{key}={path}: cannot load the model ({_first_line(err)}); check the id or folder "
                           "(this machine may have no network to the model hub)") from err
+    except SafetensorError as err:
+        raise ConfigError(f"{key}={path}: its weights cannot be read ({_first_line(err)}), a file cut short or "
+                          f"damaged: {remake_weights(path)}") from err
+
+
+def remake_weights(path: str) -> str:
+    """What to do about the unreadable weights of model ``path``: delete what rlt_mono made in its cache (it is made
+    again on next use), re-run the stage that saved a run's model, or fetch a download or a copy again."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():  # a hub id: the file is in the Hugging Face download cache
+        return f"delete {path}'s folder in the Hugging Face hub cache ($HF_HOME/hub) so that it downloads again"
+    cache, where = default_cache_dir().expanduser().resolve(), folder.resolve()
+    if where.is_relative_to(cache) and where != cache:
+        return (f"delete {cache / where.relative_to(cache).parts[0]} (rlt_mono made it in its cache and makes it "
+                "again on next use)")
+    stage = saved_stage(folder)
+    if stage is not None:
+        return f"re-run the {stage} stage that saved it (its run folder is {folder.parent})"
+    return f"copy or save the model into {folder} again"
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,14 +1,20 @@
-"""Runaways stopped early, in one line: a row over a stage's prompt budget in distill and eval."""
+"""Runaways stopped early, in one line: a row over a stage's prompt budget in distill and eval; a model folder whose
+weights were cut short."""
 
 import json
 import logging
+import shutil
 import time
 
 import pytest
 
 from rlt_mono import cli
+from rlt_mono.config import compose
 from rlt_mono.distill import DISTILL_FILE
+from rlt_mono.errors import UserError
 from rlt_mono.evaluate import ROWS_FILE
+from rlt_mono.explanation_sampler import load_stage_models
+from rlt_mono.rewards import TeacherRewardConfig
 
 SHORT = {"question": "What is 4 + 1?", "solution": "4 + 1 = 5. The answer is 5."}
 # Under the 65,536 characters every stage refuses on length alone: only the prompt's token budget catches it.
@@ -77,3 +83,39 @@ def test_distill_and_eval_skip_a_row_over_the_prompt_budget_with_a_warning(tmp_p
         caplog.messages
     written = [json.loads(line) for line in (tmp_path / "eval" / ROWS_FILE).read_text().splitlines()]
     assert [row["question"] for row in written] == [SHORT["question"]]
+
+
+# ---- a model folder whose weights were cut short -----------------------------------------------------------------
+def _cut_weights(folder):
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+def test_a_run_final_cut_short_is_one_line_saying_rerun_its_stage(tmp_path, capsys, tiny_pair):
+    run = tmp_path / "teacher_rlt"
+    shutil.copytree(tiny_pair.teacher_path, run / "final")
+    (run / "config.yaml").write_text("stage: teacher_rlt\n")
+    _cut_weights(run / "final")
+    code, err, _ = _cli(capsys, "distill", "size=tiny", f"model.model_name_or_path={run / 'final'}",
+                        f"output_dir={tmp_path / 'distill'}")
+    assert code == 2
+    assert err.splitlines()[-1] == (
+        f"error: model.model_name_or_path={run / 'final'}: its weights cannot be read (Error while deserializing "
+        "header: incomplete metadata, file not fully covered), a file cut short or damaged: re-run the teacher_rlt "
+        f"stage that saved it (its run folder is {run})")
+    assert "Traceback" not in err
+
+
+def test_the_tiny_pair_cut_short_in_the_cache_is_one_line_saying_delete_it(tmp_path, monkeypatch, tiny_pair):
+    cache = tmp_path / "cache"
+    pair = cache / tiny_pair.teacher_path.parent.name
+    shutil.copytree(tiny_pair.teacher_path.parent, pair)
+    _cut_weights(pair / "student")
+    monkeypatch.setenv("RLT_MONO_CACHE", str(cache))
+    cfg = compose("eval", ["size=tiny", "model.model_name_or_path=null", f"output_dir={tmp_path / 'eval'}"])
+    with pytest.raises(UserError) as err:
+        load_stage_models(cfg, TeacherRewardConfig(), 0.7, with_teacher=False)
+    assert str(err.value) == (
+        f"student.model_name_or_path={pair / 'student'}: its weights cannot be read (Error while deserializing "
+        f"header: incomplete metadata, file not fully covered), a file cut short or damaged: delete {pair} (rlt_mono "
+        "made it in its cache and makes it again on next use)")
