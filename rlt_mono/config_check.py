@@ -12,6 +12,9 @@ with one line, instead of after the libraries load (tens of seconds on a busy ma
   that type, and the ranges the dataclasses' ``__post_init__`` check hold (``rules()``, ``CROSS_CHECKS``; their
   choices are read from the constants of the modules that own them). tests/test_first_hour_on_cpu.py keeps the
   table in step with the dataclasses: every rule is refused by its dataclass too.
+- **Facts read without the libraries.** ``data.heldout_templates`` among the GSM-Symbolic templates rlt_mono
+  generates (``gsm_templates``, no reasoning-gym), and the RL stage's ``model.lora_r`` within the teacher's hidden
+  size where its config can be read without loading it (``check_lora_rank``).
 
 The dataclasses check everything again when a stage builds them, with TRL's and transformers' own cross-field
 checks, which only run there. A class whose fields cannot be read (a TRL or transformers release that moved them)
@@ -24,9 +27,11 @@ import ast
 import difflib
 import functools
 import importlib.util
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -247,7 +252,35 @@ def _data_cross(values: Mapping) -> str | None:
     if values.get("heldout_templates") and source != "gsm_symbolic":
         return (f"data.heldout_templates holds out whole templates of data.source=gsm_symbolic; data.source={source} "
                 "has none: set data.heldout_templates=[]")
+    unknown = sorted(set(values.get("heldout_templates") or ()) - set(gsm_templates())) \
+        if source == "gsm_symbolic" else []
+    if unknown:  # the words of rlt_mono.data, which finds it again from the rows
+        return (f"data.heldout_templates: {unknown} not among the templates of data.source=gsm_symbolic (they are "
+                f"{_spans(gsm_templates())}): hold out templates of that list")
     return None
+
+
+# reasoning-gym's GSM-Symbolic templates are numbered 0-99 (its generate_0 ... generate_99, rlt_mono.gsm_symbolic).
+GSM_TEMPLATE_NUMBERS = range(100)
+
+
+def gsm_templates() -> list[int]:
+    """The templates ``data=gsm_symbolic`` generates rows of, known without reasoning-gym: every number but those
+    ``rlt_mono.gsm_symbolic`` leaves out (``NEEDS_FIX``, ``FLAWED_TEMPLATES``)."""
+    left_out = {t for name in ("NEEDS_FIX", "FLAWED_TEMPLATES")
+                for t in module_constant("rlt_mono.gsm_symbolic", name) or ()}
+    return [t for t in GSM_TEMPLATE_NUMBERS if t not in left_out]
+
+
+def _spans(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _reward_cross(values: Mapping) -> str | None:
@@ -294,6 +327,56 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
         check_values(group, cfg[group], fields or {})
     if isinstance(cfg.get("placement"), DictConfig):
         check_values("placement", cfg.placement, {})
+    if cfg.get("stage") == "teacher_rlt" and isinstance(cfg.get("model"), DictConfig):
+        check_lora_rank(cfg.model)
+
+
+def check_lora_rank(model: DictConfig) -> None:
+    """``model.lora_r`` no larger than the teacher's hidden size when this process can read it
+    (``teacher_hidden_size``), in the words of ``rlt_mono.lora.check_rank_fits``, which checks it again from the
+    teacher's config before its weights load. LoRA is the RL stage's option: ``rlt_mono.cli`` refuses it for a stage
+    that trains nothing, ``rlt_mono.sft`` for the SFT stages."""
+    rank = model.get("lora_r")
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        return  # no adapters, or a value rlt_mono.lora.lora_rank refuses in its own words
+    hidden = teacher_hidden_size(model)
+    if hidden is not None and rank > hidden:
+        raise ConfigError(f"model.lora_r={rank}: above the teacher's hidden size ({hidden}), the most an adapter's "
+                          f"rank can use: set model.lora_r from 1 to {hidden} (or 0: train every weight)")
+
+
+def teacher_hidden_size(model: Mapping) -> int | None:
+    """The hidden size of the teacher ``model.model_name_or_path`` names, read without loading it: the embedded
+    pair's (``rlt_mono.embedded.tiny_models.MODEL_SIZES``, built or not), or the ``config.json`` of a local folder or
+    of a hub id already in the Hugging Face cache. None where it cannot be read here: a GGUF file (its config comes
+    with the conversion), a hub id not downloaded yet, a path that is not a model folder (the stage says so)."""
+    name = model.get("model_name_or_path")
+    if not isinstance(name, str) or model.get("gguf_file") is not None:
+        return None
+    prefix = module_constant("rlt_mono.embedded.model_paths", "EMBEDDED_PREFIX")
+    if name.startswith(prefix):
+        if name.removeprefix(prefix) not in module_constant("rlt_mono.embedded.model_paths", "EMBEDDED_ROLES"):
+            return None
+        return module_constant("rlt_mono.embedded.tiny_models", "MODEL_SIZES")["hidden_size"]
+    folder = Path(name).expanduser()
+    if folder.exists():
+        config = folder / "config.json"
+    else:
+        from huggingface_hub import try_to_load_from_cache  # here: only a hub id needs it
+
+        try:
+            found = try_to_load_from_cache(name, "config.json")
+        except ValueError:  # not a hub id either (HFValidationError): the stage says what it is
+            return None
+        if not isinstance(found, str):  # not downloaded, or known to be missing
+            return None
+        config = Path(found)
+    try:
+        values = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    hidden = values.get("hidden_size", (values.get("text_config") or {}).get("hidden_size"))
+    return hidden if isinstance(hidden, int) and not isinstance(hidden, bool) else None
 
 
 def check_values(group: str, node: DictConfig, fields: Mapping[str, ast.expr]) -> None:

@@ -3,6 +3,7 @@ and a few mistakes answer in one line before anything heavy loads."""
 
 import fcntl
 import io
+import json
 import logging
 import os
 import pty
@@ -11,14 +12,17 @@ import struct
 import subprocess
 import sys
 import termios
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from transformers import TrainerControl, TrainerState
 
-from rlt_mono import console
+from rlt_mono import config_check, console, gsm_symbolic
+from rlt_mono.config import default_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "trl", "datasets")
 # A log line that starts right after a bar's last redraw, on the bar's own line: "... 3.63it/s]2026-11-27 ...".
 GLUED = re.compile(r"(?:it/s|s/it|\?it/s)\][^\r\n]")
 
@@ -126,3 +130,75 @@ def test_the_demo_in_a_terminal_shows_one_clean_bar(tmp_path):
     assert not GLUED.search(text), text[-3000:]
     assert re.search(r"\r *\r[\d-]+ [\d:,]+ INFO rlt_mono\.plots: wrote .*reward_components\.png\r\n\r100%\|", text)
     assert re.search(r"\]\r\n[\d-]+ [\d:,]+ INFO rlt_mono\.teacher_rlt: final teacher saved to ", text)
+
+
+# ---- 2. mistakes that answer in under 2 s, one line, before torch loads ------------------------------------------
+def _cli(overrides: list[str], env: dict | None = None) -> tuple[int, str, str, float]:
+    """``cli.main(['demo_tiny', *overrides])`` in a fresh process: (exit code, stderr, the heavy modules it imported,
+    seconds)."""
+    script = ("import sys\nfrom rlt_mono import cli\ncode = cli.main(['demo_tiny', *sys.argv[1:]])\n"
+              f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\nsys.exit(code)")
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", script, *overrides], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env=env)
+    return result.returncode, result.stderr, result.stdout, time.monotonic() - started
+
+
+GSM_TEMPLATES = ("0-1, 5-23, 25-26, 28-31, 33-34, 36, 38-60, 62, 64, 66-73, 78, 80-85, 88-89, 91-96")
+
+
+def test_a_held_out_template_the_source_lacks_is_one_line_before_torch_loads(tmp_path):
+    code, stderr, heavy, seconds = _cli(["data=gsm_symbolic", "data.heldout_templates=[999,0,32]",
+                                         f"output_dir={tmp_path / 'run'}"])
+    assert (code, stderr, heavy) == (2, f"error: data.heldout_templates: [32, 999] not among the templates of "
+                                        f"data.source=gsm_symbolic (they are {GSM_TEMPLATES}): hold out templates "
+                                        "of that list\n", "[]\n")
+    assert seconds < 2, f"{seconds:.1f} s"
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_early_template_list_is_the_generators(monkeypatch):
+    """The templates known without reasoning-gym are those its generators give once rlt_mono leaves its own out."""
+    assert config_check.gsm_templates() == sorted(gsm_symbolic.generators(default_cache_dir()))
+    assert config_check._spans(config_check.gsm_templates()) == GSM_TEMPLATES
+
+
+def _hub_cache(root: Path, repo: str, config: dict) -> Path:
+    """A Hugging Face cache holding ``repo``'s config.json only, laid out as huggingface_hub downloads it."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("abc123")
+    (folder / "snapshots" / "abc123").mkdir(parents=True)
+    (folder / "snapshots" / "abc123" / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_a_lora_rank_above_the_hidden_size_is_one_line_before_torch_loads(tmp_path):
+    code, stderr, heavy, seconds = _cli(["model.lora_r=4096", f"output_dir={tmp_path / 'run'}"])
+    assert (code, stderr, heavy) == (2, "error: model.lora_r=4096: above the teacher's hidden size (64), the most an "
+                                        "adapter's rank can use: set model.lora_r from 1 to 64 (or 0: train every "
+                                        "weight)\n", "[]\n")
+    assert seconds < 2, f"{seconds:.1f} s"
+    # a hub id already downloaded: its cached config.json (a multimodal config keeps it under text_config)
+    env = {**os.environ, "HF_HUB_CACHE": str(_hub_cache(tmp_path / "hub", "org/wide", {"text_config": {
+        "hidden_size": 896}})), "HF_HUB_OFFLINE": "1"}
+    code, stderr, heavy, seconds = _cli(["model.model_name_or_path=org/wide", "model.lora_r=1024"], env=env)
+    assert (code, stderr.splitlines()[-1], heavy) == (2, "error: model.lora_r=1024: above the teacher's hidden size "
+                                                         "(896), the most an adapter's rank can use: set model.lora_r "
+                                                         "from 1 to 896 (or 0: train every weight)", "[]\n")
+    assert seconds < 2, f"{seconds:.1f} s"
+
+
+def test_the_teachers_hidden_size_is_read_where_it_can_be_without_loading_it(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 32}))
+    (tmp_path / "no-config").mkdir()
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    cases = [("embedded:teacher", None, 64), (str(folder), None, 32),
+             ("org/not-downloaded", None, None), (str(folder), "model.gguf", None),  # GGUF: its config comes later
+             ("embedded:nobody", None, None), ("not a hub id", None, None), (str(tmp_path / "no-config"), None, None)]
+    assert [config_check.teacher_hidden_size({"model_name_or_path": name, "gguf_file": gguf})
+            for name, gguf, _ in cases] == [size for _, _, size in cases]
