@@ -98,8 +98,6 @@ from rlt_mono.evaluate import compare_table
 from rlt_mono.pipeline_steps import (
     ORDER,
     STEP_FOLDER_NAMES,
-    STEPS,
-    STUDY_STEPS,
     PipelineOptions,
     override_value,
     pipeline_options,
@@ -179,7 +177,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
     data = data_overrides(cfg)
     plans = []
-    for step in steps_of(options):
+    for step in options.all_steps():
         stage = stage_of(step)
         own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
         forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
@@ -344,26 +342,15 @@ def run_stage(command: list[str], folder: Path) -> int:
         raise
 
 
-def steps_of(options: PipelineOptions) -> tuple[str, ...]:
-    """The steps a pipeline runs: ``STEPS``, then ``STUDY_STEPS`` with ``study=true``."""
-    return (*STEPS, *STUDY_STEPS) if options.study else STEPS
-
-
 def stage_of(step: str) -> str:
     """The stage (``ORDER``) whose run config a step launches, e.g. ``student_sft_raw_traces`` -> ``student_sft``."""
     return next(stage for stage in ORDER if step.startswith(stage))
 
 
-def selected_steps(options: PipelineOptions, steps: list[str]) -> set[str]:
-    """The steps this run may launch: ``steps`` (a list of step names, e.g. to finish a study's controls with the
-    main steps' outputs already in place), or all of them when it is unset."""
-    chosen = options.steps
-    if chosen is None:
-        return set(steps)
-    unknown = sorted(set(chosen) - set(steps))
-    if unknown:
-        raise ConfigError(f"steps: unknown steps {unknown}; this pipeline's steps are {steps}")
-    return set(chosen)
+def selected_steps(options: PipelineOptions) -> set[str]:
+    """The steps this run may launch: ``steps`` (step names, e.g. to finish a study's controls with the main steps'
+    outputs already in place; ``PipelineOptions`` checked each), or all of them when it is unset."""
+    return set(options.all_steps() if options.steps is None else options.steps)
 
 
 def stage_done(plan_: StagePlan) -> bool:
@@ -427,7 +414,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     check_pipeline_folder(root)
     plans = plan(cfg, root)
-    selected = selected_steps(options, [p.stage for p in plans])
+    selected = selected_steps(options)
     summary_path = root / SUMMARY_FILE  # a continued pipeline keeps the records of the stages it skips
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {"stages": {}}
     if not options.rerun_changed:  # refused before this run's config replaces the one the folder ran with

@@ -50,6 +50,23 @@ class PipelineOptions:
                                   or not all(isinstance(step, str) for step in steps)):
             raise ValueError(f"steps must be a list of step names, e.g. steps=[distill,student_sft] (or null: every "
                              f"step), got {steps!r}")
+        for step in steps or ():
+            if step not in self.all_steps():
+                raise ValueError(unknown_step(step, self.all_steps()))
+
+    def all_steps(self) -> tuple[str, ...]:
+        """The steps a pipeline with these settings runs: ``STEPS``, then ``STUDY_STEPS`` with ``study=true``."""
+        return (*STEPS, *STUDY_STEPS) if self.study else STEPS
+
+
+def unknown_step(step: str, steps: tuple[str, ...]) -> str:
+    """The one line for a name in ``steps=[...]`` that is none of the pipeline's ``steps``: the close name, or that
+    it is a step of ``study=true``, or the steps there are."""
+    if step in STUDY_STEPS:
+        return f"steps: {step} is a step of study=true: add study=true, or leave it out of steps"
+    close = difflib.get_close_matches(step, steps, n=1)
+    hint = f"did you mean {close[0]}?" if close else f"this pipeline's steps are {', '.join(steps)}"
+    return f"steps: unknown step {step!r}: {hint}"
 
 
 def pipeline_options(cfg: DictConfig) -> PipelineOptions:

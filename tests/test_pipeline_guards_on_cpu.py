@@ -15,6 +15,7 @@ import pytest
 from rlt_mono import pipeline
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
+from rlt_mono.pipeline_steps import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,7 @@ def _run(root: Path, *overrides: str) -> Path:
 def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_request(tmp_path, launched):
     root = tmp_path / "p"
     _run(root)
-    assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]
+    assert launched == [f"{i}_{step}" for i, step in enumerate(STEPS, start=1)]
     summary = json.loads((root / pipeline.SUMMARY_FILE).read_text())["stages"]
     assert summary["teacher_rlt"]["folder"] == "2_teacher_rlt"  # relative to the pipeline folder
     assert summary["teacher_rlt"]["config"]["model.model_name_or_path"] == "1_teacher_sft/final"
@@ -43,7 +44,7 @@ def test_a_step_run_with_other_settings_is_refused_naming_the_key_then_rerun_on_
     assert len(list(root.glob("5_eval_teacher.changed-*"))) == 1
     launched.clear()
     _run(root, "pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=3']", changed, "rerun_changed=true")
-    assert launched == [f"{i}_{step}" for i, step in enumerate(pipeline.STEPS, start=1)]  # all read teacher_sft
+    assert launched == [f"{i}_{step}" for i, step in enumerate(STEPS, start=1)]  # all read teacher_sft
 
 
 def test_a_moved_pipeline_folder_continues_and_another_kind_of_run_is_refused(tmp_path, launched):

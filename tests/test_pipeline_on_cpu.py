@@ -114,7 +114,8 @@ def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
     pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "steps=[eval_teacher,eval_student]"]))
     assert launched == ["6_eval_student"]  # eval_teacher was done already; nothing else was selected
     assert (root / "eval_table.md").is_file()
-    with pytest.raises(ConfigError, match=r"steps: unknown steps \['eval_sft_teacher'\]"):
+    with pytest.raises(ConfigError, match=r"^steps: eval_sft_teacher is a step of study=true: add study=true, or "
+                                          r"leave it out of steps$"):
         pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={root}", "steps=[eval_sft_teacher]"]))
     first = tmp_path / "first"  # the first steps alone: done, without the eval table the eval steps would write
     assert pipeline.run_pipeline(compose("pipeline_tiny", [f"output_dir={first}", "steps=[teacher_sft]"])) == first

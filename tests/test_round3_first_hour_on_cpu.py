@@ -23,8 +23,9 @@ from rlt_mono.config import default_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "trl", "datasets")
-# A log line that starts right after a bar's last redraw, on the bar's own line: "... 3.63it/s]2026-11-27 ...".
-GLUED = re.compile(r"(?:it/s|s/it|\?it/s)\][^\r\n]")
+# A log line that starts right after a bar's last redraw, on the bar's own line: "... 3.63it/s]2026-11-27 ..." (a
+# redraw shorter than the one before ends in spaces).
+GLUED = re.compile(r"(?:it/s|s/it)\] *[^ \r\n]")
 
 
 def _state(step: int, max_steps: int) -> TrainerState:
@@ -67,7 +68,7 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     # each line starts on a cleared line (the bar wiped with \r), the bar drawn again under it
     assert re.search(r"\r *\rdone: step 2/2 in 3\.0 s \(1\.5 s/step\) \| outputs in /runs/a\n\r100%\|", text), text
     assert re.search(r"\r *\rINFO rlt_mono\.plots: wrote /runs/a/reward_components\.png\n\r100%\|", text), text
-    assert re.search(r"\]\nINFO rlt_mono\.teacher_rlt: final teacher saved to /runs/a/final\n$", text), text
+    assert re.search(r"\] *\nINFO rlt_mono\.teacher_rlt: final teacher saved to /runs/a/final\n$", text), text
     assert logging.getLogger().handlers == handlers and not list(console.OPEN_BARS)
 
 
@@ -82,7 +83,7 @@ def test_a_run_stopped_in_training_closes_its_bar_before_the_error_line(monkeypa
     close_training_bar()  # what cli.main does before it writes the error line
     sys.stderr.write("error: interrupted at step 0\n")
     assert callback.bar is None and not list(console.OPEN_BARS)
-    assert stderr.getvalue().endswith("| 0/4 [00:00<?, ?it/s]\nerror: interrupted at step 0\n"), stderr.getvalue()
+    assert re.search(r"\| 0/4 \[00:00<\?, \?it/s\] *\nerror: interrupted at step 0\n$", stderr.getvalue())
     assert logging.getLogger().handlers == handlers
 
 
@@ -129,18 +130,18 @@ def test_the_demo_in_a_terminal_shows_one_clean_bar(tmp_path):
     assert {total for _, total in re.findall(r"\d+%\|[^|]*\| *(\d+)/(\d+) \[", text)} == {"2"}, text
     assert not GLUED.search(text), text[-3000:]
     assert re.search(r"\r *\r[\d-]+ [\d:,]+ INFO rlt_mono\.plots: wrote .*reward_components\.png\r\n\r100%\|", text)
-    assert re.search(r"\]\r\n[\d-]+ [\d:,]+ INFO rlt_mono\.teacher_rlt: final teacher saved to ", text)
+    assert re.search(r"\] *\r\n[\d-]+ [\d:,]+ INFO rlt_mono\.teacher_rlt: final teacher saved to ", text)
 
 
 # ---- 2. mistakes that answer in under 2 s, one line, before torch loads ------------------------------------------
-def _cli(overrides: list[str], env: dict | None = None) -> tuple[int, str, str, float]:
-    """``cli.main(['demo_tiny', *overrides])`` in a fresh process: (exit code, stderr, the heavy modules it imported,
+def _cli(overrides: list[str], env: dict | None = None, config: str = "demo_tiny") -> tuple[int, str, str, float]:
+    """``cli.main([config, *overrides])`` in a fresh process: (exit code, stderr, the heavy modules it imported,
     seconds)."""
-    script = ("import sys\nfrom rlt_mono import cli\ncode = cli.main(['demo_tiny', *sys.argv[1:]])\n"
+    script = ("import sys\nfrom rlt_mono import cli\ncode = cli.main(sys.argv[1:])\n"
               f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\nsys.exit(code)")
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", script, *overrides], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, env=env)
+    result = subprocess.run([sys.executable, "-c", script, config, *overrides], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=env)
     return result.returncode, result.stderr, result.stdout, time.monotonic() - started
 
 
@@ -202,3 +203,28 @@ def test_the_teachers_hidden_size_is_read_where_it_can_be_without_loading_it(tmp
              ("embedded:nobody", None, None), ("not a hub id", None, None), (str(tmp_path / "no-config"), None, None)]
     assert [config_check.teacher_hidden_size({"model_name_or_path": name, "gguf_file": gguf})
             for name, gguf, _ in cases] == [size for _, _, size in cases]
+
+
+# ---- 3. a misspelt pipeline step ---------------------------------------------------------------------------------
+def test_a_misspelt_pipeline_step_is_answered_with_the_close_name(tmp_path):
+    code, stderr, heavy, seconds = _cli(["steps=[distill,distil]", f"output_dir={tmp_path / 'p'}"],
+                                        config="pipeline_tiny")
+    assert (code, stderr, heavy) == (2, "error: steps: unknown step 'distil': did you mean distill?\n", "[]\n")
+    assert seconds < 2, f"{seconds:.1f} s"
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_study_step_without_study_and_a_name_far_from_any_are_one_line_each():
+    from rlt_mono.pipeline_steps import PipelineOptions
+
+    for steps, line in ((["eval_sft_teacher"], "steps: eval_sft_teacher is a step of study=true: add study=true, or "
+                                               "leave it out of steps"),
+                        (["zzz"], "steps: unknown step 'zzz': this pipeline's steps are teacher_sft, teacher_rlt, "
+                                  "distill, student_sft, eval_teacher, eval_student")):
+        try:
+            PipelineOptions(steps=steps)
+        except ValueError as err:
+            assert str(err) == line
+        else:
+            raise AssertionError(f"steps={steps} accepted")
+    assert PipelineOptions(study=True, steps=["eval_sft_teacher"]).steps == ["eval_sft_teacher"]
