@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono import runtime
-from rlt_mono.config import ConfigError, config_groups
+from rlt_mono.config import CONFIG_DIR, ConfigError, config_groups
 from rlt_mono.placement import MODES as PLACEMENT_MODES
 from rlt_mono.placement import ROLLOUTS
 from rlt_mono.read_source import dataclass_fields, module_constant
@@ -329,6 +329,23 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
         check_values("placement", cfg.placement, {})
     if cfg.get("stage") == "teacher_rlt" and isinstance(cfg.get("model"), DictConfig):
         check_lora_rank(cfg.model)
+    if isinstance(cfg.get("data"), DictConfig):
+        warn_unread_data_keys(cfg.data, overrides)
+
+
+# data keys that one built-in data.source alone reads -> that source.
+SOURCE_KEYS = {"gsm_items_per_template": "gsm_symbolic", "gsm_solution": "gsm_symbolic"}
+
+
+def warn_unread_data_keys(data: DictConfig, overrides: Iterable[str] = ()) -> None:
+    """A warning naming each ``SOURCE_KEYS`` key set for a run whose ``data.source`` does not read it: given on the
+    command line (``overrides``), or away from its default (``cfgs/data/_base.yaml``, ``DataConfig``'s)."""
+    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    defaults = OmegaConf.load(CONFIG_DIR / "data" / "_base.yaml")
+    for key, source in SOURCE_KEYS.items():
+        if key in data and data.source != source and (f"data.{key}" in given or data[key] != defaults.get(key)):
+            logger.warning("data.%s=%s is ignored: only data.source=%s reads it, and this run's data.source is %s",
+                           key, data[key], source, data.source)
 
 
 def check_lora_rank(model: DictConfig) -> None:

@@ -228,3 +228,27 @@ def test_a_study_step_without_study_and_a_name_far_from_any_are_one_line_each():
         else:
             raise AssertionError(f"steps={steps} accepted")
     assert PipelineOptions(study=True, steps=["eval_sft_teacher"]).steps == ["eval_sft_teacher"]
+
+
+# ---- 4. a data option the data source does not read --------------------------------------------------------------
+def test_a_gsm_option_given_to_another_data_source_is_a_warning_naming_it(caplog):
+    from rlt_mono.config import compose
+
+    def warnings(overrides: list[str]) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="rlt_mono.config_check"):
+            config_check.check_config(compose("demo_tiny", overrides), overrides)
+        return [r.getMessage() for r in caplog.records if r.name == "rlt_mono.config_check"]
+
+    assert warnings(["data.gsm_items_per_template=5"]) == [
+        "data.gsm_items_per_template=5 is ignored: only data.source=gsm_symbolic reads it, and this run's data.source "
+        "is embedded"]
+    # given on the command line at its default value, and the other gsm option
+    assert warnings(["data=custom", "data.source=rows.jsonl", "data.gsm_items_per_template=60",
+                     "data.gsm_solution=answer"]) == [
+        "data.gsm_items_per_template=60 is ignored: only data.source=gsm_symbolic reads it, and this run's "
+        "data.source is rows.jsonl",
+        "data.gsm_solution=answer is ignored: only data.source=gsm_symbolic reads it, and this run's data.source is "
+        "rows.jsonl"]
+    assert warnings([]) == []
+    assert warnings(["data=gsm_symbolic", "data.gsm_items_per_template=5", "data.gsm_solution=answer"]) == []
