@@ -7,6 +7,7 @@ end-of-training line in the terminal.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,9 @@ from rlt_mono.outputs import (
     row_event,
 )
 from rlt_mono.plots import smoothing_window
+
+# The launcher script beside the rlt_mono package (the repository's root).
+LAUNCHER = "launch_mono.sh"
 
 
 class Block(NamedTuple):
@@ -73,21 +77,42 @@ CHECKPOINT_DESCRIPTION = ("resumable checkpoint: teacher, optimizer, schedule, R
 
 def launch_command() -> str | None:
     """The ``launch_mono.sh`` command line of this process when it is the command-line entry
-    (``python -m rlt_mono.cli``, which ``launch_mono.sh`` runs), else ``None`` (a notebook, a test)."""
+    (``python -m rlt_mono.cli``, which ``launch_mono.sh`` runs), else ``None`` (a notebook, a test). The launcher
+    is named from the folder the process runs in: ``./launch_mono.sh`` in the repository's root,
+    ``../../../launch_mono.sh`` for a pipeline's stage (run in the pipeline folder ``outputs/<run_name>/<time>``),
+    ``rlt-mono`` (the console command) outside the repository."""
     entry = Path(sys.argv[0])
     if entry.name != "cli.py" or entry.parent.name != "rlt_mono":
         return None
-    return shlex.join(["./launch_mono.sh", *sys.argv[1:]])
+    launcher, here = entry.resolve().parent.parent / LAUNCHER, Path.cwd().resolve()
+    if not launcher.is_file() or not here.is_relative_to(launcher.parent):
+        return shlex.join(["rlt-mono", *sys.argv[1:]])
+    relative = os.path.relpath(launcher, here)
+    return shlex.join([relative if "/" in relative else f"./{relative}", *sys.argv[1:]])
 
 
 def resume_command(command: str | None, output_dir: str | Path) -> str:
-    """``command`` with ``output_dir`` set to the run's folder and ``resume_from_checkpoint=true``."""
-    target = [f"output_dir={Path(output_dir).resolve()}", "resume_from_checkpoint=true"]
+    """``command`` with ``output_dir`` set to the run's folder and ``resume_from_checkpoint=true``, run from the
+    folder the run was launched in (the current one, ``launch_folder``): the run's folder is written relative to it
+    when it is inside it, as a pipeline records its steps, so the command still works once the tree is copied or
+    moved; absolute otherwise."""
+    folder = Path(output_dir).resolve()
+    here = Path.cwd().resolve()
+    target = [f"output_dir={folder.relative_to(here) if folder.is_relative_to(here) else folder}",
+              "resume_from_checkpoint=true"]
     if command is None:
-        return shlex.join(["./launch_mono.sh"]) + " <the run config and overrides of this run> " + shlex.join(target)
+        return shlex.join([f"./{LAUNCHER}"]) + " <the run config and overrides of this run> " + shlex.join(target)
     words = [w for w in shlex.split(command)
              if not w.lstrip("+~").startswith(("output_dir=", "resume_from_checkpoint="))]
     return shlex.join([*words, *target])
+
+
+def launch_folder(output_dir: str | Path) -> str:
+    """Where ``resume_command`` runs, the folder the run was launched in (the current one), in words: as seen from
+    the run's folder (```../../..` from this folder`` for ``outputs/<run_name>/<time>``, ```..` from this folder`` for
+    a pipeline's step), or absolute when the run's folder is elsewhere."""
+    folder, here = Path(output_dir).resolve(), Path.cwd().resolve()
+    return f"`{os.path.relpath(here, folder)}` from this folder" if folder.is_relative_to(here) else f"`{here}`"
 
 
 def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[Mapping],
@@ -159,7 +184,8 @@ def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[M
         "",
         "## Resume",
         "",
-        "From the newest checkpoint (rows of `metrics.jsonl` / `samples.jsonl` after it are dropped and run again):",
+        f"From the newest checkpoint (rows of `metrics.jsonl` / `samples.jsonl` after it are dropped and run again), "
+        f"in the folder the run was launched in ({launch_folder(output_dir)}):",
         "",
         "```bash",
         resume_command(command, output_dir),

@@ -79,10 +79,9 @@ def _content(path: Path, folder: Path):
 
 
 def _files(folder: Path) -> dict[str, object]:
-    # README.md's resume command names the stage folder absolute, for a person to paste (rlt_mono.run_readme);
-    # the plot draws the phase times.
+    # the plot draws the phase times
     return {str(p.relative_to(folder)): _content(p, folder) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "README.md" and p.suffix != ".png"}
+            if p.is_file() and p.suffix != ".png"}
 
 
 def _assert_same_files(folder: Path, reference: Path, temp: Path) -> None:

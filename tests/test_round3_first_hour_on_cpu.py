@@ -252,3 +252,33 @@ def test_a_gsm_option_given_to_another_data_source_is_a_warning_naming_it(caplog
         "rows.jsonl"]
     assert warnings([]) == []
     assert warnings(["data=gsm_symbolic", "data.gsm_items_per_template=5", "data.gsm_solution=answer"]) == []
+
+
+# ---- 5. a README's resume command that survives a copy -----------------------------------------------------------
+def test_the_resume_command_names_the_run_folder_from_where_it_was_launched(tmp_path, monkeypatch):
+    """A run folder inside the launch folder is written relative to it (as a pipeline records its steps), with where
+    to run the command from as seen from the run folder: a copy of the tree resumes with the same command."""
+    import shutil
+
+    from rlt_mono.run_readme import write_run_readme
+
+    command = "./launch_mono.sh demo_tiny trainer.max_steps=3"
+    resume = f"{command} output_dir=outputs/demo_tiny/t1 resume_from_checkpoint=true"
+    where = "in the folder the run was launched in (`../../..` from this folder):"
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    readme = write_run_readme("outputs/demo_tiny/t1", {"run_name": "demo_tiny"}, [], command=command)
+    text = readme.read_text()
+    assert resume in text.splitlines() and text.count(where) == 1 and str(tmp_path) not in text
+    shutil.copytree(tmp_path / "here", tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")  # the copy's own README, written again there, says the same
+    assert write_run_readme("outputs/demo_tiny/t1", {"run_name": "demo_tiny"}, [], command=command).read_text() == text
+    # a pipeline's step runs in the pipeline folder: its folder is one down
+    monkeypatch.chdir(tmp_path / "copy" / "outputs" / "demo_tiny")
+    text = write_run_readme("1_teacher_sft", {"run_name": "teacher_sft"}, [], command=command).read_text()
+    assert f"{command} output_dir=1_teacher_sft resume_from_checkpoint=true" in text.splitlines()
+    assert "in the folder the run was launched in (`..` from this folder):" in text
+    # a folder outside the launch folder stays absolute, and so does where to run it from
+    text = write_run_readme(tmp_path / "elsewhere", {"run_name": "r"}, [], command=command).read_text()
+    assert f"{command} output_dir={tmp_path / 'elsewhere'} resume_from_checkpoint=true" in text.splitlines()
+    assert f"in the folder the run was launched in (`{tmp_path / 'copy' / 'outputs' / 'demo_tiny'}`):" in text

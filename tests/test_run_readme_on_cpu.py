@@ -1,8 +1,12 @@
 """The run folder's README without a model: the reward trend, the resume command, what the run was, and the
 launch command it records."""
 
+from pathlib import Path
+
 from rlt_mono.outputs import METRICS_FILE
 from rlt_mono.run_readme import Block, launch_command, resume_command, reward_trend, write_run_readme
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _step_row(step, reward, **extra):
@@ -58,8 +62,13 @@ def test_run_readme_of_a_notebook_run_that_stopped(tmp_path):
            "resume_from_checkpoint=true" in text
 
 
-def test_launch_command_is_known_only_for_the_command_line_entry(monkeypatch):
-    monkeypatch.setattr("sys.argv", ["/repo/rlt_mono/cli.py", "demo_tiny", "data.source=my rows.jsonl"])
+def test_launch_command_is_known_only_for_the_command_line_entry(monkeypatch, tmp_path):
+    monkeypatch.setattr("sys.argv", [str(ROOT / "rlt_mono" / "cli.py"), "demo_tiny", "data.source=my rows.jsonl"])
+    monkeypatch.chdir(ROOT)
     assert launch_command() == "./launch_mono.sh demo_tiny 'data.source=my rows.jsonl'"
+    monkeypatch.chdir(ROOT / "cfgs" / "run_cfg")  # a folder inside the repository (a pipeline's, where a stage runs)
+    assert launch_command() == "../../launch_mono.sh demo_tiny 'data.source=my rows.jsonl'"
+    monkeypatch.chdir(tmp_path)  # outside it: the console command, which runs from any folder
+    assert launch_command() == "rlt-mono demo_tiny 'data.source=my rows.jsonl'"
     monkeypatch.setattr("sys.argv", ["/usr/bin/ipykernel_launcher.py", "-f", "kernel.json"])
     assert launch_command() is None
