@@ -13,7 +13,8 @@
 #   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
 #       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
-#       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz, logs).
+#       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
+#       explanations in distilled.tgz).
 # Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
 # needed (a rerun continues where the last stopped: rlt_mono.pipeline), or `study` then `wait` until it is done.
 # Model parts are the .gguf that `python -m rlt_mono.pretrained fetch <name>` caches, cut with
@@ -86,6 +87,8 @@ case "${1:-}" in
   fair)
     setup
     mkdir -p /root/study && rm -f /root/study/DONE
+    # The teachers' explanations from an earlier machine (the students part), carried in .study/distilled.
+    if [ -d .study/distilled ]; then mkdir -p /root/study/distilled && cp -n .study/distilled/* /root/study/distilled/; fi
     # From a copy of the code: .snap/code.tar (git archive of a commit, its id in .snap/commit) when carried.
     code=/root/code-$(date +%s) && mkdir -p "$code"
     if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
@@ -99,8 +102,11 @@ case "${1:-}" in
     nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h /root | tail -1
     tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
     cd /root/study
+    # The teachers' explanations (tens of MB) in their own archive; the RL stages' samples.jsonl stay there.
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
-      --exclude='1_teacher_sft' --exclude='*.partial-*' --exclude='*.safetensors' . 2>/dev/null || true
+      --exclude='1_teacher_sft' --exclude='*.partial-*' --exclude='*.safetensors' --exclude='distill.jsonl' \
+      --exclude='./distilled' --exclude='samples.jsonl' --exclude='./traces/traces.jsonl' . 2>/dev/null || true
+    [ -d distilled ] && tar czf "$OUT/distilled.tgz" distilled
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

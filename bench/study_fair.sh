@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # "Does it teach?", the fair test on GSM-Symbolic (docs/STUDY.md): one part of the study per call, resumable (a
-# finished run folder, one with eval.json or final/, is skipped), runs side by side on one GPU.
-#   bash bench/study_fair.sh <part> <root> [seeds, e.g. 0,1,2]
+# finished run folder, one with eval.json, final/ or distill.jsonl's DONE mark, is skipped), runs side by side on
+# the GPUs there are.
+#   bash bench/study_fair.sh <part[,part...]> <root> [seeds, e.g. 0,1,2]     (parts in a list run side by side)
 # Parts:
 #   control   the positive control: the untrained students (the student chat and a plain step-by-step prompt) and
 #             students trained on the dataset's own worked solutions (sft.explanation_column=none), for each seed;
@@ -9,29 +10,52 @@
 #   traces    the larger-model traces: Qwen2.5-Coder-1.5B-Instruct answers every training question with the plain
 #             prompt (eval.split=train, at most 768 tokens) in <root>/traces/eval; its right, uncut answers become
 #             <root>/traces/traces.jsonl (bench/study_fair.py traces; column trace). Seeds are not used.
+#   teachers  the teachers: SFT warm-up of the 0.5B teacher on <root>/traces/traces.jsonl (written from
+#             results/study_gsm_symbolic_v2/traces.jsonl.gz when absent), then GRPO with the worked-solution reward
+#             for each seed and with the answer-only reward (seed 0), then each teacher (and seed 0's checkpoints)
+#             explains every training question: <root>/distilled/<teacher>.jsonl.
+#   students  students trained on each arm's explanations + solutions (STUDY_ARMS), for each seed, then evaluated:
+#             traces (the 1.5B's traces), sft_teacher, rl_teacher (seed s: the RL teacher of seed s),
+#             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only). The distilled files
+#             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED.
 # Environment:
 #   STUDY_STUDENTS   students, comma-separated config names (default qwen2.5_coder_0.5b_instruct)
+#   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only)
+#   STUDY_DISTILLED  folder of <teacher>.jsonl[.gz] for the students part (default <root>/distilled)
+#   STUDY_RL_STEPS   RL optimizer steps of 256 completions (default 188: 48,128 completions a seed)
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
 #   STUDY_UNTRAINED  0: leave out the untrained students (when their evals are in the study already)
 #   STUDY_GPUS       GPUs to spread the runs over, comma-separated (default: every GPU nvidia-smi lists; none on CPU):
 #                    the traces and the untrained evals go to the first, seed i's student to GPU (i+1) mod count
 #   STUDY_SERIAL     1: each GPU's students one after another (a 1.5B student SFT takes about 50 GB: one per H100)
-# Each run writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; logs in <root>/logs; <root>/DONE holds the exit codes.
+# Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
+# distill...}; logs in <root>/logs; <root>/DONE holds the exit codes.
 # bench/study_fair.py summarize <root> writes study.json (arms, intervals, differences) from the eval folders.
 set -uo pipefail
-part=${1:?usage: bash bench/study_fair.sh <part: control|traces, or both: control,traces> <root> [seeds]}
-root=${2:?usage: bash bench/study_fair.sh <part: control|traces> <root> [seeds]}
+part=${1:?usage: bash bench/study_fair.sh <part[,part...]: control|traces|teachers|students> <root> [seeds]}
+root=${2:?usage: bash bench/study_fair.sh <part[,part...]: control|traces|teachers|students> <root> [seeds]}
 seeds=${3:-0,1,2}
 seeds=${seeds//,/ }
 students=${STUDY_STUDENTS:-qwen2.5_coder_0.5b_instruct}
 students=${students//,/ }
 read -ra sft_extra <<< "${STUDY_SFT:-}"
+arms=${STUDY_ARMS:-traces,sft_teacher,rl_teacher,rl_teacher_answer_only}
+arms=${arms//,/ }
+distilled=${STUDY_DISTILLED:-$root/distilled}
+rl_steps=${STUDY_RL_STEPS:-188}
+for arm in $arms; do
+  case "$arm" in
+    traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*) ;;
+    *) echo "bench/study_fair.sh: unknown arm '$arm' (arms: traces, sft_teacher, rl_teacher, rl_teacher_answer_only," \
+            "rl_teacher_step<N>)" >&2; exit 2 ;;
+  esac
+done
 parts=${part//,/ }
 for one in $parts; do
   case "$one" in
-    control|traces) ;;
-    *) echo "bench/study_fair.sh: unknown part '$one' (parts: control, traces)" >&2; exit 2 ;;
+    control|traces|teachers|students) ;;
+    *) echo "bench/study_fair.sh: unknown part '$one' (parts: control, traces, teachers, students)" >&2; exit 2 ;;
   esac
 done
 if [ -n "${STUDY_GPUS:-}" ]; then gpus=(${STUDY_GPUS//,/ })
@@ -51,6 +75,10 @@ if [ "${STUDY_TINY:-0}" = 1 ]; then
   eval_size=(eval.student_max_new_tokens=16)
   untrained_size=()
   traces_eval=(student=tiny eval.student_max_new_tokens=16)
+  teacher_sft_size=(size=tiny sft.max_steps=2 data.eval_rows=2)
+  rl_run=demo_tiny rl_size=(trainer.max_steps=2 trainer.eval_strategy=no) rl_checkpoints=(trainer.save_steps=1)
+  distill_size=(size=tiny distill.max_new_tokens=8 distill.samples_per_question=2 data.max_rows=4)
+  custom_sft=(size=tiny)
 else
   size=(data=gsm_symbolic)
   # Every training question (5,242), two passes, 16 rows a step (656 steps), full fine-tune, no checkpoint but
@@ -70,6 +98,36 @@ else
   # plain prompt cut 1.9-5.1% of the 0.5B's answers at 512).
   traces_eval=(student=qwen2.5_coder_1.5b_instruct eval.student_max_new_tokens=768
                eval.vllm_gpu_memory_utilization=0.2 eval.vllm_kv_cache_gib=12)
+  # The teacher's SFT warm-up on the larger model's traces (question + worked solution -> trace), as the first
+  # study's: 16 rows a step, lr 1e-5, the held-out loss (5% of the traces) every 20 steps, stopping after 2 without
+  # improvement (the best checkpoint becomes final/), at most one pass.
+  teacher_sft_size=(model=qwen2.5_coder_0.5b_instruct model.dtype=float32 logging=local sft.num_train_epochs=1
+                    sft.max_steps=-1 sft.per_device_train_batch_size=16 sft.gradient_accumulation_steps=1
+                    sft.per_device_eval_batch_size=64 sft.learning_rate=1.0e-5 sft.max_length=1024 sft.optim=adamw_torch
+                    sft.gradient_checkpointing=false sft.eval_strategy=steps sft.eval_steps=20 sft.save_steps=20
+                    sft.save_total_limit=1 sft.early_stopping_patience=2)
+  # GRPO, one optimizer step per 256 completions (16 questions x 16 explanations; the paper: 1,024 = 16 x 64),
+  # explanations of at most 256 tokens, lr 5e-6 (the first study's, under which the held-out reward rose for 500
+  # steps of 32 completions; the paper's 1e-6 is for a 7B teacher), 188 steps = 48,128 completions a seed (the
+  # first study: 16,000), DAPO refill of tied groups; the held-out reward every 47 steps on 128 held-out questions.
+  # The student and reference stay on the GPU, vLLM awake (runs side by side), a 2,048-token context.
+  rl_run=teacher_rlt_mono
+  rl_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 logging=local memory=manual
+           "trainer.max_steps=$rl_steps" trainer.max_completion_length=256 trainer.num_generations=16
+           trainer.per_device_train_batch_size=32 trainer.gradient_accumulation_steps=8 trainer.steps_per_generation=8
+           reward.micro_batch_size=32 trainer.learning_rate=5.0e-6 trainer.optim=adamw_torch trainer.save_steps=100000
+           trainer.gradient_checkpointing=false trainer.eval_strategy=steps trainer.eval_steps=47
+           trainer.eval_on_start=true trainer.eval_questions=128 trainer.dynamic_sampling_rounds=1
+           placement.offload_student=false placement.offload_reference=false trainer.vllm_enable_sleep_mode=false
+           trainer.vllm_gpu_memory_utilization=0.1 +trainer.vllm_max_model_length=2048)
+  # Seed 0 keeps a checkpoint every 47 steps: each explains the training questions and teaches its own student
+  # (the teacher-reward <-> student-accuracy correlation).
+  rl_checkpoints=(trainer.save_steps=47)
+  # Every training question, 4 explanations each, the best by the RLT reward kept; a fixed 6 GiB KV cache.
+  distill_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 distill.max_new_tokens=256
+                distill.samples_per_question=4 distill.vllm_gpu_memory_utilization=0.1 distill.vllm_kv_cache_gib=6
+                reward.micro_batch_size=32)
+  custom_sft=()
 fi
 
 # <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
@@ -105,10 +163,98 @@ worked_chain() {  # <seed...>: each seed's worked student, one after another
   return $status
 }
 
+teacher_chain() {  # <seed> <reward: worked|answer>: RL from the SFT teacher, then its distills
+  local seed=$1 reward=$2 name dir data=() keep=() step last
+  name=rl_s$seed
+  [ "$reward" = answer ] && name=rl_answer_s$seed data=(data.gsm_solution=answer)
+  [ "$seed" = 0 ] && [ "$reward" = worked ] && keep=("${rl_checkpoints[@]}")
+  dir=$root/teachers/$name
+  stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" "${data[@]}" "${keep[@]}" \
+    "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || return 1
+  distill "$dir/rl/final" "$name" "${data[@]}" || return 1
+  [ ${#keep[@]} -gt 0 ] || return 0
+  last=$(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n | tail -1)
+  for step in $(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n); do
+    [ "$step" = "$last" ] && continue  # the last checkpoint is final/
+    distill "$dir/rl/checkpoint-$step" "rl_step$step" || return 1
+  done
+}
+distill() {  # <teacher folder> <name> [data override]: every training question explained, into distilled/<name>.jsonl
+  local teacher=$1 name=$2; shift 2
+  [ -f "$distilled/$name.jsonl" ] && return 0
+  stage "$root/teachers/distill_$name" "distill_$name" ./launch_mono.sh distill "${size[@]}" "${distill_size[@]}" "$@" \
+    "model.model_name_or_path=$teacher" seed=0 || return 1
+  mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
+}
+teachers() {  # the SFT teacher on the traces, then the RL teachers side by side (one per GPU where there are several)
+  local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0
+  if [ ! -s "$traces" ]; then
+    mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$traces" || return 1
+  fi
+  stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
+    "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
+  on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
+  for seed in $seeds; do
+    on_gpu $lane teacher_chain "$seed" worked & pids+=($!)
+    lane=$((lane + 1))
+  done
+  on_gpu $lane teacher_chain 0 answer & pids+=($!)
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return $status
+}
+taught() {  # <seed> <arm>: a student trained on that arm's explanations + solutions, then evaluated
+  local seed=$1 arm=$2 file column=explanation data=()
+  case "$arm" in
+    traces) file=$root/traces/traces.jsonl column=trace
+            [ -s "$file" ] || { mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$file"; } ;;
+    sft_teacher) file=$distilled/sft.jsonl ;;
+    rl_teacher) file=$distilled/rl_s$seed.jsonl ;;
+    rl_teacher_answer_only) file=$distilled/rl_answer_s0.jsonl ;;
+    rl_teacher_step*) file=$distilled/rl_step${arm#rl_teacher_step}.jsonl ;;
+  esac
+  [ -s "$file" ] || { [ -s "$file.gz" ] && gzip -dc "$file.gz" > "$file"; }
+  [ -s "$file" ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
+  local dir=$root/$student/${arm}_s$seed
+  # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
+  stage "$dir/sft" "${student}_${arm}_s${seed}_sft" ./launch_mono.sh student_sft "${custom_sft[@]}" "${sft_size[@]}" \
+    "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
+    sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
+  evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
+}
+taught_chain() {  # <arm> <seed...>: one arm's students one after another
+  local arm=$1 seed status=0; shift
+  for seed in "$@"; do taught "$seed" "$arm" || status=1; done
+  return $status
+}
+
 pids=() names=()
 for one in $parts; do
   if [ "$one" = traces ]; then
     on_gpu 0 traces & pids+=($!) names+=(traces)
+    continue
+  fi
+  if [ "$one" = teachers ]; then
+    teachers & pids+=($!) names+=(teachers)
+    continue
+  fi
+  if [ "$one" = students ]; then  # one GPU per arm; an arm's seeds side by side (one after another: STUDY_SERIAL)
+    for student in $students; do
+      student_cfg=$student
+      [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
+      lane=0
+      for arm in $arms; do
+        arm_seeds=$seeds
+        [[ $arm == rl_teacher_step* ]] && arm_seeds=0  # seed 0's checkpoints teach seed 0's students
+        if [ "${STUDY_SERIAL:-0}" = 1 ]; then
+          on_gpu $lane taught_chain "$arm" $arm_seeds & pids+=($!) names+=("$student/$arm")
+        else
+          for seed in $arm_seeds; do
+            on_gpu $lane taught "$seed" "$arm" & pids+=($!) names+=("$student/${arm}_s$seed")
+          done
+        fi
+        lane=$((lane + 1))
+      done
+    done
     continue
   fi
   for student in $students; do

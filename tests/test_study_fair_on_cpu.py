@@ -121,10 +121,11 @@ def test_an_unfinished_eval_is_one_line(tmp_path, empty):
     assert result.returncode == 2 and "eval_rows.jsonl is empty: that eval did not finish" in result.stderr
 
 
-def _fair_sh(*args, timeout=900):
+def _fair_sh(*args, timeout=900, env=None):
     """bench/study_fair.sh on the embedded tiny pair (STUDY_TINY=1), from the repository root."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
-                                                                       "MASTER_"))}, "STUDY_TINY": "1"}
+                                                                       "MASTER_", "STUDY_"))}, "STUDY_TINY": "1",
+           **(env or {})}
     return subprocess.run(["bash", "bench/study_fair.sh", *map(str, args)], cwd=SCRIPT.parents[1], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -132,7 +133,7 @@ def _fair_sh(*args, timeout=900):
 def test_an_unknown_part_is_one_line_naming_the_parts(tmp_path):
     bad = _fair_sh("traces,teechers", tmp_path / "x")
     assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown part 'teechers' (parts: "
-                                                  "control, traces)\n")
+                                                  "control, traces, teachers, students)\n")
 
 
 def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
@@ -165,3 +166,51 @@ def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
     stamp = (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns
     again = _fair_sh("traces", root, timeout=300)
     assert again.returncode == 0 and (root / "traces" / "eval" / "eval.json").stat().st_mtime_ns == stamp
+
+
+def _traces(root: Path) -> None:
+    """A hand-made traces file: 24 sums, a worked solution and a trace each."""
+    rows = [{"question": f"Tom has {a} apples and buys {a + 2} more. How many apples does he have?",
+             "solution": f"{a} + {a + 2} = {2 * a + 2}\nThe answer is {2 * a + 2}.", "answer": str(2 * a + 2),
+             "template": a % 3, "trace": f"He starts with {a} and adds {a + 2}: {a} + {a + 2} = {2 * a + 2}."}
+            for a in range(2, 26)]
+    (root / "traces").mkdir(parents=True)
+    (root / "traces" / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
+    root = tmp_path / "study"
+    _traces(root)
+    run = _fair_sh("teachers", root, "0", timeout=600)
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("teachers=0 "), run.stdout + run.stderr
+    sft = (root / "teachers" / "sft" / "config.yaml").read_text()
+    assert "explanation_column: trace" in sft and f"source: {root / 'traces' / 'traces.jsonl'}" in sft
+    # seed 0's RL keeps its checkpoints: every one but the last (final/) teaches; the answer-only teacher is shown
+    # and rewarded on the answer line, in RL and when it explains
+    assert sorted(p.name for p in (root / "distilled").iterdir()) == ["rl_answer_s0.jsonl", "rl_s0.jsonl",
+                                                                      "rl_step1.jsonl", "sft.jsonl"]
+    # (the embedded rows' solution is the answer line either way: the setting is what differs)
+    for folder in ("rl_answer_s0/rl", "distill_rl_answer_s0"):
+        assert "gsm_solution: answer" in (root / "teachers" / folder / "config.yaml").read_text()
+    assert "gsm_solution: worked" in (root / "teachers" / "distill_rl_s0" / "config.yaml").read_text()
+    worked_rows = [json.loads(line) for line in (root / "distilled" / "rl_s0.jsonl").read_text().splitlines()]
+    assert {row["teacher"] for row in worked_rows} == {str(root / "teachers" / "rl_s0" / "rl" / "final")}
+    stamp = (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns
+
+    taught = _fair_sh("students", root, "0", timeout=600,
+                      env={"STUDY_UNTRAINED": "0", "STUDY_ARMS": "rl_teacher,rl_teacher_step1"})
+    assert taught.returncode == 0, taught.stdout + taught.stderr
+    student = root / "qwen2.5_coder_0.5b_instruct"  # the folder is named for the student the full study trains
+    done = f"{student.name}/rl_teacher_s0=0 {student.name}/rl_teacher_step1_s0=0 "
+    assert (root / "DONE").read_text().startswith(done)
+    config = (student / "rl_teacher_step1_s0" / "sft" / "config.yaml").read_text()
+    assert f"source: {root / 'distilled' / 'rl_step1.jsonl'}" in config and "explanation_column: explanation" in config
+    assert (student / "rl_teacher_s0" / "eval" / "eval.json").is_file()
+    again = _fair_sh("teachers", root, "0", timeout=300)
+    assert again.returncode == 0 and (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
+    bad = _fair_sh("students", tmp_path / "x", env={"STUDY_ARMS": "traces,rl"})
+    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown arm 'rl' (arms: traces, sft_teacher, "
+                                                  "rl_teacher, rl_teacher_answer_only, rl_teacher_step<N>)\n")
