@@ -52,7 +52,7 @@ class CheckpointError(UserError):
 
 
 # ---- run folders -----------------------------------------------------------------------------------
-# Run folders this process made (new_run_dir), for remove_unused_run_dirs.
+# Run folders this process made (new_run_dir, ensure_output_dir), for remove_unused_run_dirs.
 _made_run_dirs: list[Path] = []
 
 
@@ -115,11 +115,15 @@ def check_fresh_output_dir(output_dir: str | Path) -> None:
 
 
 def ensure_output_dir(output_dir: str | Path) -> Path:
-    """Create ``output_dir`` if it is missing; one-line errors when it is a file or cannot be created."""
+    """Create ``output_dir`` if it is missing; one-line errors when it is a file or cannot be created. The folders
+    it makes (``output_dir`` and its missing parents) are removed again while empty, as ``new_run_dir``'s are
+    (``remove_unused_run_dirs``): a run refused before it writes anything leaves the disk as it was."""
     folder = Path(output_dir)
     if folder.exists() and not folder.is_dir():
         raise CheckpointError(f"output_dir={output_dir} is a file, not a folder: choose another output_dir")
+    made = [path for path in (folder, *folder.parents) if not path.exists()]  # the deepest first
     _make_dir(folder, f"output_dir={output_dir}")
+    _made_run_dirs.extend(made)
     return folder
 
 

@@ -282,3 +282,15 @@ def test_the_resume_command_names_the_run_folder_from_where_it_was_launched(tmp_
     text = write_run_readme(tmp_path / "elsewhere", {"run_name": "r"}, [], command=command).read_text()
     assert f"{command} output_dir={tmp_path / 'elsewhere'} resume_from_checkpoint=true" in text.splitlines()
     assert f"in the folder the run was launched in (`{tmp_path / 'copy' / 'outputs' / 'demo_tiny'}`):" in text
+
+
+# ---- 6. a refused run leaves the disk as it was ------------------------------------------------------------------
+def test_a_refused_distill_or_eval_with_an_explicit_output_dir_leaves_nothing(tmp_path, capsys):
+    from rlt_mono import cli
+
+    (tmp_path / "there").mkdir()  # a folder that was there before stays, empty as it was
+    for stage, folder in (("distill", tmp_path / "new" / "nested"), ("eval", tmp_path / "there")):
+        assert cli.main([stage, "size=tiny", f"output_dir={folder}", "model.model_name_or_path=/nowhere/model"]) == 2
+        assert capsys.readouterr().err == ("error: model.model_name_or_path=/nowhere/model: no such folder (a local "
+                                           "model is a folder with config.json; a hub id looks like org/name)\n")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["there"]
