@@ -20,7 +20,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.errors import UserError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "cfgs"
+# The configs: inside the package when it is installed from a wheel (setup.py copies cfgs/ there), else the
+# checkout's cfgs/ beside rlt_mono/ (an editable install, or running from the repository).
+_PACKAGED = Path(__file__).resolve().parent / "cfgs"
+CONFIG_DIR = _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parent.parent / "cfgs"
 
 if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.main
     OmegaConf.register_new_resolver("now", lambda pattern: datetime.datetime.now().strftime(pattern), use_cache=True)

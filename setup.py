@@ -1,0 +1,32 @@
+"""Packaging hook: the wheel carries the repository's ``cfgs/`` inside the package, as ``rlt_mono/cfgs``.
+
+The configs live at the repository's top (``cfgs/``, beside ``rlt_mono/``) so that a checkout reads them in place;
+an installed copy has no checkout, so ``build_py`` copies them in and ``rlt_mono.config.CONFIG_DIR`` finds them there.
+Everything else about the package is in pyproject.toml.
+"""
+
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+CONFIGS = Path(__file__).resolve().parent / "cfgs"
+
+
+class BuildWithConfigs(build_py):
+    """``build_py`` that also copies every YAML file of ``cfgs/`` to ``<build>/rlt_mono/cfgs``."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:  # an editable install reads the checkout's cfgs/ in place
+            return
+        target = Path(self.build_lib) / "rlt_mono" / "cfgs"
+        shutil.rmtree(target, ignore_errors=True)  # a config deleted since the last build leaves no stale copy
+        for source in sorted(CONFIGS.rglob("*.yaml")):
+            destination = target / source.relative_to(CONFIGS)
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, destination)
+
+
+setup(cmdclass={"build_py": BuildWithConfigs})

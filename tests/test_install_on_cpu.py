@@ -1,0 +1,41 @@
+"""``pip install .`` (not editable) ships the configs inside the package: ``rlt-mono`` runs from any folder."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_wheel_carries_every_config_and_the_installed_command_runs_the_demo_from_another_folder(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+                    "-w", str(wheels)], check=True, capture_output=True, cwd=tmp_path)
+    wheel = next(wheels.glob("rlt_mono-*.whl"))
+    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("rlt_mono/cfgs/")}
+    configs = REPO / "cfgs"
+    expected = {f"rlt_mono/cfgs/{path.relative_to(configs).as_posix()}" for path in configs.rglob("*.yaml")}
+    assert shipped == expected and "rlt_mono/cfgs/run_cfg/demo_tiny.yaml" in shipped
+
+    # A venv of its own holds the installed package; the dependencies come from this interpreter's site-packages
+    # (on PYTHONPATH, which skips its .pth files, so an editable install of the checkout cannot answer instead).
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    target = next((venv / "lib").glob("python3*")) / "site-packages"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_"))},
+           "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    run = subprocess.run([str(venv / "bin" / "python"), "-c",
+                          "import sys, rlt_mono.cli, rlt_mono.config as c; print(c.CONFIG_DIR); "
+                          "sys.argv = ['rlt-mono', 'demo_tiny', 'trainer.max_steps=2']; rlt_mono.cli.main()"],
+                         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert run.stdout.splitlines()[0] == str(target / "rlt_mono" / "cfgs")
+    finals = list((elsewhere / "outputs" / "demo_tiny").glob("*/final/config.json"))
+    assert len(finals) == 1
