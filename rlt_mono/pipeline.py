@@ -14,14 +14,16 @@ included) when it ends. The pipeline adds only the wiring between stages, as ove
     eval_student  output_dir=6_eval_student model.model_name_or_path=null
                   student.model_name_or_path=4_student_sft/final   (the distilled student's accuracy)
 
+with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
+distilled explanation can be empty). These keys (and ``seed``, the pipeline's own) are the pipeline's: a stage's
+own override of one, which the wiring after it would silently replace, stops the pipeline with one line naming the
+key (``check_not_wired``).
+
 Each stage runs in the pipeline folder (``run_stage``), and these paths are relative to it: so is everything a
 stage records (its ``config.yaml``, distill's ``teacher`` field, ``eval.json``, a trainer's best checkpoint), and a
 pipeline folder copied or moved elsewhere continues as it would have in place. A ``model_name_or_path`` or
 ``data.source`` given to a stage that names a file or folder relative to where the pipeline was launched is handed
 on absolute (``launch_relative``).
-
-with ``<group>.gguf_file=null`` beside each trained folder, and ``data.on_bad_row=skip`` for student SFT (a
-distilled explanation can be empty).
 
 A ``data=<option>`` (or ``data.<key>=...``) given to the pipeline reaches every stage that reads the dataset
 (teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.DataConfig``'s defaults go first in
@@ -181,7 +183,9 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         stage = stage_of(step)
         own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
         forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
-        overrides = (*forwarded, *own, f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
+        pipelines = (f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
+        check_not_wired(stages[stage], stage, step, pipelines)
+        overrides = (*forwarded, *own, *pipelines)
         composed = compose(stages[stage].config, list(overrides))
         wired = {override.split("=", 1)[0] for override in wiring[step]}
         if absolute := launch_relative(composed, skip=wired):
@@ -198,6 +202,20 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         plans.append(StagePlan(step, str(stages[stage].config), overrides, root / folders[step],
                                stage_settings(composed, root)))
     return plans
+
+
+def check_not_wired(options: DictConfig, stage: str, step: str, wired: tuple[str, ...]) -> None:
+    """Refuse a stage's own override (``pipeline.<stage>.overrides`` or ``extra_overrides``) of a key the pipeline
+    sets for ``step`` (``wired``: its seed, the step's folder, the earlier steps' outputs it reads), which the
+    pipeline's value, coming after it, would silently replace: one line naming the key and the pipeline's value."""
+    owned = {override.partition("=")[0]: override for override in wired}
+    for which in ("overrides", "extra_overrides"):
+        for override in options.get(which) or []:
+            key = str(override).lstrip("+~").partition("=")[0]
+            if key in owned:
+                where = "set it on the pipeline (seed=...)" if key == "seed" else "leave it out"
+                raise ConfigError(f"pipeline.{stage}.{which}: {key} is the pipeline's to set for step {step} "
+                                  f"({owned[key]}): {where}")
 
 
 def launch_relative(composed: DictConfig, skip: set[str]) -> list[str]:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from transformers import TrainerControl, TrainerState
 
 from rlt_mono import config_check, console, gsm_symbolic
@@ -294,3 +295,28 @@ def test_a_refused_distill_or_eval_with_an_explicit_output_dir_leaves_nothing(tm
         assert capsys.readouterr().err == ("error: model.model_name_or_path=/nowhere/model: no such folder (a local "
                                            "model is a folder with config.json; a hub id looks like org/name)\n")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["there"]
+
+
+# ---- 7. the pipeline's wiring is the pipeline's ------------------------------------------------------------------
+@pytest.mark.parametrize(("extra", "line"), [
+    ("+pipeline.distill.extra_overrides=['output_dir=mine']",
+     "pipeline.distill.extra_overrides: output_dir is the pipeline's to set for step distill (output_dir=3_distill): "
+     "leave it out"),
+    ("+pipeline.eval.extra_overrides=['eval.max_new_tokens=8','model.model_name_or_path=other/teacher']",
+     "pipeline.eval.extra_overrides: model.model_name_or_path is the pipeline's to set for step eval_teacher "
+     "(model.model_name_or_path=2_teacher_rlt/final): leave it out"),
+    ("+pipeline.student_sft.extra_overrides=['data.source=rows.jsonl']",
+     "pipeline.student_sft.extra_overrides: data.source is the pipeline's to set for step student_sft "
+     "(data.source=3_distill/distill.jsonl): leave it out"),
+    ("pipeline.student_sft.overrides=['size=tiny','data=embedded']",
+     "pipeline.student_sft.overrides: data is the pipeline's to set for step student_sft (data=custom): leave it out"),
+    ("+pipeline.teacher_sft.extra_overrides=['+seed=7']",
+     "pipeline.teacher_sft.extra_overrides: seed is the pipeline's to set for step teacher_sft (seed=0): set it on "
+     "the pipeline (seed=...)"),
+])
+def test_a_stage_override_of_the_pipelines_wiring_is_one_line_and_exit_2(extra, line, tmp_path, capsys, launched):
+    from rlt_mono import cli
+
+    assert cli.main(["pipeline_tiny", f"output_dir={tmp_path / 'p'}", extra]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert launched == [] and not (tmp_path / "p").exists()
