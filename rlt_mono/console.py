@@ -166,10 +166,12 @@ def terminal_shows_bars() -> bool:
 
 def console_loggers() -> list[logging.Logger]:
     """The loggers whose lines reach the terminal through a handler of their own: the root logger (rlt_mono's, TRL's
-    and accelerate's lines, which propagate to it) and the libraries' own (transformers', datasets')."""
-    named = [each for each in logging.Logger.manager.loggerDict.values()
-             if isinstance(each, logging.Logger) and each.handlers]
-    return [logging.getLogger(), *named]
+    and accelerate's lines, which propagate to it) and the libraries' own (transformers', datasets'). Only those:
+    tqdm's redirect gives every logger it is handed a handler that writes to the terminal."""
+    loggers = [logging.getLogger(), *(each for each in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(each, logging.Logger))]
+    return [each for each in loggers if any(isinstance(handler, logging.StreamHandler) and handler.stream in (
+        sys.stdout, sys.stderr) for handler in each.handlers)]
 
 
 def bars_only_in_terminal() -> bool:

@@ -56,7 +56,13 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     callback = console.CompactProgressCallback()
     args = SimpleNamespace(disable_tqdm=False, output_dir="/runs/a")
     state, control = _state(0, 2), TrainerControl()
+    file_only = logging.getLogger("round3.file_only")  # a logger that writes to a file alone stays so
+    own_file = logging.StreamHandler(io.StringIO())
+    monkeypatch.setattr(file_only, "handlers", [own_file])
+    monkeypatch.setattr(file_only, "propagate", False)
     callback.on_train_begin(args, state, control)
+    assert file_only.handlers == [own_file]
+    file_only.warning("to its file only")
     state.global_step = 2
     callback.on_step_end(args, state, control)
     callback.on_log(args, state, control, logs={"train_runtime": 3.0})
@@ -66,6 +72,7 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     logging.getLogger("rlt_mono.teacher_rlt").info("final teacher saved to /runs/a/final")
     text = stderr.getvalue()
     assert not GLUED.search(text), text
+    assert "to its file only" not in text and own_file.stream.getvalue() == "to its file only\n"
     # each line starts on a cleared line (the bar wiped with \r), the bar drawn again under it
     assert re.search(r"\r *\rdone: step 2/2 in 3\.0 s \(1\.5 s/step\) \| outputs in /runs/a\n\r100%\|", text), text
     assert re.search(r"\r *\rINFO rlt_mono\.plots: wrote /runs/a/reward_components\.png\n\r100%\|", text), text
