@@ -69,7 +69,7 @@ mkdir -p "$root/logs"
 start=$SECONDS
 
 if [ "${STUDY_TINY:-0}" = 1 ]; then
-  size=(size=tiny data.source=embedded data.embedded_rows=60 data.eval_rows=8 data.gsm_items_per_template=1
+  size=(size=tiny data.source=embedded data.embedded_rows=60 data.eval_rows=8
         "data.heldout_templates=[]" data.heldout_template_rows=null)
   sft_size=(sft.max_steps=2)
   eval_size=(eval.student_max_new_tokens=16)
