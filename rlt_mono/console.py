@@ -198,7 +198,7 @@ def replace_progress_callback(trainer) -> CompactProgressCallback:
     """
     display = (ProgressCallback, PrinterCallback)
     for callback in list(trainer.callback_handler.callbacks):
-        # By name: transformers.utils.notebook imports IPython, which a plain Python (the GPU machine) lacks.
+        # By name: transformers.utils.notebook imports IPython, which a plain Python install need not have.
         if isinstance(callback, display) or type(callback).__name__ == "NotebookProgressCallback":
             trainer.remove_callback(callback)
     callback = CompactProgressCallback()

@@ -203,7 +203,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
 
 
 # trainer.optim values (transformers' OptimizerNames) served by bitsandbytes: its kernels update plain tensors, not
-# FSDP2's sharded DTensor weights (seen on the GPU machine: "bitsandbytes.optimizer_update_32bit ... does not have
+# FSDP2's sharded DTensor weights (seen on an H100 run: "bitsandbytes.optimizer_update_32bit ... does not have
 # a sharding strategy registered").
 BITSANDBYTES_OPTIMIZERS = frozenset({
     "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",

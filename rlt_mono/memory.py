@@ -27,7 +27,7 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
   checkpointing, and the fused LM head's loss buffers; or, when larger, the optimizer step: the gradients and
   the step's temporaries once the backward's buffers are freed (``optimizer_step_bytes``: torch's AdamW makes one
   the size of a state). ``activation_offloading`` (TRL's
-  ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: on the GPU machine it
+  ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: measured on an H100 it
   did not lower the device-level peak.
 
 **A LoRA or QLoRA teacher** (``lora_r > 0``, ``load_in_4bit``; ``rlt_mono/lora.py``): the trainer's teacher is
@@ -254,7 +254,7 @@ class Settings:
     # stays on the GPU), are split over the ranks, 1/data_parallel_ranks each; with bf16, accelerate keeps the
     # trained weights (so their gradients and optimizer state) in float32 ("master weights", upcast when it wraps
     # the model); the units FSDP2 all-gathers for a pass are counted whole (fsdp_gathered_bytes). Checked against
-    # one rank on the GPU machine only (docs/PERFORMANCE.md, "fsdp2 on one rank").
+    # one rank on an H100 only (docs/PERFORMANCE.md, "fsdp2 on one rank").
     sharded: bool
     # The card's total memory (vLLM's pool is a share of it) and what the run may use: the total less what other
     # live processes hold (rlt_mono.device_memory; None: the total).
@@ -608,7 +608,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     score_torch, train_torch = _total(score_terms), _total(train_terms)
     score_terms.append(("allocator cache from TRAIN", max(0, train_torch - score_torch)))
     train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
-    # A 4-bit teacher moved aside freed no device memory on the GPU machine (1.5B and 7B QLoRA; docs/PERFORMANCE.md,
+    # A 4-bit teacher moved aside freed no device memory on an H100 (1.5B and 7B QLoRA; docs/PERFORMANCE.md,
     # "LoRA and QLoRA"): credited with nothing.
     # A sharded teacher is synced through TRL's per-tensor path, without the aside (rlt_mono.trainer).
     aside = s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded

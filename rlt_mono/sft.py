@@ -464,7 +464,7 @@ def heldout_loss_text(before: float | None, after: float | None) -> str:
 def _diversity(run: SFTRun) -> diversity.Diversity | None:
     """The trained teacher's explanation diversity on held-out prompts; a collapsed teacher is warned about loudly.
     One process only: under data parallel the ranks would sample apart; and not on a sharded teacher
-    (placement.strategy=fsdp2), whose ``generate`` meets FSDP2's sharded parameters (found on the GPU machine: "aten.
+    (placement.strategy=fsdp2), whose ``generate`` meets FSDP2's sharded parameters (found on an H200: "aten.
     embedding.default got mixed torch.Tensor and DTensor"). Both are logged, not measured."""
     args = run.trainer.args
     if runtime.world_size() > 1:

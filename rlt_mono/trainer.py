@@ -140,7 +140,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                            "which this run does not use: it is off")
         if aside and quantized:
             logger.warning("trainer.offload_actor_in_generation is off for a 4-bit teacher: moving it aside freed no "
-                           "GPU memory on the GPU machine (docs/PERFORMANCE.md, LoRA and QLoRA)")
+                           "GPU memory when measured (docs/PERFORMANCE.md, LoRA and QLoRA)")
             aside = False
 
         def record_sync(seconds: float) -> None:
