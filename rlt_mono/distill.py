@@ -22,11 +22,12 @@ Rows are generated, scored and appended in batches of ``distill.rows_per_batch``
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
 written are skipped. A question's samples are seeded by ``seed`` and the question alone
 (``rlt_mono.explanation_sampler.prompt_seed``), and a crash loses whole batches, so a resumed run writes the lines of an
-uninterrupted one. Resumed with another ``rows_per_batch``, it writes the same explanations, but a question scored
-beside other questions can get scores that differ in the last digits (the reward pads its micro-batches to other
-widths), which may change the best of near-tied samples. Appends are keyed by question (``DistillFile``): each
-batch first reads what is in the file (under a lock of the file) and writes only the questions not there yet, so
-no path writes a question twice.
+uninterrupted one. Resumed with another ``rows_per_batch``, it writes the same explanations, but where the padding
+to other batches' widths moves the logits in their last digits enough to flip a near-tie of a sampled token; and a
+question scored beside other questions can get scores that differ in the last digits (the reward pads its
+micro-batches to other widths), which may change the best of near-tied samples. Appends are keyed by question
+(``DistillFile``): each batch first reads what is in the file (under a lock of the file) and writes only the
+questions not there yet, so no path writes a question twice.
 Generation uses vLLM on a GPU (asleep while the reward's models score) and
 ``transformers`` ``generate`` on CPU (``placement.rollout``).
 

@@ -9,7 +9,8 @@ The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt
   ``transformers`` ``generate`` (``TransformersGenerator``: CPU, or a GPU without vLLM), by the placement's
   rollout engine; both take and return token ids, so the reward scores exactly the generated ids, and both seed
   each prompt's samples from the run's seed and the prompt alone (``prompt_seed``), so a resumed run samples the
-  questions it has left as the uninterrupted run would have;
+  questions it has left as the uninterrupted run would have (up to the last digits that the padding of a batch moves
+  the logits by, which can flip a near-tie);
 - ``explain``: ``n`` explanations of each row from the RL stage's teacher prompt
   (``rlt_mono.data.render_prompts``), scored by the reward in one batched call;
 - the stages' shared conventions: their rows (``stage_rows``, each question + solution once), their run folder
@@ -22,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from transformers import PreTrainedTokenizerBase
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
 from rlt_mono import checkpoints, left_align, lora, run_lock
 from rlt_mono.build import resolve_placement_for, warn_unused_options
@@ -166,9 +168,41 @@ def prompt_seed(seed: int, prompt_ids: list[int]) -> int:
     return int.from_bytes(digest[:7], "big")
 
 
+class SeededSampling(LogitsProcessor):
+    """Sampling in which every row of a batch draws from its own random stream: a logits processor that samples each
+    row's next token (``temperature``, then top-p) and leaves it the one finite logit, so that ``generate`` without
+    sampling (greedy) takes it. Row ``r``'s stream is a generator seeded with ``seeds[r]`` that gives one uniform draw
+    per step, turned into a token by inverse CDF over the tokens sorted by probability: the rows beside it do not
+    change which draws it gets."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+        self.temperature, self.top_p = temperature, top_p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """``scores`` (B, V) -> (B, V): 0 at each row's sampled token, -inf elsewhere."""
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)  # (B, V)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # (B, V)
+        cdf = sorted_probs.cumsum(dim=-1)  # (B, V)
+        # Top-p keeps the smallest prefix whose mass reaches top_p: the tokens with less than top_p before them.
+        kept = ((cdf - sorted_probs) < self.top_p).sum(dim=-1, keepdim=True)  # (B, 1), >= 1
+        draws = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])  # (B,)
+        target = draws.to(cdf).unsqueeze(-1) * cdf.gather(-1, kept - 1)  # (B, 1), within the kept mass
+        # A draw just under 1 can round up to the whole kept mass: the last kept token, not one past it.
+        position = torch.minimum(torch.searchsorted(cdf, target, right=True), kept - 1)  # (B, 1)
+        return torch.full_like(scores, -math.inf).scatter(-1, order.gather(-1, position), 0.0)
+
+
 class TransformersGenerator:
-    """Sampling with ``model.generate`` (CPU, or a GPU without vLLM): one prompt per call, seeded by
-    ``prompt_seed``; greedy decoding in left-padded batches of ``batch_size`` prompts."""
+    """Sampling with ``model.generate`` (CPU, or a GPU without vLLM), ``batch_size`` prompts a call, each prompt
+    repeated ``n`` times in left-padded rows.
+
+    A sample is drawn by ``SeededSampling`` (temperature and top-p, no top-k, as vLLM samples a request) from a
+    stream seeded by ``prompt_seed`` of the run's seed and its prompt, plus its index among the prompt's ``n`` (as
+    vLLM seeds a request's samples). So it depends on the seed, the prompt's ids, its index and the model, not on
+    the prompts beside it, except through the padding to the batch's longest prompt, which moves the logits in their
+    last digits and can flip a near-tie of the sampled token. A rerun of the same config pads the same batches: the
+    same samples, bit for bit. ``temperature`` 0 is greedy decoding."""
 
     def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, swapper: ModelSwapper, *,
                  max_new_tokens: int, stop_strings: tuple[str, ...] = (), top_p: float, batch_size: int, seed: int):
@@ -180,32 +214,29 @@ class TransformersGenerator:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, temperature: float) -> list[list[list[int]]]:
         """``n`` completions (token ids, trailing padding removed) per prompt; ``temperature`` 0 is greedy."""
-        # Sampling draws the tokens of a whole batch from one random stream, and left padding changes the logits'
-        # rounding, so a prompt sampled in a batch would depend on the prompts beside it (a resumed run batches
-        # others). So each prompt samples alone, from its own seed; greedy decoding draws nothing and batches.
-        batch_size = self.batch_size if temperature == 0 else 1
         pad = self.tokenizer.pad_token_id
-        options = dict(max_new_tokens=self.max_new_tokens, num_return_sequences=n, pad_token_id=pad,
-                       eos_token_id=self.stop_ids, do_sample=temperature > 0)
-        if temperature > 0:
-            options.update(temperature=temperature, top_p=self.top_p)
+        # Greedy: SeededSampling, when sampling, picks each token and leaves generate nothing to draw.
+        options = dict(max_new_tokens=self.max_new_tokens, pad_token_id=pad, eos_token_id=self.stop_ids,
+                       do_sample=False)
         if self.stop_strings:
             options.update(stop_strings=list(self.stop_strings), tokenizer=self.tokenizer)
         completions: list[list[list[int]]] = []
-        for first in range(0, len(prompt_ids), batch_size):
-            chunk = prompt_ids[first : first + batch_size]
-            width = max(len(ids) for ids in chunk)
-            input_ids = torch.full((len(chunk), width), pad, dtype=torch.long)  # (b, P), left-padded
-            attention_mask = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, P)
-            for row, ids in enumerate(chunk):
+        for first in range(0, len(prompt_ids), self.batch_size):
+            chunk = prompt_ids[first : first + self.batch_size]
+            rows = [ids for ids in chunk for _ in range(n)]  # each prompt n times, its samples side by side
+            width = max(len(ids) for ids in rows)
+            input_ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (b*n, P), left-padded
+            attention_mask = torch.zeros((len(rows), width), dtype=torch.long)  # (b*n, P)
+            for row, ids in enumerate(rows):
                 input_ids[row, width - len(ids) :] = torch.tensor(ids)
                 attention_mask[row, width - len(ids) :] = 1
+            if temperature > 0:
+                seeds = [prompt_seed(self.seed, ids) + index for ids in chunk for index in range(n)]
+                options["logits_processor"] = LogitsProcessorList([SeededSampling(seeds, temperature, self.top_p)])
             with self.swapper.resident(self.model):
                 device = next(self.model.parameters()).device
-                with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                    torch.manual_seed(prompt_seed(self.seed, chunk[0]))  # the one prompt's, when sampling
-                    sequences = self.model.generate(input_ids=input_ids.to(device),
-                                                    attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
+                sequences = self.model.generate(input_ids=input_ids.to(device),
+                                                attention_mask=attention_mask.to(device), **options)  # (b*n, P+L)
             new_tokens = sequences[:, width:].tolist()
             for row in range(len(chunk)):
                 completions.append([_strip_trailing(ids, pad) for ids in new_tokens[row * n : (row + 1) * n]])

@@ -1,5 +1,5 @@
 """Runaways stopped early, in one line: a row over a stage's prompt budget in distill and eval; a model folder whose
-weights were cut short."""
+weights were cut short. Distill's sampling on CPU, a batch of prompts a generate call, reproducible."""
 
 import json
 import logging
@@ -7,13 +7,15 @@ import shutil
 import time
 
 import pytest
+import torch
+from transformers import Qwen2ForCausalLM
 
 from rlt_mono import cli
 from rlt_mono.config import compose
-from rlt_mono.distill import DISTILL_FILE
+from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
 from rlt_mono.evaluate import ROWS_FILE
-from rlt_mono.explanation_sampler import load_stage_models
+from rlt_mono.explanation_sampler import SeededSampling, load_stage_models
 from rlt_mono.rewards import TeacherRewardConfig
 
 SHORT = {"question": "What is 4 + 1?", "solution": "4 + 1 = 5. The answer is 5."}
@@ -119,3 +121,39 @@ def test_the_tiny_pair_cut_short_in_the_cache_is_one_line_saying_delete_it(tmp_p
         f"student.model_name_or_path={pair / 'student'}: its weights cannot be read (Error while deserializing "
         f"header: incomplete metadata, file not fully covered), a file cut short or damaged: delete {pair} (rlt_mono "
         "made it in its cache and makes it again on next use)")
+
+
+# ---- distill's sampling on the transformers backend, a batch of prompts a call -----------------------------------
+def test_seeded_sampling_draws_each_row_by_inverse_cdf_from_its_own_stream():
+    """Probabilities 0.5, 0.3, 0.2 and top_p=0.6 keep the first two tokens (0.8 of the mass): a row draws u from
+    its own generator and takes token 0 when u * 0.8 < 0.5, else token 1; never token 2."""
+    scores = torch.tensor([[0.5, 0.3, 0.2]]).log().repeat(3, 1)  # (3, V)
+    seeds = [11, 12, 13]
+    expected = []
+    for seed in seeds:
+        u = torch.rand(1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).item()
+        expected.append(0 if u * 0.8 < 0.5 else 1)
+    forced = SeededSampling(seeds, temperature=1.0, top_p=0.6)(None, scores)
+    assert forced.argmax(-1).tolist() == expected and set(expected) == {0, 1}  # these seeds draw both tokens
+    assert (forced == 0).sum().item() == 3 and torch.isinf(forced).sum().item() == 6
+    # The same seed beside other rows draws the same token: a row's stream is its own.
+    assert SeededSampling([13], 1.0, 0.6)(None, scores[:1]).argmax(-1).tolist() == expected[2:]
+
+
+def test_distill_samples_a_batch_of_prompts_a_call_and_a_rerun_writes_the_same_lines(tmp_path, monkeypatch, tiny_pair):
+    calls = []
+    generate = Qwen2ForCausalLM.generate
+
+    def counting(self, *args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0])
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Qwen2ForCausalLM, "generate", counting)
+    overrides = ["size=tiny", "distill.selection=all", "distill.rows_per_batch=4"]  # 8 rows, 2 samples each
+    for name in ("a", "b"):
+        run_distill(compose("distill", [*overrides, f"output_dir={tmp_path / name}"]))
+    assert calls == [8, 8, 8, 8]  # per run: two calls of 4 prompts x 2 samples, not one call per prompt
+    first, again = ((tmp_path / name / DISTILL_FILE).read_text() for name in ("a", "b"))
+    assert first == again
+    lines = [json.loads(line) for line in first.splitlines()]
+    assert len(lines) == 16 and len({line["explanation"] for line in lines}) > 8  # samples of a prompt differ
