@@ -58,11 +58,9 @@ def main(argv: list[str] | None = None) -> int:
 def close_training_bar() -> None:
     """Close the progress bar of a run stopped in the middle of training (an error, Ctrl-C), so that the lines
     written next start under it rather than glued to its last redraw, and logging goes back to its own handlers."""
-    if "rlt_mono.console" not in sys.modules:  # no stage loaded: no bar
-        return
-    from rlt_mono.console import close_open_bars  # here: only a run that loaded its stage has one open
-
-    close_open_bars()
+    console = sys.modules.get("rlt_mono.console")  # loaded with a stage's code; no stage loaded: no bar
+    if console is not None:
+        console.close_open_bars()
 
 
 def close_process_group() -> None:
