@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Scaling runs and GPU tests on a machine with several GPUs (nvidia-h200-x2 / -x4), in as few device calls as the
-# session's budget allows. The tests run after the arms, never beside them: a test on other GPUs of the same host
-# would share its CPUs and PCIe with the arms being timed. Run from the repository root on the GPU machine, after
-# stashing the GPU stack (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the calls):
+# Scaling runs and GPU tests on a host with several GPUs (nvidia-h200-x2 / -x4), each call under 10 minutes. The
+# tests run after the arms, never beside them: a test on other GPUs of the same host would share its CPUs and PCIe
+# with the arms being timed. Run from the repository root on the GPU host, once the GPU stack is installed
+# (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the calls):
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
@@ -11,7 +11,7 @@
 # them in two calls, 'not fsdp2' then fsdp2.
 set -euo pipefail
 arms=$1 tests=${2:-}
-# The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts) or from ../shared/device's stash_part.sh calls.
+# The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts), else the parts unpacked under .gpu-stack/.
 if [ -f /root/parts/install_gpu_stack.sh ]; then install=(/root/parts/install_gpu_stack.sh /root/parts)
 else install=(.gpu-stack/call-3/install_gpu_stack.sh); fi
 stack=$(bash "${install[@]}" | tail -1)  # stops here (set -e) if the install fails

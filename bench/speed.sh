@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The speed benchmarks of docs/PERFORMANCE.md ("Speed") on the GPU machine, random-weight Qwen2.5 pairs
-# (bench/bench_mono.py), in the background so that they outlive a device call (at most 10 minutes each); run from the
-# repository root after the GPU stack is stashed (bench/gpu_pipeline.sh stash):
+# The speed benchmarks of docs/PERFORMANCE.md ("Speed") on a GPU host, random-weight Qwen2.5 pairs
+# (bench/bench_mono.py), in the background so that they outlive the shell command that starts them (a host reached
+# through commands of limited length); run from the repository root once the GPU stack is installed
+# (bench/gpu_pipeline.sh stash):
 #   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
 #                                 [the pairs' rlt score micro-batch, default rlt_mono's config]
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
@@ -26,7 +27,7 @@
 # test's readings); SPEED_TESTS_FIRST=<expression> runs those first of all (gpu_tests_first.log, .._first_leak.json).
 # With SPEED_LAYERS=1, bench/fused_layers.py runs before the benchmarks (7B and 0.5B layers, liger's kernels against
 # plain ones).
-# Each run writes its JSON after every arm, so a lease that ends early keeps the arms that finished.
+# Each run writes its JSON after every arm, so a run stopped early keeps the arms that finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
 root=/root/speed
@@ -108,7 +109,7 @@ $runs"
 $runs"
     [ -z "${SPEED_TESTS:-}" ] || runs+="$(tests "$SPEED_TESTS" gpu_tests)
 "
-    # The runs use a copy of this tree: a later device call replaces the working tree under them.
+    # The runs use a copy of this tree: a later command may replace the working tree under them.
     rm -rf "$root/code" && mkdir -p "$root/code" && tar cf - --exclude=./.gpu-stack --exclude=./.parts . \
       | tar xf - -C "$root/code"
     printf '%s\nexport PYTHONUNBUFFERED=1\ncd %s/code\n%s\necho done > %s/DONE\n' "$stack" "$root" "$runs" "$root" \

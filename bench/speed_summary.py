@@ -3,7 +3,7 @@
 ``--target 05b`` (``results/speed_05b/``):
 - ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
   order alternates: rlt,trl then trl,rlt), each pair's ratio ``rlt / trl`` of median step seconds, and the median
-  ratio (goal: <= 1.0); a last arm whose pair the lease cut off is listed apart (``unpaired_arms``).
+  ratio (goal: <= 1.0); a last arm whose partner never ran (the script stopped) is listed apart (``unpaired_arms``).
 - ``speed.json``: rlt_mono at ``memory=speed`` (``speed_raw.json``) against the pairs' rlt arms;
   ``speed_liger.json`` / ``speed_noliger.json`` the same for a run with ``trainer.use_liger_kernel`` set the other
   way (``speed_liger_raw.json`` / ``speed_noliger_raw.json``), where there is one. A speed run's steps are not alike
@@ -55,7 +55,7 @@ def cycle_mean(step_seconds: list[float], steps_per_generation: int) -> float:
 
 
 # speed.sh's 0.5B memory=speed runs: the defaults, and the same without liger-kernel's layers (speed_noliger); the
-# 2026-11-27 lease ran without them by default and with them as speed_liger.
+# 2026-11-27 run at fd61d14 ran without them by default and with them as speed_liger.
 SPEED_RUNS = ("speed", "speed_liger", "speed_noliger")
 # speed.sh's 7B arms: noalign is manual with trainer.left_align_padding=false. Runs from before bench_mono.py
 # recorded left_align_padding take theirs from the arm.
@@ -117,14 +117,14 @@ def main() -> None:
                     "full fine-tuning, 8-bit Adam (bench/bench_mono.py)", "runs": seven_b(runs, a.device)},
             indent=1) + "\n")
         return
-    if not (a.folder / "pairs_raw.json").exists():  # the speed runs' baseline is the same lease's default arms
+    if not (a.folder / "pairs_raw.json").exists():  # the speed runs' baseline is the same run's default arms
         parser.error(f"{a.folder} has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms of "
-                     "the same lease, so run the 05b benchmark with at least one pair")
+                     "the same run, so run the 05b benchmark with at least one pair")
     raw = read_raw(a.folder / "pairs_raw.json", parser)
     speed_runs = {name: read_raw(a.folder / f"{name}_raw.json", parser)[0]  # <name>_raw.json -> <name>.json
                   for name in SPEED_RUNS if (a.folder / f"{name}_raw.json").exists()}
     arms = [arm for arm in raw if arm["status"] == "ok"]
-    # A lease that ends inside a pair leaves its first arm alone: it is reported apart, in no ratio.
+    # A run stopped inside a pair leaves its first arm alone: it is reported apart, in no ratio.
     paired = len(arms) // 2 * 2
     unpaired = [{"mode": arm["mode"], "median_step_s": arm["median_step_seconds"]} for arm in arms[paired:]]
     if not paired:
@@ -146,7 +146,7 @@ def main() -> None:
               for i, p in enumerate(pairs, 1)]
     lines += [f"| median | | | | {statistics.median(ratios):.3f} |", ""]
     if unpaired:
-        lines += [f"Unpaired (the lease ended before its pair's other arm): {arm['mode']} "
+        lines += [f"Unpaired (the run stopped before its pair's other arm): {arm['mode']} "
                   f"{arm['median_step_s']:.2f} s/step" for arm in unpaired] + [""]
     for name, speed in speed_runs.items():
         config = speed["grpo_config"]

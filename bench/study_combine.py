@@ -1,18 +1,18 @@
-"""One study.json from the "Does it teach?" arms measured in different device leases (docs/STUDY.md).
+"""One study.json from the "Does it teach?" arms measured in different runs of the study (docs/STUDY.md).
 
-A lease may end before every arm has run (the GPU machine is lent for 30 minutes), so an arm can exist only in an
-earlier lease's folders. This takes each arm from the lease named for it, keeps where it came from, and compares
-arms of different leases paired over the held-out questions they share (every lease draws the same held-out sets:
-data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a lease the
-figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<lease>``: the
-RL teachers of a lease that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is
+A run of bench/study_gsm.sh may stop before every arm has run (a time limit, a lost machine), so an arm can exist
+only in an earlier run's folders. This takes each arm from the run named for it, keeps where it came from, and
+compares arms of different runs paired over the held-out questions they share (every run draws the same held-out
+sets: data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a run the
+figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<run>``: the
+RL teachers of a run that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is
 compared only with entries of the same label (``rl_teacher@best_correct - sft_teacher@best_correct``). The
 correlation is between a teacher's mean held-out reward and the held-out accuracy of the students trained on its
 explanations: one point per seed where each seed has its own teacher (RL), one point per teacher where all seeds
 share it (the SFT teacher, scored once), per held-out set. Usage:
 
-    python bench/study_combine.py --lease <name>=<seed folder>,<seed folder>... [--lease ...] \
-        --arm <arm>[@<label>]=<lease name> ... --out <study.json> [--command "..."] [--device "..."]
+    python bench/study_combine.py --run <name>=<seed folder>,<seed folder>... [--run ...] \
+        --arm <arm>[@<label>]=<run name> ... --out <study.json> [--command "..."] [--device "..."]
 """
 
 import argparse
@@ -33,8 +33,8 @@ from rlt_mono.study import (
 )
 
 
-def cross_lease_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: str) -> dict | None:
-    """``b - a`` per shared question (each side averaged over its lease's seeds), with its bootstrap interval."""
+def cross_run_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: str) -> dict | None:
+    """``b - a`` per shared question (each side averaged over its run's seeds), with its bootstrap interval."""
     a, b = (question_means(values_by_seed(runs, step, "correct", held_out))
             for runs, step in ((runs_a, step_a), (runs_b, step_b)))
     pooled = pooled_over_seeds({0: {q: b[q] - a[q] for q in b if q in a}})
@@ -88,39 +88,42 @@ def correlation(points: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lease", action="append", required=True, help="<name>=<seed folder>,<seed folder>...")
-    parser.add_argument("--arm", action="append", required=True, help="<arm or teacher>=<lease name>")
+    parser.add_argument("--run", action="append", required=True, help="<name>=<seed folder>,<seed folder>...")
+    parser.add_argument("--arm", action="append", required=True, help="<arm or teacher>=<run name>")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--command", action="append", default=[], dest="commands")
     parser.add_argument("--device")
     args = parser.parse_args()
-    leases = {name: [read_seed(Path(f)) for f in folders.split(",")]
-              for name, folders in (item.split("=", 1) for item in args.lease)}
-    entries = dict(item.split("=", 1) for item in args.arm)  # label -> lease
+    runs = {name: [read_seed(Path(f)) for f in folders.split(",")]
+            for name, folders in (item.split("=", 1) for item in args.run)}
+    entries = dict(item.split("=", 1) for item in args.arm)  # label -> run
     unknown = [label for label in entries if label.split("@")[0] not in STUDENT_ARMS]
     if unknown:
         parser.error(f"unknown arm {unknown}: the arms are {list(STUDENT_ARMS)}, optionally with @<label>")
-    arms = [{**arm_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
-            for label, lease in entries.items()]
-    teachers = [{**teacher_entry(leases[lease], label.split("@")[0], 2000, 0), "label": label, "lease": lease}
-                for label, lease in entries.items() if label.split("@")[0] in TEACHER_EVALS]
+    unnamed = sorted({run for run in entries.values() if run not in runs})
+    if unnamed:
+        parser.error(f"--arm names run {unnamed}, which no --run gives: the runs are {list(runs)}")
+    arms = [{**arm_entry(runs[run], label.split("@")[0], 2000, 0), "label": label, "run": run}
+            for label, run in entries.items()]
+    teachers = [{**teacher_entry(runs[run], label.split("@")[0], 2000, 0), "label": label, "run": run}
+                for label, run in entries.items() if label.split("@")[0] in TEACHER_EVALS]
     differences = {}
     for b, a in compared_pairs(list(entries)):
         step_a, step_b = (STUDENT_ARMS[label.split("@")[0]][0] for label in (a, b))
         for held_out in HELD_OUT_SETS:
-            differences[f"{held_out}: {b} ({entries[b]}) - {a} ({entries[a]})"] = cross_lease_difference(
-                leases[entries[a]], step_a, leases[entries[b]], step_b, held_out)
-    study = {"leases": {name: [str(run.folder) for run in runs] for name, runs in leases.items()},
+            differences[f"{held_out}: {b} ({entries[b]}) - {a} ({entries[a]})"] = cross_run_difference(
+                runs[entries[a]], step_a, runs[entries[b]], step_b, held_out)
+    study = {"runs": {name: [str(seed.folder) for seed in seeds] for name, seeds in runs.items()},
              "arms": arms, "teachers": teachers, "differences": differences,
              "correlation": correlation(teacher_student_points(teachers, arms)), "commands": args.commands,
              "device": args.device}
     args.out.write_text(json.dumps(study, indent=1) + "\n")
-    table = ["| arm | lease | seeds | held-out templates [95% CI] | held-out instances [95% CI] |",
+    table = ["| arm | run | seeds | held-out templates [95% CI] | held-out instances [95% CI] |",
              "| --- | --- | --- | --- | --- |"]
     for arm in arms:
         cells = [f"{s['accuracy']:.3f} [{s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}]" if s else "—"
                  for s in (arm["held_out_templates"], arm["held_out_instances"])]
-        table.append(f"| {arm['label']} | {arm['lease']} | {', '.join(map(str, arm['seeds'])) or '—'} | "
+        table.append(f"| {arm['label']} | {arm['run']} | {', '.join(map(str, arm['seeds'])) or '—'} | "
                      f"{cells[0]} | {cells[1]} |")
     table += ["", "| difference, paired over questions | mean [95% CI] | questions |", "| --- | --- | --- |"]
     table += [f"| {name} | {d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['questions']} |"

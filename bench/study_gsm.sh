@@ -6,7 +6,7 @@
 #   STUDY_CONFIG     another pipeline run config (the tests run it on the embedded tiny pair)
 #   STUDY_OVERRIDES  overrides for every pipeline (words, no spaces inside one)
 #   STUDY_CONTROLS   the control steps a worker runs for each of its seeds (comma-separated; default below; empty:
-#                    none, e.g. when an earlier lease measured them)
+#                    none, e.g. when an earlier run measured them)
 #   STUDY_ALSO_SELECTION  a second distill selection (e.g. best_correct): each seed's RL teacher and the SFT teacher
 #                    are distilled that way too, and a student is trained and evaluated on each, in
 #                    <root>/seed<N>-<selection> (the SFT teacher's in the control workers, in
@@ -24,7 +24,7 @@
 #    study.json, study_table.md and the curves in <root>/aggregate (and <root>/aggregate-<selection>).
 # A pipeline that fails is run once more, 30 s later (it continues from the failed stage).
 # Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. bench/gpu_pipeline.sh study|wait drive it on
-# the GPU machine.
+# a GPU host without network access.
 set -uo pipefail
 root=$1 seeds=${2//,/ } workers=${3:-2}
 mkdir -p "$root/logs"
@@ -40,7 +40,8 @@ start=$SECONDS
 pipeline() {  # <folder> <seed> <steps> [overrides]: a second attempt continues from a stage that failed
   local folder=$1 seed=$2 steps=$3; shift 3
   ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "steps=[$steps]" "${extra[@]}" "$@" && return 0
-  # a vLLM start that failed on another process's memory moves (lease 7) is likelier to pass a little later
+  # a vLLM start that failed on another process's memory moves (study run 7, docs/STUDY.md) is likelier to pass a
+  # little later
   echo "pipeline $folder failed: one more attempt from the stage that failed, in 30 s"
   sleep 30
   ./launch_mono.sh "$config" seed="$seed" output_dir="$folder" "steps=[$steps]" "${extra[@]}" "$@"

@@ -127,7 +127,7 @@ def test_fsdp2_shards_the_teacher_on_gpu_ranks_through_its_accelerate_config():
     assert "strategy fsdp2: the teacher and its reference sharded over the ranks (FSDP2)" in table
     assert "  1     1      cuda:1  1/2 sharded, vLLM colocated at 0.7 1/2 sharded   CPU (pinned)" in table
     with pytest.raises(ConfigError, match="trainer.optim=adamw_bnb_8bit with placement.strategy=fsdp2: bitsandbytes"):
-        _plan("placement.strategy=fsdp2", "trainer.optim=adamw_bnb_8bit")  # found on the GPU machine
+        _plan("placement.strategy=fsdp2", "trainer.optim=adamw_bnb_8bit")  # found on an H100
     with pytest.raises(ConfigError, match="which accelerate runs on GPUs only .*use placement.strategy=ddp"):
         _plan("placement.strategy=fsdp2", gpus=0)
     with pytest.raises(ConfigError, match="model.lora_r=16 with placement.strategy=fsdp2: a LoRA teacher .*=ddp"):

@@ -99,7 +99,7 @@ def test_the_fields_read_from_the_sources_are_the_dataclasses_fields():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "cfgs" / "run_cfg").glob("*.yaml")))
 def test_every_run_config_passes_the_early_check(name, monkeypatch):
-    """No false alarm on a shipped config (GPU configs with liger-kernel's layers: as on a GPU machine with it)."""
+    """No false alarm on a shipped config (GPU configs with liger-kernel's layers: as on a GPU host with it)."""
     monkeypatch.setattr(config_check.runtime, "gpus_present", lambda: 1)
     monkeypatch.setattr(config_check.importlib.util, "find_spec", _with_liger(config_check.importlib.util.find_spec))
     extra = ["data.source=rows.jsonl"] if name == "student_sft" else []

@@ -1,4 +1,4 @@
-"""Honest statistics (issue 27, part 6): intervals over too few rows are flagged, ``compare`` refuses evals over
+"""Honest statistics: intervals over too few rows are flagged, ``compare`` refuses evals over
 different held-out sets and answers a file of another shape in one line; ``rescore`` of a folder without rows."""
 
 import json

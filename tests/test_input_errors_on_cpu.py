@@ -1,4 +1,4 @@
-"""Inputs a user can fix (issue 27, part 4): each ends in one line saying what to set, before any model loads
+"""Inputs a user can fix: each ends in one line saying what to set, before any model loads
 where it can; options a stage ignores are refused or warned about."""
 
 import importlib.util
@@ -77,7 +77,7 @@ def test_distilled_rows_trained_on_reasoning_trace_are_warned_about(tmp_path, ca
 
 
 def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, caplog):
-    """Issue 27's runaway: a 1 MB question in a row used to be tokenized for minutes. Its prompt is certainly over
+    """A runaway: a 1 MB question in a row used to be tokenized for minutes. Its prompt is certainly over
     max_length tokens (more characters than max_length times the longest vocabulary entry): dropped, counted; a
     1 MB explanation is cut to that bound before tokenizing."""
     from rlt_mono.sft import build_sft_dataset

@@ -168,7 +168,7 @@ def test_lora_phases_have_no_reference_copy_and_adapter_sized_state():
     qlora = plan(tiny_settings(lora_r=2, load_in_4bit=True, offload_actor_in_generation=True, total_gib=card))
     # a 4-bit layer's pass dequantizes two of the largest linear weights (128) in 2 bytes: 512
     assert dict(qlora.phases["TRAIN"].terms)["4-bit dequantization"] == 512
-    # a 4-bit teacher moved aside freed nothing on the GPU machine: it stays counted while vLLM generates
+    # a 4-bit teacher moved aside freed nothing on an H100: it stays counted while vLLM generates
     generate = dict(qlora.phases["GENERATE"].terms)
     assert generate["teacher weights (NF4 base, adapters)"] == 2931
     assert not any(what.startswith("actor during") for what in generate)

@@ -190,7 +190,7 @@ def test_cli_exit_codes_and_lines(tmp_path):
 
 
 def test_activation_offloading_is_credited_with_no_saving_and_never_advised():
-    # measured on the GPU machine: it did not lower the device-level peak (rlt_mono.memory), so no setting reads it
+    # measured on an H100: it did not lower the device-level peak (rlt_mono.memory), so no setting reads it
     on = memory_planner.settings_from_config(compose_rl("trainer.activation_offloading=true"), total_gib=24.0,
                                              arch="1.5b")
     assert plan(on) == plan(memory_planner.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))

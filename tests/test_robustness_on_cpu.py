@@ -243,7 +243,7 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tm
 
 
 def test_a_full_disk_reported_by_safetensors_is_one_line_too(tmp_path):
-    """Seen on the GPU machine: save_final's safetensors writer reported ENOSPC as its own error type."""
+    """Seen on an H200 whose disk filled: save_final's safetensors writer reported ENOSPC as its own error type."""
     from types import SimpleNamespace
 
     from rlt_mono.errors import UserError

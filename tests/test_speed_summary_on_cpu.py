@@ -95,9 +95,9 @@ def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("raw_files, message", [
-    # memory=speed runs are set against the same lease's pairs
+    # memory=speed runs are set against the same run's pairs
     ({"speed_raw.json": []}, "has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms"),
-    # the lease ended inside the first pair
+    # the run stopped inside the first pair
     ({"pairs_raw.json": [{**_arm("rlt", 7.8), "status": "ok", "grpo_config": {}}]},
      "pairs_raw.json holds no whole pair (1 arm(s) ran): nothing to compare"),
 ])
@@ -116,7 +116,7 @@ def test_raw_results_with_no_whole_pair_are_refused_and_nothing_is_written(raw_f
     assert not (tmp_path / "out").exists()
 
 
-def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp_path, monkeypatch):
+def test_an_arm_whose_pair_never_finished_is_listed_apart_and_in_no_ratio(tmp_path, monkeypatch):
     import json
 
     arms = [{**_arm(mode, median), "status": "ok", "grpo_config": {}}
@@ -133,5 +133,5 @@ def test_an_arm_whose_pair_the_lease_cut_off_is_listed_apart_and_in_no_ratio(tmp
     assert pairs["unpaired_arms"] == [{"mode": "trl", "median_step_s": 5.9}]
     assert pairs["rlt_reward_micro_batch_size"] == 16
     assert (out / "table.md").read_text().endswith(
-        "Unpaired (the lease ended before its pair's other arm): trl 5.90 s/step\n\n")
+        "Unpaired (the run stopped before its pair's other arm): trl 5.90 s/step\n\n")
 

@@ -1,4 +1,4 @@
-"""bench/study_combine.py: the teacher-reward / student-accuracy points and their correlation across leases."""
+"""bench/study_combine.py: the teacher-reward / student-accuracy points and their correlation across runs."""
 
 import importlib.util
 from pathlib import Path
@@ -55,3 +55,41 @@ def test_differences_pair_entries_of_the_same_label_only():
         ("rl_teacher", "sft_teacher"), ("rl_teacher", "base"), ("sft_teacher", "base"),
         ("rl_teacher@best_correct", "sft_teacher@best_correct"), ("rl_teacher@best_correct", "raw_traces@best_correct"),
         ("sft_teacher@best_correct", "raw_traces@best_correct")]  # rl_teacher@200 has no partner of its label
+
+
+def _main(monkeypatch, *argv):
+    import sys
+
+    monkeypatch.setattr(sys, "argv", ["study_combine.py", *argv])
+    combine.main()
+
+
+def test_each_arm_keeps_the_run_it_was_taken_from(tmp_path, monkeypatch):
+    import json
+
+    for run in ("first", "second"):
+        (tmp_path / run / "seed0").mkdir(parents=True)  # seed folders whose steps did not run
+    out = tmp_path / "study.json"
+    _main(monkeypatch, "--run", f"first={tmp_path / 'first' / 'seed0'}", "--run",
+          f"second={tmp_path / 'second' / 'seed0'}", "--arm", "base=first", "--arm", "rl_teacher=second",
+          "--out", str(out), "--device", "nvidia-h200")
+    study = json.loads(out.read_text())
+    assert study["runs"] == {"first": [str(tmp_path / "first" / "seed0")],
+                             "second": [str(tmp_path / "second" / "seed0")]}
+    assert [(arm["label"], arm["run"], arm["missing"]) for arm in study["arms"]] == [
+        ("base", "first", True), ("rl_teacher", "second", True)]
+    table = (tmp_path / "study_table.md").read_text().splitlines()
+    assert table[:4] == ["| arm | run | seeds | held-out templates [95% CI] | held-out instances [95% CI] |",
+                         "| --- | --- | --- | --- | --- |", "| base | first | — | — | — |",
+                         "| rl_teacher | second | — | — | — |"]
+
+
+def test_an_arm_from_a_run_no_run_option_gives_is_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "seed0").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        _main(monkeypatch, "--run", f"first={tmp_path / 'seed0'}", "--arm", "base=frist", "--out",
+              str(tmp_path / "study.json"))
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "error: --arm names run ['frist'], which no --run gives: the runs are ['first']")
+    assert not (tmp_path / "study.json").exists()

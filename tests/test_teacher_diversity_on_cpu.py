@@ -101,7 +101,7 @@ def test_sft_stops_on_a_rising_heldout_loss_and_keeps_the_best_checkpoint(tmp_pa
 
 
 def test_a_sharded_teacher_is_not_sampled_and_the_log_says_why(monkeypatch, caplog):
-    # Found on the GPU machine: transformers' generate on a teacher FSDP2 shards (placement.strategy=fsdp2, one rank)
+    # Found on an H200: transformers' generate on a teacher FSDP2 shards (placement.strategy=fsdp2, one rank)
     # stopped teacher_sft after training with "aten.embedding.default got mixed torch.Tensor and DTensor".
     from types import SimpleNamespace
 
