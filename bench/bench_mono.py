@@ -433,7 +433,7 @@ def run_rlt(a) -> dict:
 
 def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     from rlt_mono import build_trainer
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     out = run_folder(a, f"rlt-{a.placement}{a.gpus if a.placement == 'dp' else ''}")
     cfg = compose_bench(a, teacher, student, out)

@@ -19,7 +19,7 @@
 #    its seeds one after another. Once a seed's RL ends, three pipelines run at once: distill -> student SFT -> eval
 #    of the student in seed<N>, the RL teacher's eval in seed<N>ev, and the second selection's distill -> student
 #    SFT -> eval in seed<N>-<selection> (each folder links the teachers it reads). vLLM engines start one at a
-#    time (rlt_mono.run_lock.engine_start).
+#    time (rlt_mono.runs.lock.engine_start).
 # 3. The other folders' steps are linked into their seed's folder, then python -m rlt_mono.study aggregate writes
 #    study.json, study_table.md and the curves in <root>/aggregate (and <root>/aggregate-<selection>).
 # A pipeline that fails is run once more, 30 s later (it continues from the failed stage).

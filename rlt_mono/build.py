@@ -21,10 +21,8 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import checkpoints, device_memory, launch, lora, memory_planner, runtime
-from rlt_mono.atomic_write import write_text
+from rlt_mono import device_memory, launch, lora, memory_planner, runtime
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.memory import GIB, Arch
@@ -41,7 +39,10 @@ from rlt_mono.phases import PhaseTimer
 from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
-from rlt_mono.run_files import RunFilesCallback
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs.atomic_write import write_text
+from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
+from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.swapper import ModelSwapper
 from rlt_mono.trainer import RLTTrainer
 

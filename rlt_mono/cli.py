@@ -24,12 +24,14 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from rlt_mono import checkpoints, config_check, launch, run_lock, runtime
+from rlt_mono import config_check, launch, runtime
 from rlt_mono.config import ConfigError, available_run_configs, compose, config_groups, default_cache_dir
 from rlt_mono.errors import UserError
 from rlt_mono.memory_planner import MODES as MEMORY_MODES
 from rlt_mono.pipeline_steps import pipeline_options
 from rlt_mono.placement import PlacementError, gpus_to_expose
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs import lock as run_lock
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger("rlt_mono")
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 def close_training_bar() -> None:
     """Close the progress bar of a run stopped in the middle of training (an error, Ctrl-C), so that the lines
     written next start under it rather than glued to its last redraw, and logging goes back to its own handlers."""
-    console = sys.modules.get("rlt_mono.console")  # loaded with a stage's code; no stage loaded: no bar
+    console = sys.modules.get("rlt_mono.runs.console")  # loaded with a stage's code; no stage loaded: no bar
     if console is not None:
         console.close_open_bars()
 
@@ -186,7 +188,7 @@ def quiet_progress_bars() -> None:
 
 def hold_run_folder(cfg) -> None:
     """Name the run's folder before its stage starts (``output_dir``, or a new ``run_dir`` when it is unset, which
-    the stage then uses) and hold its lock (``rlt_mono.run_lock``) until the stage ends, so no second run writes
+    the stage then uses) and hold its lock (``rlt_mono.runs.lock``) until the stage ends, so no second run writes
     into it. Not in a data-parallel rank (its launcher holds the lock), nor on any but the first machine of a
     multi-machine run (the first holds the shared folder), nor for resume_from_checkpoint=true with output_dir unset
     (the stage says to set it)."""

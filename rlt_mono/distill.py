@@ -51,9 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 from rlt_mono.arithmetic import check
-from rlt_mono.atomic_write import append_to, write_text, writing
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.console import terminal_shows_bars
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.explanation_sampler import (
     SamplingOptions,
@@ -68,6 +66,8 @@ from rlt_mono.explanation_sampler import (
     teacher_prompts,
 )
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.runs.atomic_write import append_to, write_text, writing
+from rlt_mono.runs.console import terminal_shows_bars
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono import eval_compare
-from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import SPLITS
 from rlt_mono.errors import UserError
@@ -73,6 +72,7 @@ from rlt_mono.explanation_sampler import (
 from rlt_mono.prompts import PromptFormat, begin_tag
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
+from rlt_mono.runs.atomic_write import write_json, write_text
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, left_align, lora, run_lock
+from rlt_mono import left_align, lora
 from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, PromptBudget, load_split, render_prompts
@@ -53,6 +53,8 @@ from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
 from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs import lock as run_lock
 from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ across ranks (``ddp``: the teacher replicated, ``cfgs/accelerate/ddp.yaml``; ``f
 gradients and optimizer state and TRL's reference sharded over the ranks, ``cfgs/accelerate/fsdp2.yaml``, for a
 teacher whose replicated training state does not fit one GPU; GPUs only). Metrics rows,
 samples, checkpoints (one copy of the model, optimizer and reference; one RNG file per rank) and ``final/`` are
-written once, by rank 0 (``rlt_mono.checkpoints``). The SFT stages (``teacher_sft``, ``student_sft``) run the
+written once, by rank 0 (``rlt_mono.runs.checkpoints``). The SFT stages (``teacher_sft``, ``student_sft``) run the
 same way with transformers' own data parallelism: each rank trains on its share of the rows.
 
 What this module does before any rank starts, from the composed config and the GPUs present: the
@@ -49,11 +49,11 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlt_mono import memory, memory_planner, runtime
-from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import CONFIG_DIR, ConfigError
 from rlt_mono.errors import UserError
 from rlt_mono.models import load_config, model_path
 from rlt_mono.placement import PlacementError, check_main_process_port
+from rlt_mono.runs.checkpoints import resolve_output_dir
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from rlt_mono.checkpoints import saved_stage
 from rlt_mono.config import ConfigError, default_cache_dir
 from rlt_mono.embedded import embedded_model_path, is_embedded
 from rlt_mono.pretrained import materialize
+from rlt_mono.runs.checkpoints import saved_stage
 
 logger = logging.getLogger(__name__)
 

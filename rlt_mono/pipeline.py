@@ -91,8 +91,6 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlt_mono import checkpoints
-from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import DataConfig
 from rlt_mono.errors import UserError
@@ -104,6 +102,8 @@ from rlt_mono.pipeline_steps import (
     override_value,
     pipeline_options,
 )
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.stages import STAGES
 from rlt_mono.study import write_study
 

@@ -45,8 +45,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import checkpoints, console, diversity, lora, runtime
-from rlt_mono.atomic_write import write_json, write_text
+from rlt_mono import diversity, lora, runtime
 from rlt_mono.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import (
@@ -60,12 +59,14 @@ from rlt_mono.data import (
     validate_rows,
 )
 from rlt_mono.errors import UserError
-from rlt_mono.final_model import save_final
 from rlt_mono.models import load_model, load_tokenizer, model_kwargs
 from rlt_mono.models import model_path as resolve_model
-from rlt_mono.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.prompts import PromptFormat
-from rlt_mono.run_files import RunFilesCallback
+from rlt_mono.runs import checkpoints, console
+from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.runs.files import RunFilesCallback
+from rlt_mono.runs.final_model import save_final
+from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
@@ -308,7 +309,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     sft_kwargs = OmegaConf.to_container(cfg.sft, resolve=True)
     sft_kwargs.update(output_dir=str(output_dir), run_name=cfg.run_name, seed=cfg.seed,
                       report_to=list(cfg.logging.report_to))
-    # Off a terminal (a log file, a pipe) no bars: transformers prints one line per logged step (rlt_mono.console).
+    # Off a terminal (a log file, a pipe) no bars: transformers prints one line per logged step (rlt_mono.runs.console).
     bars = console.bars_only_in_terminal()
     if sft_kwargs.get("disable_tqdm") is None:  # +sft.disable_tqdm=... decides for itself
         sft_kwargs["disable_tqdm"] = not bars

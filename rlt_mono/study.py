@@ -20,7 +20,7 @@ figure is first averaged over the seeds that answered it, then the figure is the
 bootstrap interval over questions, beside each seed's own figure and their spread; paired differences average each
 question's difference over seeds. It also correlates each teacher's reward with its student's accuracy, sums up the
 RL runs (tied groups, held-out reward curve) and the teacher SFT, and writes ``study.json``, ``study_table.md`` and
-three plots (``rlt_mono.plots``). A step that did not run is reported as missing, never filled in:
+three plots (``rlt_mono.runs.plots``). A step that did not run is reported as missing, never filled in:
 
     python -m rlt_mono.study aggregate <root>/seed0 <root>/seed1 <root>/seed2 --out <root>/aggregate \
         --command "bash bench/study_gsm.sh <root> 0,1,2" --device "one H200"
@@ -40,12 +40,12 @@ import numpy as np
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlt_mono.atomic_write import write_json, write_text
 from rlt_mono.errors import UserError
 from rlt_mono.eval_stats import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
-from rlt_mono.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 from rlt_mono.pipeline_steps import STEP_FOLDER_NAMES
-from rlt_mono.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
+from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.runs.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
+from rlt_mono.runs.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlt_mono import run_lock
 from rlt_mono.phases import PhaseTimer
+from rlt_mono.runs import lock as run_lock
 
 logger = logging.getLogger(__name__)
 _GIB = 1024**3

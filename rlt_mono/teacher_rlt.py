@@ -12,12 +12,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlt_mono import checkpoints
 from rlt_mono.build import build_trainer
 from rlt_mono.errors import UserError
-from rlt_mono.final_model import save_final
-from rlt_mono.outputs import METRICS_FILE, read_metrics
-from rlt_mono.run_readme import launch_command, write_run_readme
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs.final_model import save_final
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.readme import launch_command, write_run_readme
 
 logger = logging.getLogger(__name__)
 

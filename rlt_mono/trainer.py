@@ -45,12 +45,14 @@ from transformers import TrainerCallback
 from transformers.integrations.liger import apply_liger_kernel
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import checkpoints, device_memory, dynamic_sampling, left_align, lora, run_lock, trl_vllm
+from rlt_mono import device_memory, dynamic_sampling, left_align, lora, trl_vllm
 from rlt_mono.config import ConfigError
 from rlt_mono.memory import GIB
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs import lock as run_lock
 from rlt_mono.sleep_leak import SleepLeakTracker
 from rlt_mono.swapper import ModelSwapper
 

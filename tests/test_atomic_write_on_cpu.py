@@ -1,4 +1,4 @@
-"""A full, read-only or forbidden disk (rlt_mono.atomic_write): one line naming the path and the space, and the
+"""A full, read-only or forbidden disk (rlt_mono.runs.atomic_write): one line naming the path and the space, and the
 last complete file still readable; the same for metrics rows, final/ and a torch checkpoint writer's error."""
 
 import errno
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlt_mono import atomic_write, checkpoints
-from rlt_mono.atomic_write import DiskError
-from rlt_mono.final_model import save_final
-from rlt_mono.outputs import METRICS_FILE, read_metrics
-from rlt_mono.run_files import RunFilesCallback
+from rlt_mono.runs import atomic_write, checkpoints
+from rlt_mono.runs.atomic_write import DiskError
+from rlt_mono.runs.files import RunFilesCallback
+from rlt_mono.runs.final_model import save_final
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 
 
 def test_a_full_disk_keeps_the_previous_file_whole_and_says_the_space(tmp_path, monkeypatch):

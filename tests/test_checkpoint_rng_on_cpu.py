@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlt_mono.checkpoints import VerifiedCheckpoints
+from rlt_mono.runs.checkpoints import VerifiedCheckpoints
 
 
 class TransformersTrainer:

@@ -13,7 +13,7 @@ from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 from transformers.utils.notebook import NotebookProgressCallback
 
-from rlt_mono.console import (
+from rlt_mono.runs.console import (
     CompactProgressCallback,
     format_step_line,
     format_summary_line,
@@ -65,7 +65,7 @@ def test_compact_callback_writes_lines_not_dicts(caplog):
     args = SimpleNamespace(disable_tqdm=True, output_dir="/runs/b")  # no bar: the lines go to logging
     state, control = _state(0, 2), TrainerControl()
     callback.on_train_begin(args, state, control)
-    with caplog.at_level(logging.INFO, logger="rlt_mono.console"):
+    with caplog.at_level(logging.INFO, logger="rlt_mono.runs.console"):
         state.global_step = 1
         callback.on_log(args, state, control, logs=dict(FULL_LOG))
         callback.on_log(args, state, control, logs={"train_runtime": 3.0, "train_loss": 0.0})
@@ -86,7 +86,7 @@ def test_compact_callback_draws_a_bar_only_in_a_terminal(monkeypatch, caplog, te
     callback = CompactProgressCallback()
     args = SimpleNamespace(disable_tqdm=False, output_dir="/runs/c")
     state, control = _state(0, 2), TrainerControl()
-    with caplog.at_level(logging.INFO, logger="rlt_mono.console"):
+    with caplog.at_level(logging.INFO, logger="rlt_mono.runs.console"):
         callback.on_train_begin(args, state, control)
         state.global_step = 1
         callback.on_step_end(args, state, control)
@@ -112,11 +112,11 @@ def test_replace_progress_callback_removes_whichever_transformers_added(default)
 def test_a_run_without_reward_spread_is_warned_about_once(caplog):
     from types import SimpleNamespace
 
-    from rlt_mono.console import NoLearningSignalWarning
+    from rlt_mono.runs.console import NoLearningSignalWarning
 
     watch = NoLearningSignalWarning(window=3, threshold=0.9)
     main, other_rank = SimpleNamespace(is_world_process_zero=True), SimpleNamespace(is_world_process_zero=False)
-    with caplog.at_level("WARNING", logger="rlt_mono.console"):
+    with caplog.at_level("WARNING", logger="rlt_mono.runs.console"):
         for spread in (1.0, 1.0, 0.5, 1.0, 1.0):  # windows: [1, 1, .5] -> 0.83, [1, .5, 1] -> 0.83, [.5, 1, 1] -> 0.83
             watch.on_log(None, main, None, logs={"frac_reward_zero_std": spread})
         assert not watch.warned

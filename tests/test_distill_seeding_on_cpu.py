@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from rlt_mono import run_lock
 from rlt_mono.config import compose
 from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.explanation_sampler import VLLMGenerator, prompt_seed
+from rlt_mono.runs import lock as run_lock
 
 # Every sample written (selection=all), so every sample of every question is compared.
 OVERRIDES = ["data.max_rows=6", "distill.selection=all", "distill.samples_per_question=2", "distill.max_new_tokens=24"]

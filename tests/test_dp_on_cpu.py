@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import checkpoints, launch, runtime
+from rlt_mono import launch, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.placement import PlacementError, Role, gpus_to_expose, resolve_placement
+from rlt_mono.runs import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_DP = ["placement=dp", "trainer.plot_metrics=false", "trainer.max_completion_length=24"]

@@ -8,7 +8,7 @@ import torch
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.config import ConfigError
 from rlt_mono.dynamic_sampling import fresh_prompts, refill_tied_groups, replace_groups, tied_groups
-from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 
 NAN = math.nan
 

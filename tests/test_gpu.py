@@ -128,7 +128,7 @@ def test_frozen_models_live_on_cpu_outside_their_phase(gpu_run):
 
 
 def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     trainer, out, _, _, _ = gpu_run
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
@@ -147,7 +147,7 @@ def test_training_with_sleeping_colocated_vllm_writes_phase_metrics(gpu_run):
 
 
 def test_colocated_vllm_gets_the_one_call_sync_and_the_reward_reuses_policy_log_probs(gpu_run):
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     trainer, out, seen, _, _ = gpu_run
     # vLLM importance sampling (TRL's default) makes TRL compute its policy log-probs in every generation batch.
@@ -179,7 +179,7 @@ def test_vllm_starts_beside_the_teacher_alone(gpu_run):
 @pytest.mark.gpu2
 def test_student_gpu_placement_keeps_the_student_on_gpu1_and_overlaps(bf16_pair, tmp_path):
     from rlt_mono import build_trainer, compose, release_trainer
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     cfg = compose("demo_tiny", [f"output_dir={tmp_path}", "placement=student_gpu", *_vllm_pair(bf16_pair)])
     trainer = build_trainer(cfg)
@@ -322,8 +322,8 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
     from safetensors.torch import load_file
 
     from rlt_mono import build_trainer, compose, lora, release_trainer
-    from rlt_mono.final_model import save_final
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.final_model import save_final
+    from rlt_mono.runs.outputs import read_metrics
 
     cfg = compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair), "trainer.learning_rate=5e-3",
                                 "model.lora_r=8", "model.load_in_4bit=true"])
@@ -360,7 +360,7 @@ def test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_s
     import math
 
     from rlt_mono import build_trainer, compose, release_trainer
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     trainer = build_trainer(compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair),
                                                   "trainer.use_liger_kernel=true"]))
@@ -384,7 +384,7 @@ def test_sleep_wake_cycles_keep_device_memory_flat(bf16_pair, tmp_path):
     from pathlib import Path
 
     from rlt_mono import build_trainer, compose, release_trainer
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     steps, bound = 22, 256 * 1024**2
     overrides = [o for o in _vllm_pair(bf16_pair) if not o.startswith("trainer.max_steps=")]
@@ -444,7 +444,7 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
 def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_path):
     """placement=auto through launch_mono.sh: with two or more GPUs visible the RL stage relaunches as
     placement=split (data parallel, two ranks, one per GPU); with one it runs mono in the launcher's process."""
-    from rlt_mono.outputs import read_metrics
+    from rlt_mono.runs.outputs import read_metrics
 
     gpus = torch.cuda.device_count()
     out = tmp_path / "auto"

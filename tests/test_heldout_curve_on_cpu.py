@@ -4,8 +4,8 @@ import json
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.data import DataConfig, load_split
-from rlt_mono.outputs import EVAL_EVENT, read_metrics
-from rlt_mono.plots import EVAL_SERIES, metric_series
+from rlt_mono.runs.outputs import EVAL_EVENT, read_metrics
+from rlt_mono.runs.plots import EVAL_SERIES, metric_series
 
 
 def test_eval_rows_score_the_first_held_out_questions_every_eval_steps(tmp_path):

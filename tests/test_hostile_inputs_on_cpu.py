@@ -14,11 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import build, checkpoints, cli, explanation_sampler, pretrained, run_lock, runtime
-from rlt_mono.atomic_write import DiskError
+from rlt_mono import build, cli, explanation_sampler, pretrained, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.errors import UserError
 from rlt_mono.placement import PlacementError, check_main_process_port
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs import lock as run_lock
+from rlt_mono.runs.atomic_write import DiskError
 
 
 class Stop(Exception):

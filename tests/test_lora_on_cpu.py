@@ -58,7 +58,7 @@ def test_disabled_adapters_are_seen_and_merge_to_the_base(teacher):
 
 
 def test_rl_stage_with_a_lora_teacher_trains_adapters_and_saves_the_merged_teacher(tmp_path):
-    from rlt_mono.outputs import METRICS_FILE, read_metrics
+    from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
     from rlt_mono.teacher_rlt import run_teacher_rlt
 
     out = tmp_path / "run"

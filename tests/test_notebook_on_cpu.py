@@ -8,8 +8,8 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from rlt_mono.console import format_step_line
-from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.console import format_step_line
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK = ROOT / "notebooks" / "debug_rlt_mono.ipynb"

@@ -9,8 +9,8 @@ import pytest
 from transformers import TrainerControl, TrainerState
 
 from rlt_mono.errors import UserError
-from rlt_mono.outputs import METRICS_FILE, SAMPLES_FILE, drop_rows_after, read_metrics
-from rlt_mono.run_files import RunFilesCallback, sample_row
+from rlt_mono.runs.files import RunFilesCallback, sample_row
+from rlt_mono.runs.outputs import METRICS_FILE, SAMPLES_FILE, drop_rows_after, read_metrics
 
 
 def _state(step, max_steps=40):

@@ -1,5 +1,6 @@
 """A tiny run whose output goes to a pipe (``./launch_mono.sh ... 2>&1 | tee log``, a pipeline stage's log): no
-progress-bar redraws (``\\r``), one whole line per training step (rlt_mono.console), in the RL and SFT stages alike."""
+progress-bar redraws (``\\r``), one whole line per training step (rlt_mono.runs.console), in the RL and SFT stages
+alike."""
 
 import re
 import subprocess

@@ -18,10 +18,10 @@ import yaml
 from omegaconf import OmegaConf
 
 from rlt_mono import cli, pipeline
-from rlt_mono.checkpoints import MANIFEST
 from rlt_mono.config import CONFIG_DIR, compose
 from rlt_mono.errors import UserError
 from rlt_mono.pipeline_steps import STEPS, PipelineOptions, pipeline_options
+from rlt_mono.runs.checkpoints import MANIFEST
 
 ROOT = Path(__file__).resolve().parent.parent
 # The smallest stages the other pipeline tests run; distill writes one question at a time, so a kill can land

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from rlt_mono.outputs import METRICS_FILE
-from rlt_mono.plots import draw_metric_series, metric_series, plot_metrics, running_mean, smoothing_window
+from rlt_mono.runs.outputs import METRICS_FILE
+from rlt_mono.runs.plots import draw_metric_series, metric_series, plot_metrics, running_mean, smoothing_window
 
 
 def _step_row(step, reward, **extra):

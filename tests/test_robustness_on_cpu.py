@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlt_mono import checkpoints
-from rlt_mono.checkpoints import resolve_output_dir
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.models import resolve_model_path
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs.checkpoints import resolve_output_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -227,7 +227,7 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tm
 
     from safetensors.torch import load_file
 
-    from rlt_mono.outputs import METRICS_FILE, read_metrics
+    from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
     from rlt_mono.teacher_rlt import run_teacher_rlt
 
     out = tmp_path / "run"

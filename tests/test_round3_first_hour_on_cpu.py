@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from rlt_mono import config_check, console, gsm_symbolic
+from rlt_mono import config_check, gsm_symbolic
 from rlt_mono.config import default_cache_dir
+from rlt_mono.runs import console
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "trl", "datasets")
@@ -67,7 +68,7 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     callback.on_step_end(args, state, control)
     callback.on_log(args, state, control, logs={"train_runtime": 3.0})
     # what another callback logs at the end of training, before this one closes the bar (the reward plot)
-    logging.getLogger("rlt_mono.plots").info("wrote /runs/a/reward_components.png")
+    logging.getLogger("rlt_mono.runs.plots").info("wrote /runs/a/reward_components.png")
     callback.on_train_end(args, state, control)
     logging.getLogger("rlt_mono.teacher_rlt").info("final teacher saved to /runs/a/final")
     text = stderr.getvalue()
@@ -102,7 +103,7 @@ def test_off_a_terminal_there_is_no_bar_and_the_handlers_stay(monkeypatch, caplo
     handlers = list(logging.getLogger().handlers)
     callback = console.CompactProgressCallback()
     args, state, control = SimpleNamespace(disable_tqdm=False, output_dir="/runs/c"), _state(0, 1), TrainerControl()
-    with caplog.at_level(logging.INFO, logger="rlt_mono.console"):
+    with caplog.at_level(logging.INFO, logger="rlt_mono.runs.console"):
         callback.on_train_begin(args, state, control)
         assert logging.getLogger().handlers == handlers  # nothing redirected
         state.global_step = 1
@@ -268,7 +269,7 @@ def test_the_resume_command_names_the_run_folder_from_where_it_was_launched(tmp_
     to run the command from as seen from the run folder: a copy of the tree resumes with the same command."""
     import shutil
 
-    from rlt_mono.run_readme import write_run_readme
+    from rlt_mono.runs.readme import write_run_readme
 
     command = "./launch_mono.sh demo_tiny trainer.max_steps=3"
     resume = f"{command} output_dir=outputs/demo_tiny/t1 resume_from_checkpoint=true"

@@ -1,4 +1,4 @@
-"""One writer per run folder (rlt_mono.run_lock): a live holder stops a second writer in one line naming it, a lock
+"""One writer per run folder (rlt_mono.runs.lock): a live holder stops a second writer in one line naming it, a lock
 left by a killed run is taken over, and the dispatcher holds the lock for the whole stage (not in a rank)."""
 
 import json
@@ -12,14 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import cli, run_lock
+from rlt_mono import cli
 from rlt_mono.errors import UserError
+from rlt_mono.runs import lock as run_lock
 from rlt_mono.stages import Stage
 
 ROOT = Path(__file__).resolve().parent.parent
-HOLD = ("import sys, time\nfrom rlt_mono import run_lock\nrun_lock.acquire(sys.argv[1])\nprint('held', flush=True)\n"
+HOLD = ("import sys, time\nfrom rlt_mono.runs import lock as run_lock\nrun_lock.acquire(sys.argv[1])\n"
+        "print('held', flush=True)\n"
         "time.sleep(120)\n")
-TRY = ("import sys\nfrom rlt_mono import run_lock\ntry:\n    run_lock.acquire(sys.argv[1])\n"
+TRY = ("import sys\nfrom rlt_mono.runs import lock as run_lock\ntry:\n    run_lock.acquire(sys.argv[1])\n"
        "except run_lock.FolderInUse as err:\n    print(err)\n")
 
 
@@ -128,7 +130,7 @@ def test_two_writers_of_one_distill_file_never_write_a_question_twice(tmp_path):
     assert _questions(path)[200:] == ["new"]
 
 
-ENGINE_HOLD = ("import sys, time\nfrom rlt_mono import run_lock\nwith run_lock.engine_start():\n"
+ENGINE_HOLD = ("import sys, time\nfrom rlt_mono.runs import lock as run_lock\nwith run_lock.engine_start():\n"
                "    print('starting', flush=True)\n    sys.stdin.readline()\n")
 
 
@@ -148,7 +150,7 @@ def test_engine_starts_wait_for_each_other_and_name_the_holder(tmp_path, monkeyp
 
         timer = threading.Timer(1.0, release_later)
         timer.start()
-        with caplog.at_level("INFO", logger="rlt_mono.run_lock"), run_lock.engine_start():
+        with caplog.at_level("INFO", logger="rlt_mono.runs.lock"), run_lock.engine_start():
             order.append("entered")
         timer.join()
         assert order == ["released", "entered"]
@@ -159,7 +161,7 @@ def test_engine_starts_wait_for_each_other_and_name_the_holder(tmp_path, monkeyp
         holder.wait()
     # Free again: a start with no other start under way does not wait.
     caplog.clear()
-    with caplog.at_level("INFO", logger="rlt_mono.run_lock"), run_lock.engine_start():
+    with caplog.at_level("INFO", logger="rlt_mono.runs.lock"), run_lock.engine_start():
         pass
     assert "waiting" not in caplog.text
 

@@ -3,8 +3,8 @@ launch command it records."""
 
 from pathlib import Path
 
-from rlt_mono.outputs import METRICS_FILE
-from rlt_mono.run_readme import Block, launch_command, resume_command, reward_trend, write_run_readme
+from rlt_mono.runs.outputs import METRICS_FILE
+from rlt_mono.runs.readme import Block, launch_command, resume_command, reward_trend, write_run_readme
 
 ROOT = Path(__file__).resolve().parent.parent
 

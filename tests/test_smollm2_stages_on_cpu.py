@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rlt_mono.config import compose
-from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 
 pytestmark = pytest.mark.skipif(os.environ.get("RLT_MONO_SLOW") != "1", reason="slow: set RLT_MONO_SLOW=1")
 

@@ -10,7 +10,7 @@ import trl
 from accelerate.utils import DistributedType
 
 from rlt_mono import trl_vllm
-from rlt_mono.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 from rlt_mono.trl_vllm import TRLSurfaceError
 
 

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlt_mono import runtime
-from rlt_mono.atomic_write import check_free_space, write_error
 from rlt_mono.config import ConfigError
 from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.runs.atomic_write import check_free_space, write_error
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)

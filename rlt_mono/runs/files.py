@@ -2,8 +2,8 @@
 
 ``RunFilesCallback`` appends a row to ``metrics.jsonl`` at every log and a few of the reward's scored explanations
 to ``samples.jsonl`` (``sample_row``), writes ``README.md`` at each checkpoint and at the end
-(``rlt_mono.run_readme``), and draws ``reward_components.png`` at the end (``rlt_mono.plots``). What each file holds
-and how it is read back is ``rlt_mono.outputs``.
+(``rlt_mono.runs.readme``), and draws ``reward_components.png`` at the end (``rlt_mono.runs.plots``). What each file
+holds and how it is read back is ``rlt_mono.runs.outputs``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from rlt_mono.atomic_write import append_text
-from rlt_mono.checkpoints import how_to_continue
-from rlt_mono.outputs import (
+from rlt_mono.runs.atomic_write import append_text
+from rlt_mono.runs.checkpoints import how_to_continue
+from rlt_mono.runs.outputs import (
     EVAL_EVENT,
     METRICS_FILE,
     PLOT_FILE,
@@ -29,8 +29,8 @@ from rlt_mono.outputs import (
     is_summary_log,
     read_metrics,
 )
-from rlt_mono.plots import plot_metrics
-from rlt_mono.run_readme import launch_command, write_run_readme
+from rlt_mono.runs.plots import plot_metrics
+from rlt_mono.runs.readme import launch_command, write_run_readme
 
 logger = logging.getLogger(__name__)
 

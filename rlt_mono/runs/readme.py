@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from rlt_mono.outputs import (
+from rlt_mono.runs.outputs import (
     CONFIG_FILE,
     METRICS_FILE,
     PLOT_FILE,
@@ -24,7 +24,7 @@ from rlt_mono.outputs import (
     is_number,
     row_event,
 )
-from rlt_mono.plots import smoothing_window
+from rlt_mono.runs.plots import smoothing_window
 
 # The launcher script beside the rlt_mono package (the repository's root).
 LAUNCHER = "launch_mono.sh"
@@ -63,7 +63,7 @@ RUN_FILES = {
     CONFIG_FILE: "the resolved config of the run (every key, after overrides)",
     METRICS_FILE: 'one JSON row per optimizer step (`"event": "step"`: reward components, alignment, '
                   'completion lengths, phase seconds, memory) and one per finished training call '
-                  '(`"event": "summary"`: runtime); `rlt_mono.outputs.read_metrics` reads the step rows',
+                  '(`"event": "summary"`: runtime); `rlt_mono.runs.outputs.read_metrics` reads the step rows',
     SAMPLES_FILE: "a few teacher explanations per step with their question, solution and reward breakdown",
     PLOT_FILE: "reward components, unmatched explanations and phase seconds over steps",
     "final": "the trained teacher and its tokenizer (`AutoModelForCausalLM.from_pretrained` loads it)",

@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlt_mono.atomic_write import write_error
 from rlt_mono.errors import UserError
+from rlt_mono.runs.atomic_write import write_error
 
 logger = logging.getLogger(__name__)
 

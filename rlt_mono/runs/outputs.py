@@ -4,16 +4,16 @@
   finished ``train()`` call, ``{"event": "summary", "step": N, "train_runtime": ...}``. ``read_metrics`` returns
   the step rows (or the summaries).
 - ``samples.jsonl``: a few teacher explanations per step: step, question, solution, explanation, reward parts
-  first, then the rest of the reward's breakdown (``rlt_mono.run_files.sample_row``).
+  first, then the rest of the reward's breakdown (``rlt_mono.runs.files.sample_row``).
 - ``reward_components.png``: reward components, unmatched explanations and phase seconds over steps
-  (``rlt_mono.plots``).
-- ``README.md``: what the run was, what each file is and how to resume (``rlt_mono.run_readme``).
+  (``rlt_mono.runs.plots``).
+- ``README.md``: what the run was, what each file is and how to resume (``rlt_mono.runs.readme``).
 
-``rlt_mono.run_files.RunFilesCallback`` writes them all during training; this module names them and reads them
+``rlt_mono.runs.files.RunFilesCallback`` writes them all during training; this module names them and reads them
 back, for the callback, the plots, the README, the console and the study. A resumed run first drops the rows of the
 steps it is about to run again, and a last line cut short by a killed process (``drop_rows_after``); any other
 unreadable line stops it with a ``UserError`` naming the file and line. Rows are appended whole
-(``rlt_mono.atomic_write.append_text``): on a full or read-only disk the file is cut back to its last complete row
+(``rlt_mono.runs.atomic_write.append_text``): on a full or read-only disk the file is cut back to its last complete row
 and the run stops with one line.
 """
 
@@ -25,8 +25,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from rlt_mono.atomic_write import write_text
 from rlt_mono.errors import UserError
+from rlt_mono.runs.atomic_write import write_text
 
 logger = logging.getLogger(__name__)
 

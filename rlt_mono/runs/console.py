@@ -5,7 +5,7 @@ lr 1.0e-05 | 0.42 s/step`` (SFT).
 
 ``replace_progress_callback`` installs it on a trainer; ``format_step_line`` and ``format_summary_line`` are the
 lines, as plain functions (the notebook prints them from ``metrics.jsonl`` rows). Every metric stays in
-``metrics.jsonl`` (``rlt_mono.outputs``) and the loggers (``report_to``).
+``metrics.jsonl`` (``rlt_mono.runs.outputs``) and the loggers (``report_to``).
 
 One bar, and only in a terminal (or a notebook's widgets): when stderr goes to a file or a pipe (``... 2>&1 | tee
 log``, a pipeline stage's log) a bar is a stream of ``\\r`` redraws glued to the lines written under it. There the run
@@ -34,8 +34,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import is_in_notebook
 
-from rlt_mono.outputs import in_phase_order, is_number, is_summary_log
-from rlt_mono.run_readme import describe_trend, reward_trend
+from rlt_mono.runs.outputs import in_phase_order, is_number, is_summary_log
+from rlt_mono.runs.readme import describe_trend, reward_trend
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The RL stage (``rlt_mono.teacher_rlt``) and the SFT stages (``rlt_mono.sft``) en
 merged, a plain model that distill, eval and the next stage load like any other, with its adapter alone in
 ``final/adapter`` (``rlt_mono.lora``). A sharded teacher (``placement.strategy=fsdp2``) trains float32 master
 weights (accelerate upcasts them under ``bf16``); ``final/`` holds them in the dtype the run loaded the model in,
-as a ``ddp`` run's. Kept apart from ``rlt_mono.checkpoints``, which imports no torch.
+as a ``ddp`` run's. Kept apart from ``rlt_mono.runs.checkpoints``, which imports no torch.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from rlt_mono import lora
-from rlt_mono.atomic_write import check_free_space, write_text
-from rlt_mono.checkpoints import STAGING_PREFIX, how_to_continue, publish
+from rlt_mono.runs.atomic_write import check_free_space, write_text
+from rlt_mono.runs.checkpoints import STAGING_PREFIX, how_to_continue, publish
 from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from rlt_mono.outputs import EVAL_EVENT, STEP_EVENT, in_phase_order, is_number, read_metrics, row_event
+from rlt_mono.runs.outputs import EVAL_EVENT, STEP_EVENT, in_phase_order, is_number, read_metrics, row_event
 
 logger = logging.getLogger(__name__)
 
