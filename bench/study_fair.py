@@ -5,6 +5,8 @@ questions, the positive control, and the paired differences, from the eval folde
         --device nvidia-h200 --commit <sha> --command "<how it ran>"
     python bench/study_fair.py summarize results/study_gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
+    python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
+        --device nvidia-h200 --commit <sha> --command "<how it ran>"
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``). ``export`` keeps of each what the summary needs, in a few kilobytes
@@ -15,6 +17,15 @@ bootstrap that resamples, in turn, seeds (with replacement), templates (clusters
 share wording and method) and questions within each drawn template. A difference between two arms of one student
 resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
 ``study.json`` and ``study_table.md`` into ``--out``.
+
+``teachers`` keeps of the teachers part's finished runs (``<root>/teachers``) what the study reports, in a few
+kilobytes: per RL teacher its held-out reward curve, optimizer steps, completions, median seconds per step by phase,
+reward setting and seed; the SFT teacher's steps and held-out loss (first -> best); per distill its rows and mean
+kept reward. A file already there is merged into: a machine adds its teachers, and a teacher already in the file
+must read the same (a teacher is added once). ``summarize`` reads it (``--teachers``, by default ``teachers.json``
+in ``--out``) for each student's ``correlation``: the teachers' held-out reward against the accuracy of the
+students they taught, one point per teacher (``correlation_points``), Pearson's r and Spearman's rho per held-out
+set, with a percentile-bootstrap interval over the points.
 
 ``traces`` makes the larger-model traces (the analog of the RLT paper's larger-model thoughts: the teacher's SFT
 warm-up data and the traces student arm) from an eval folder run with ``eval.split=train`` and
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import re
 import sys
 from pathlib import Path
@@ -35,7 +47,20 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from rlt_mono.errors import UserError
 from rlt_mono.read_source import module_constant
+from rlt_mono.runs.outputs import (
+    CONFIG_FILE,
+    EVAL_EVENT,
+    METRICS_FILE,
+    SUMMARY_EVENT,
+    in_phase_order,
+    is_number,
+    read_metrics,
+)
+from rlt_mono.study import pearson
+
+logger = logging.getLogger("study_fair")
 
 SETS = {"instances": "held_out_instances", "templates": "held_out_templates"}
 SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as its first letter
@@ -53,6 +78,25 @@ _SENTENCE_MARKUP = re.compile(r"[ \t*#_>-]*\Z")
 TRACES_EVAL = {"eval.split": "train", "eval.student_prompt": "plain"}
 # A trace line's columns: the row's own, then the trace.
 TRACE_COLUMNS = ("question", "solution", "answer", "template")
+# The study table's arm order: these first, then rl_teacher_step<N> by N, then any other arm by name.
+ARM_ORDER = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", "rl_teacher", "rl_teacher_answer_only")
+_STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
+# What the teachers part of bench/study_fair.sh leaves under <root>/teachers: the SFT teacher's folder, each RL
+# teacher's run folder teachers/<name>/rl (rl_s<seed>, rl_answer_s<seed>), each distill's folder and its log.
+SFT_SUMMARY_FILE = module_constant("rlt_mono.sft", "SUMMARY_FILE")
+DISTILL_FILE = module_constant("rlt_mono.distill", "DISTILL_FILE")
+# The line a distill logs when it ends (rlt_mono.distill): questions written, where, and its phases' seconds.
+_DISTILL_DONE = re.compile(r"distill: wrote \d+ questions to .+ \((?P<phases>[^()]*)\)\s*$")
+_PHASE_SECONDS = re.compile(r"^phase/(?P<phase>[^/]+)/seconds$")
+TEACHERS_FILE = "teachers.json"
+# The correlation: no figure under MIN_POINTS points, no interval under INTERVAL_POINTS.
+CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
+# The worked-solution reward the RL teachers are trained and measured with (data.gsm_solution).
+WORKED_REWARD = "worked"
+CORRELATION_LEFT_OUT = {
+    "rl_teacher_answer_only": "its teacher's held-out reward scores the student's likelihood of the answer line "
+                              "alone (data.gsm_solution=answer), a different quantity from the worked-solution "
+                              "reward of the other teachers"}
 
 
 class StudyError(ValueError):
@@ -169,6 +213,158 @@ def traces(folder: Path, out: Path) -> tuple[int, int]:
     return len(kept), len(rows)
 
 
+def _jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise StudyError(f"{path}, line {number}: not a JSON row ({err.msg})") from err
+    return rows
+
+
+def _median(values: list[float]) -> float | None:
+    return round(float(np.median(values)), 3) if values else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(float(np.mean(values)), 4) if values else None
+
+
+def rl_teacher_summary(folder: Path) -> dict:
+    """An RL teacher's run folder (``metrics.jsonl``, ``config.yaml``) in a few numbers: ``seed``,
+    ``reward_setting`` (``data.gsm_solution``), optimizer ``steps`` (the end-of-training row's, else the last logged
+    step's), ``completions`` trained on (no row logs a count: steps x ``completions_per_step``, which is
+    ``per_device_train_batch_size x gradient_accumulation_steps`` of the config, on one GPU), the configured
+    ``generation_batch`` (``per_device_train_batch_size x steps_per_generation``; TRL's default for a null
+    ``steps_per_generation`` is the accumulation), ``median_seconds_per_step`` of each phase over the logged steps,
+    the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and the ``checkpoints`` kept."""
+    cfg = OmegaConf.load(folder / CONFIG_FILE)
+    metrics = folder / METRICS_FILE
+    steps, evals = read_metrics(metrics), read_metrics(metrics, EVAL_EVENT)
+    ends = read_metrics(metrics, SUMMARY_EVENT)
+    optimizer_steps = int(ends[-1]["step"] if ends else max((row["step"] for row in steps), default=0))
+    batch, accumulation = cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps
+    per_step = batch * accumulation
+    phases = {match["phase"] for row in steps for key in row if (match := _PHASE_SECONDS.match(key))}
+    return {
+        "seed": int(cfg.seed), "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"),
+        "steps": optimizer_steps, "completions": optimizer_steps * per_step, "completions_per_step": per_step,
+        "generation_batch": batch * (cfg.trainer.steps_per_generation or accumulation),
+        "median_seconds_per_step": {phase: _median([row[f"phase/{phase}/seconds"] for row in steps
+                                                    if is_number(row.get(f"phase/{phase}/seconds"))])
+                                    for phase in in_phase_order(phases)},
+        "eval_reward_curve": [[int(row["step"]), round(float(row["eval_reward"]), 4)] for row in evals
+                              if is_number(row.get("eval_reward"))],
+        "checkpoints": sorted(int(path.name.rsplit("-", 1)[1]) for path in folder.glob("checkpoint-*")
+                              if path.name.rsplit("-", 1)[1].isdigit())}
+
+
+def sft_teacher_summary(folder: Path) -> dict:
+    """The SFT teacher's ``sft_summary.json`` in a few numbers: ``steps``, ``rows``, the held-out loss first
+    (before training) and best (the lowest measured, at ``best_step``), and its early stopping."""
+    summary = json.loads((folder / SFT_SUMMARY_FILE).read_text())
+    curve = [point for point in summary.get("heldout_curve") or [] if is_number(point.get("eval_loss"))]
+    first = summary.get("heldout_loss_before")
+    if first is None and curve:
+        first = curve[0]["eval_loss"]
+    best = min(curve, key=lambda point: point["eval_loss"]) if curve else None
+    return {"steps": summary.get("steps"), "rows": summary.get("rows"),
+            "heldout_loss_first": None if first is None else round(float(first), 4),
+            "heldout_loss_best": None if best is None else round(float(best["eval_loss"]), 4),
+            "best_step": None if best is None else best["step"], "early_stopping": summary.get("early_stopping")}
+
+
+def distill_summary(folder: Path, phases: str, teachers: Path) -> dict:
+    """A distill's folder (``distill.jsonl``, ``config.yaml``) and the phases of its end line (``phases``, as
+    logged: ``phase/generate/seconds 4.7, ...``; those of its last run when it was resumed): its ``teacher``
+    (relative to ``teachers`` when under it), ``reward_setting``, ``rows``, and the mean kept ``total`` reward and
+    its parts."""
+    cfg = OmegaConf.load(folder / CONFIG_FILE)
+    rows = _jsonl(folder / DISTILL_FILE)
+    teacher = Path(str(cfg.model.model_name_or_path))
+    seconds = dict(part.rsplit(" ", 1) for part in phases.split(", ") if part)
+    return {"teacher": str(teacher.relative_to(teachers) if teacher.is_relative_to(teachers) else teacher),
+            "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"), "rows": len(rows),
+            **{f"mean_{part}": _mean([row[part] for row in rows if is_number(row.get(part))])
+               for part in ("total", "r_ss", "r_kl")},
+            "seconds": {match["phase"]: float(value) for key, value in seconds.items()
+                        if (match := _PHASE_SECONDS.match(key))}}
+
+
+def _distill_end(log: Path) -> str | None:
+    """The phases of the last end line a distill's log holds; None when it never ended."""
+    lines = log.read_text().splitlines() if log.is_file() else []
+    ends = [match["phases"] for line in lines if (match := _DISTILL_DONE.search(line))]
+    return ends[-1] if ends else None
+
+
+def read_teachers(root: Path) -> dict[str, dict[str, dict]]:
+    """``{"teachers": {name: summary}, "distills": {name: summary}}`` of the finished runs under
+    ``<root>/teachers`` (an SFT teacher with its ``sft_summary.json``, an RL teacher with its ``final/``, a
+    distill whose log in ``<root>/logs`` has its end line); a run not finished is left out with a warning."""
+    folder = root / "teachers"
+    if not folder.is_dir():
+        raise StudyError(f"no teachers/ under {root}: pass the root the teachers part of bench/study_fair.sh wrote")
+    found: dict[str, dict[str, dict]] = {"teachers": {}, "distills": {}}
+    sft = folder / "sft"
+    if (sft / SFT_SUMMARY_FILE).is_file():
+        found["teachers"]["sft"] = sft_teacher_summary(sft)
+    elif sft.is_dir():
+        logger.warning("%s: no %s (not finished): left out", sft, SFT_SUMMARY_FILE)
+    for run in sorted(folder.glob("*/rl")):
+        if (run / "final").is_dir():
+            found["teachers"][run.parent.name] = rl_teacher_summary(run)
+        else:
+            logger.warning("%s: no final/ (not finished): left out", run)
+    for run in sorted(folder.glob("distill_*")):
+        name = run.name.removeprefix("distill_")
+        phases = _distill_end(root / "logs" / f"{run.name}.log")
+        if phases is None or not (run / DISTILL_FILE).is_file():
+            logger.warning("%s: not finished (no end line in %s): left out", run, root / "logs" / f"{run.name}.log")
+            continue
+        found["distills"][name] = distill_summary(run, phases, folder)
+    if not found["teachers"] and not found["distills"]:
+        raise StudyError(f"{folder}: no finished teacher or distill yet")
+    return found
+
+
+def _figures(entry: dict, where: dict) -> str:
+    return json.dumps({key: value for key, value in entry.items() if key not in where}, sort_keys=True)
+
+
+def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[str]]:
+    """``out``: the teachers file with the finished teachers and distills of ``root`` (each with ``where``) added
+    to what it held; returns ``(added, already there)``, as ``teacher <name>`` / ``distill <name>``. A teacher or
+    distill already in the file with other figures is refused: one is added once."""
+    found = read_teachers(root)
+    try:
+        merged = json.loads(out.read_text()) if out.is_file() else {"teachers": {}, "distills": {}}
+    except json.JSONDecodeError as err:
+        raise StudyError(f"{out}: not a teachers file ({err.msg}); pass another --out") from err
+    added, kept = [], []
+    for kind, entries in found.items():
+        held = merged.setdefault(kind, {})
+        for name, entry in entries.items():
+            entry = json.loads(json.dumps({**entry, **where}))
+            label = f"{kind[:-1]} {name}"
+            if name not in held:
+                held[name] = entry
+                added.append(label)
+            elif _figures(held[name], where) == _figures(entry, where):
+                kept.append(label)
+            else:
+                raise StudyError(f"{out} has {label} already, from commit {held[name].get('commit', '?')} on "
+                                 f"{held[name].get('device', '?')}, with other figures: one is added once (delete "
+                                 "its entry to replace it)")
+        merged[kind] = dict(sorted(held.items()))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(merged, indent=1) + "\n")
+    return added, kept
+
+
 def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
     """Correctness (seeds x questions, questions in one sorted order), the questions, and each one's template."""
     by_seed = {seed: {row["question"]: row for row in rows if row.get("heldout") == held_out
@@ -201,8 +397,10 @@ def _interval(samples: np.ndarray) -> list[float]:
     return [round(float(np.percentile(samples, 2.5)), 4), round(float(np.percentile(samples, 97.5)), 4)]
 
 
-def summarize(arms: dict, resamples: int, seed: int) -> dict:
-    """Per student: every arm's accuracy per held-out set, and the differences of ``DIFFERENCES``."""
+def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = None) -> dict:
+    """Per student: every arm's accuracy per held-out set (arms in ``arm_rank`` order), the differences of
+    ``DIFFERENCES``, the positive control and the ``correlation`` with the teachers of ``teachers`` (the teachers
+    file)."""
     rng = np.random.default_rng(seed)
     students = {}
     for student, per_arm in sorted(arms.items()):
@@ -232,7 +430,9 @@ def summarize(arms: dict, resamples: int, seed: int) -> dict:
                     point = entry["arms"][arm][name]["accuracy"] - entry["arms"][minus][name]["accuracy"]
                     entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = {
                         "difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
+        entry["arms"] = {arm: entry["arms"][arm] for arm in sorted(entry["arms"], key=arm_rank)}
         entry["positive_control"] = positive_control(entry)
+        entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed)
         students[student] = entry
     return students
 
@@ -248,6 +448,116 @@ def positive_control(entry: dict) -> dict | None:
     passes = difference["difference"] >= CONTROL_MARGIN and difference["ci95"][0] > 0
     return {"arm": CONTROL_ARM, "baseline": baseline, "set": name, **difference, "passes": bool(passes),
             "rule": f"difference >= {CONTROL_MARGIN} and the interval above 0"}
+
+
+def arm_rank(arm: str) -> tuple:
+    """An arm's place in the study table: ``ARM_ORDER``, then rl_teacher_step<N> by N, then the rest by name."""
+    if arm in ARM_ORDER:
+        return (ARM_ORDER.index(arm), 0, "")
+    if match := _STEP_ARM.match(arm):
+        return (len(ARM_ORDER), int(match["step"]), "")
+    return (len(ARM_ORDER) + 1, 0, arm)
+
+
+def _reward_at(curve: list[list[float]], step: int) -> list[float]:
+    """``[step, eval_reward]`` of the evaluation at ``step``, else of the one nearest it (the earlier on a tie)."""
+    return min(curve, key=lambda point: (abs(point[0] - step), point[0]))
+
+
+def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str]]:
+    """Each taught arm's students against the held-out reward of the teacher that taught them, as points
+    ``{arm, teacher, teacher_reward, reward_step | reward_from, seeds, <held-out set>: accuracy}``:
+
+    - ``sft_teacher``: the SFT teacher, whose held-out reward is the step-0 evaluation of the worked-reward RL runs
+      that start from it (their mean), against the arm's accuracy over its seeds;
+    - ``rl_teacher``: for each seed s, ``rl_s<s>``'s last held-out reward against seed s's students;
+    - ``rl_teacher_step<N>``: ``rl_s0``'s held-out reward at step N (or the evaluation nearest N: ``reward_step``
+      says which) against the arm's accuracy over its seeds.
+
+    Also returns what is missing for a point, one sentence each. ``CORRELATION_LEFT_OUT`` arms give no point."""
+    rl = {name: teacher for name, teacher in teachers.get("teachers", {}).items() if teacher.get("eval_reward_curve")}
+    points, missing = [], []
+
+    def point(arm: str, seeds: list[int], teacher: str, reward: float, where: dict) -> None:
+        figures = arms[arm]
+        accuracy = {name: float(np.mean([figures[name]["per_seed"][figures["seeds"].index(s)] for s in seeds]))
+                    for name in SETS.values() if name in figures}
+        points.append({"arm": arm, "teacher": teacher, "teacher_reward": round(reward, 4), **where, "seeds": seeds,
+                       **{name: round(value, 4) for name, value in accuracy.items()}})
+
+    for arm in sorted(arms, key=arm_rank):
+        seeds = arms[arm]["seeds"]
+        if arm == "sft_teacher":
+            starts = {name: teacher["eval_reward_curve"][0][1] for name, teacher in sorted(rl.items())
+                      if teacher.get("reward_setting") == WORKED_REWARD and teacher["eval_reward_curve"][0][0] == 0}
+            if starts:
+                point(arm, seeds, "sft", float(np.mean(list(starts.values()))),
+                      {"reward_from": f"step 0 of {', '.join(starts)} (mean)"})
+            else:
+                missing.append("sft_teacher: no worked-reward RL teacher has a held-out reward at step 0 "
+                               "(trainer.eval_on_start)")
+        elif arm == "rl_teacher":
+            for seed in seeds:
+                if f"rl_s{seed}" in rl:
+                    step, reward = rl[f"rl_s{seed}"]["eval_reward_curve"][-1]
+                    point(arm, [seed], f"rl_s{seed}", reward, {"reward_step": step})
+                else:
+                    missing.append(f"rl_teacher seed {seed}: no held-out reward of rl_s{seed} in the teachers file")
+        elif match := _STEP_ARM.match(arm):
+            if "rl_s0" in rl:
+                step, reward = _reward_at(rl["rl_s0"]["eval_reward_curve"], int(match["step"]))
+                point(arm, seeds, "rl_s0", reward, {"reward_step": step})
+            else:
+                missing.append(f"{arm}: no held-out reward of rl_s0 in the teachers file")
+    return points, missing
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """(n,): 1-based ranks of ``values`` (n,), tied values sharing their mean rank."""
+    return np.array([(values < v).sum() + ((values == v).sum() + 1) / 2 for v in values])
+
+
+def spearman(xs: np.ndarray, ys: np.ndarray) -> float | None:
+    """Spearman's rho: Pearson's r of the ranks (None as ``pearson`` gives it)."""
+    return pearson(_ranks(np.asarray(xs)), _ranks(np.asarray(ys)))
+
+
+def correlation_figures(xs: list[float], ys: list[float], resamples: int, rng: np.random.Generator) -> dict:
+    """Pearson's r and Spearman's rho of paired values, with ``points``; with at least
+    ``CORRELATION_INTERVAL_POINTS`` a percentile-bootstrap ``ci95`` of each over the points (resamples where a side
+    is constant have no r and are dropped: ``resamples_used``); under ``CORRELATION_MIN_POINTS``, ``too few
+    points``. A side that is constant has no r (null)."""
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)  # (n,), (n,)
+    if len(x) < CORRELATION_MIN_POINTS:
+        return {"points": len(x), "result": f"too few points (fewer than {CORRELATION_MIN_POINTS})"}
+    figures: dict = {"points": len(x)}
+    for name, statistic in (("pearson_r", pearson), ("spearman_rho", spearman)):
+        value = statistic(x, y)
+        figures[name] = None if value is None else round(value, 4)
+    if len(x) < CORRELATION_INTERVAL_POINTS:
+        figures["ci95"] = f"no interval under {CORRELATION_INTERVAL_POINTS} points"
+        return figures
+    draws = rng.integers(len(x), size=(resamples, len(x)))  # (resamples, n) point indices
+    figures["ci95"] = {}
+    for name, statistic in (("pearson_r", pearson), ("spearman_rho", spearman)):
+        values = [v for draw in draws if (v := statistic(x[draw], y[draw])) is not None]
+        figures["ci95"][name] = _interval(np.array(values)) if values else None
+        figures["ci95"][f"{name}_resamples_used"] = len(values)
+    return figures
+
+
+def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int) -> dict:
+    """A student's teacher-reward <-> student-accuracy correlation: its ``points`` (``correlation_points``), per
+    held-out set ``correlation_figures``, what is ``missing`` and the arms ``left_out`` with why. Without a
+    teachers file, no points."""
+    points, missing = correlation_points(arms, teachers) if teachers is not None else ([], ["no teachers file"])
+    rng = np.random.default_rng(seed)
+    return {"x": "the teacher's held-out reward (eval_reward)", "y": "the taught students' accuracy",
+            "points": points,
+            **{name: correlation_figures([p["teacher_reward"] for p in points if name in p],
+                                         [p[name] for p in points if name in p], resamples, rng)
+               for name in ("held_out_templates", "held_out_instances")},
+            "missing": missing, "left_out": CORRELATION_LEFT_OUT}
 
 
 def table(students: dict) -> str:
@@ -277,8 +587,48 @@ def table(students: dict) -> str:
             for name, d in sets.items():
                 lines.append(f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
                              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+        if "correlation" in entry:
+            lines += ["", correlation_line(student, entry["correlation"])]
         lines.append("")
     return "\n".join(lines)
+
+
+def correlation_line(student: str, entry: dict) -> str:
+    """The table's line for a student's correlation: r and rho per held-out set, or why there is none."""
+    cells = []
+    for name in ("held_out_templates", "held_out_instances"):
+        figures, label = entry[name], name.replace("_", " ")
+        if "result" in figures:
+            cells.append(f"{label}: {figures['result']} (n={figures['points']})")
+            continue
+        interval = figures["ci95"] if isinstance(figures["ci95"], dict) else {}
+        values = []
+        for key, symbol in (("pearson_r", "r"), ("spearman_rho", "rho")):
+            value, ci = figures[key], interval.get(key)
+            values.append(f"{symbol} " + ("undefined (a side is constant)" if value is None else f"{value:+.3f}")
+                          + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""))
+        cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
+    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher" else "")
+                         for p in entry["points"])
+    return (f"Teacher held-out reward vs student accuracy ({student}; points: {teachers or 'none'}): "
+            f"{'; '.join(cells)}.")
+
+
+def read_teachers_file(path: Path | None) -> dict | None:
+    """The teachers file ``write_teachers`` writes; None for no path."""
+    if path is None:
+        return None
+    if not path.is_file():
+        raise StudyError(f"--teachers {path}: no such file (bench/study_fair.py teachers <root> --out {path} "
+                         "writes it)")
+    try:
+        teachers = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise StudyError(f"--teachers {path}: not JSON ({err.msg})") from err
+    if not isinstance(teachers, dict) or not isinstance(teachers.get("teachers"), dict):
+        raise StudyError(f"--teachers {path}: no \"teachers\" entry; pass the file bench/study_fair.py teachers "
+                         "wrote")
+    return teachers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +640,9 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("--gpu-minutes", type=float, default=None)
     summary.add_argument("--resamples", type=int, default=2000)
     summary.add_argument("--seed", type=int, default=0)
+    summary.add_argument("--teachers", type=Path, default=None,
+                         help=f"the teachers file (bench/study_fair.py teachers) for each student's correlation; "
+                              f"default: {TEACHERS_FILE} in --out when there is one")
     exporting = sub.add_parser("export", help="the few kilobytes of each eval run the summary needs")
     exporting.add_argument("root", type=Path)
     exporting.add_argument("--out", type=Path, required=True)
@@ -300,7 +653,15 @@ def main(argv: list[str] | None = None) -> int:
     tracing = sub.add_parser("traces", help="the right, uncut answers of an eval.split=train eval as traces.jsonl")
     tracing.add_argument("folder", type=Path)
     tracing.add_argument("--out", type=Path, required=True)
+    teaching = sub.add_parser("teachers", help=f"the few kilobytes of each finished teacher and distill, added to "
+                                               f"--out ({TEACHERS_FILE})")
+    teaching.add_argument("root", type=Path)
+    teaching.add_argument("--out", type=Path, required=True)
+    teaching.add_argument("--device", required=True)
+    teaching.add_argument("--commit", required=True)
+    teaching.add_argument("--command", required=True)
     args = parser.parse_args(argv)
+    logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
         if args.action == "traces":
             kept, answered = traces(args.folder, args.out)
@@ -311,8 +672,15 @@ def main(argv: list[str] | None = None) -> int:
                                {"device": args.device, "commit": args.commit, "command": args.command}):
                 print(path)
             return 0
-        students = summarize(read_arms(args.roots), args.resamples, args.seed)
-    except StudyError as err:
+        if args.action == "teachers":
+            added, kept = write_teachers(args.root, args.out,
+                                         {"device": args.device, "commit": args.commit, "command": args.command})
+            print(f"{args.out}: added {', '.join(added) or 'nothing'}; already there: {', '.join(kept) or 'none'}")
+            return 0
+        teachers_file = args.teachers or (args.out / TEACHERS_FILE if (args.out / TEACHERS_FILE).is_file() else None)
+        teachers = read_teachers_file(teachers_file)
+        students = summarize(read_arms(args.roots), args.resamples, args.seed, teachers)
+    except (StudyError, UserError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
@@ -321,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
               "commands": sorted({r["command"] for r in runs}), "runs": runs, "gpu_minutes": args.gpu_minutes,
               "bootstrap": {"resamples": args.resamples, "seed": args.seed,
                             "over": ["seeds", "templates", "questions"]},
+              "teachers": None if teachers_file is None else str(teachers_file),
               "students": students}
     (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "study_table.md").write_text(table(students))

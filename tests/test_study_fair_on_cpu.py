@@ -214,3 +214,203 @@ def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
     bad = _fair_sh("students", tmp_path / "x", env={"STUDY_ARMS": "traces,rl"})
     assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown arm 'rl' (arms: traces, sft_teacher, "
                                                   "rl_teacher, rl_teacher_answer_only, rl_teacher_step<N>)\n")
+
+
+def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple[int, float]],
+                generate: list[float], finished: bool = True) -> None:
+    """A hand-made RL teacher run folder: config.yaml, metrics.jsonl (a step row per entry of ``generate``, the
+    evaluations of ``evals``, the end-of-training row), final/ when ``finished``, checkpoint-2."""
+    folder = root / "teachers" / name / "rl"
+    (folder / "checkpoint-2").mkdir(parents=True)
+    if finished:
+        (folder / "final").mkdir()
+    (folder / "config.yaml").write_text(
+        f"seed: {seed}\ndata:\n  gsm_solution: {reward}\ntrainer:\n  per_device_train_batch_size: 32\n"
+        "  gradient_accumulation_steps: 8\n  steps_per_generation: 8\n")
+    rows = [{"event": "eval", "step": step, "eval_reward": value, "eval_runtime": 3.0} for step, value in evals]
+    rows += [{"event": "step", "step": i + 1, "reward": -4.0, "phase/generate/seconds": seconds,
+              "phase/score/seconds": 2.0 + i % 2, "phase/train/seconds": [5.0, 6.0, 7.0, 100.0][i % 4]}
+             for i, seconds in enumerate(generate)]
+    rows.sort(key=lambda row: (row["step"], row["event"] == "step"))
+    rows.append({"event": "summary", "step": len(generate), "train_runtime": 99.0})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _teachers_root(root: Path) -> None:
+    """A hand-made teachers part: the SFT teacher, rl_s0 (4 steps, 3 evaluations), an unfinished rl_s1, the
+    answer-only teacher, and rl_s0's distill with its log."""
+    sft = root / "teachers" / "sft"
+    sft.mkdir(parents=True)
+    (sft / "sft_summary.json").write_text(json.dumps({
+        "steps": 60, "rows": {"train": 900, "heldout": 47}, "heldout_loss_before": 1.5,
+        "heldout_curve": [{"step": 0, "eval_loss": 1.5}, {"step": 20, "eval_loss": 0.9},
+                          {"step": 40, "eval_loss": 0.8}, {"step": 60, "eval_loss": 0.85}],
+        "early_stopping": {"stopped_early": True, "best_step": 40, "best_heldout_loss": 0.8}}))
+    _rl_teacher(root, "rl_s0", 0, "worked", [(0, -6.0), (2, -4.0), (4, -2.0)], [10.0, 12.0, 11.0, 30.0])
+    _rl_teacher(root, "rl_s1", 1, "worked", [(0, -5.0)], [10.0], finished=False)
+    _rl_teacher(root, "rl_answer_s0", 0, "answer", [(0, -1.0), (4, -0.5)], [9.0, 9.0, 9.0, 9.0])
+    distill = root / "teachers" / "distill_rl_s0"
+    distill.mkdir()
+    (distill / "config.yaml").write_text(f"model:\n  model_name_or_path: {root}/teachers/rl_s0/rl/final\n"
+                                         "data:\n  gsm_solution: worked\n")
+    (distill / "distill.jsonl").write_text("".join(json.dumps({"question": f"q{i}", "total": total, "r_ss": -1.0,
+                                                               "r_kl": 2.0 + i}) + "\n"
+                                                   for i, total in enumerate([-3.0, -4.0, -6.5])))
+    (root / "logs").mkdir()
+    (root / "logs" / "distill_rl_s0.log").write_text(
+        "2026-11-27 19:48:00,000 INFO rlt_mono.distill: distill: 0 already written, 3 to explain\n"
+        f"2026-11-27 19:48:01,443 INFO rlt_mono.distill: distill: wrote 3 questions to {distill}/distill.jsonl "
+        "(phase/generate/seconds 2.0, phase/score/seconds 5.3)\n")
+
+
+def _teachers(root: Path, out: Path, commit: str = "abc1234"):
+    return _run("teachers", root, "--out", out, "--device", "nvidia-h100", "--commit", commit, "--command", "bash x.sh")
+
+
+def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_medians(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "results" / "teachers.json"
+    _teachers_root(root)
+    result = _teachers(root, out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (f"{out}: added teacher sft, teacher rl_answer_s0, teacher rl_s0, distill rl_s0; "
+                             "already there: none\n")
+    # rl_s1 has no final/: not finished, left out with a warning naming it
+    assert f"WARNING: {root / 'teachers' / 'rl_s1' / 'rl'}: no final/ (not finished): left out" in result.stderr
+    saved = json.loads(out.read_text())
+    assert sorted(saved["teachers"]) == ["rl_answer_s0", "rl_s0", "sft"]
+    rl = saved["teachers"]["rl_s0"]
+    assert rl["eval_reward_curve"] == [[0, -6.0], [2, -4.0], [4, -2.0]]
+    assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
+    assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
+    assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
+    assert (rl["device"], rl["commit"], rl["command"]) == ("nvidia-h100", "abc1234", "bash x.sh")
+    assert saved["teachers"]["rl_answer_s0"]["reward_setting"] == "answer"
+    sft = saved["teachers"]["sft"]
+    assert (sft["steps"], sft["heldout_loss_first"], sft["heldout_loss_best"], sft["best_step"]) == (60, 1.5, 0.8, 40)
+    distill = saved["distills"]["rl_s0"]
+    assert (distill["teacher"], distill["rows"], distill["mean_total"]) == ("rl_s0/rl/final", 3, -4.5)
+    assert distill["seconds"] == {"generate": 2.0, "score": 5.3}
+    assert len(out.read_text()) < 4000
+
+
+def test_the_teachers_file_is_merged_into_and_a_teacher_is_added_once(tmp_path):
+    first, later, out = tmp_path / "first", tmp_path / "later", tmp_path / "teachers.json"
+    _rl_teacher(first, "rl_s0", 0, "worked", [(0, -6.0), (4, -2.0)], [10.0, 10.0, 10.0, 10.0])
+    _rl_teacher(later, "rl_s1", 1, "worked", [(0, -5.0), (4, -3.0)], [20.0, 20.0, 20.0, 20.0])
+    assert _teachers(first, out, commit="aaa").returncode == 0
+    merged = _teachers(later, out, commit="bbb")
+    assert merged.returncode == 0 and merged.stdout.endswith("added teacher rl_s1; already there: none\n")
+    saved = json.loads(out.read_text())["teachers"]
+    assert {name: entry["commit"] for name, entry in saved.items()} == {"rl_s0": "aaa", "rl_s1": "bbb"}
+    assert saved["rl_s0"]["eval_reward_curve"] == [[0, -6.0], [4, -2.0]]
+    # the same teacher again (another commit, same figures) is already there; other figures are refused
+    again = _teachers(first, out, commit="ccc")
+    assert again.returncode == 0 and again.stdout.endswith("added nothing; already there: teacher rl_s0\n")
+    metrics = first / "teachers" / "rl_s0" / "rl" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().replace('"eval_reward": -2.0', '"eval_reward": -2.5'))
+    changed = _teachers(first, out, commit="ddd")
+    assert changed.returncode == 2 and changed.stderr == (
+        f"error: {out} has teacher rl_s0 already, from commit aaa on nvidia-h100, with other figures: one is added "
+        "once (delete its entry to replace it)\n")
+    assert json.loads(out.read_text())["teachers"]["rl_s0"]["commit"] == "aaa"
+
+
+def test_a_root_without_teachers_is_one_line(tmp_path):
+    (tmp_path / "study").mkdir()
+    result = _teachers(tmp_path / "study", tmp_path / "teachers.json")
+    assert result.returncode == 2 and result.stderr == (f"error: no teachers/ under {tmp_path / 'study'}: pass the "
+                                                        "root the teachers part of bench/study_fair.sh wrote\n")
+    assert not (tmp_path / "teachers.json").exists()
+    missing = _run("summarize", tmp_path / "study", "--out", tmp_path / "out", "--teachers", tmp_path / "no.json")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert missing.stderr.startswith(f"error: --teachers {tmp_path / 'no.json'}: no such file")
+
+
+def _correct(accuracy: float, n: int = 20) -> list[bool]:
+    return [i < round(accuracy * n) for i in range(n)]
+
+
+def _curves(**curves) -> dict:
+    return {"teachers": {name: {"reward_setting": "answer" if "answer" in name else "worked",
+                                "eval_reward_curve": curve} for name, curve in curves.items()}}
+
+
+def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over_the_points(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "out"
+    # points (teacher reward, accuracy on held-out instances): sft_teacher (mean of the step-0 rewards -6, -5, -4:
+    # -5, 0.30), rl_teacher s0 (-2, 0.50), s1 (-3, 0.60), s2 (-1, 0.55), rl_teacher_step2 (rl_s0 at step 2: -4, 0.40).
+    # Pearson by hand: x - mean = (-2, 1, 0, 2, -1), y - mean = (-.17, .03, .13, .08, -.07): 0.60 / sqrt(10 x 0.058)
+    # = 0.788; the ranks (1, 4, 3, 5, 2) and (1, 3, 5, 4, 2): rho = 1 - 6 x 6 / (5 x 24) = 0.7
+    for arm, accuracy in (("sft_teacher_s0", 0.30), ("rl_teacher_s0", 0.50), ("rl_teacher_s1", 0.60),
+                          ("rl_teacher_s2", 0.55), ("rl_teacher_step2_s0", 0.40), ("rl_teacher_answer_only_s0", 0.9),
+                          ("untrained", 0.1)):
+        # held-out templates: only two arms, too few points there
+        sets = {"instances": _correct(accuracy), **({"templates": _correct(accuracy)} if arm in (
+            "sft_teacher_s0", "rl_teacher_step2_s0") else {})}
+        _eval_folder(root, "s", arm, sets)
+    out.mkdir()
+    (out / "teachers.json").write_text(json.dumps(_curves(
+        rl_s0=[[0, -6.0], [2, -4.0], [4, -2.0]], rl_s1=[[0, -5.0], [4, -3.0]], rl_s2=[[0, -4.0], [4, -1.0]],
+        rl_answer_s0=[[0, -0.5], [4, -0.1]])))
+    result = _run("summarize", root, "--out", out, "--resamples", 400)  # the teachers file in --out by default
+    assert result.returncode == 0, result.stderr
+    study = json.loads((out / "study.json").read_text())
+    assert {"commit", "commands", "device", "students", "teachers"} <= set(study)
+    assert study["teachers"] == str(out / "teachers.json")
+    entry = study["students"]["s"]
+    assert {"arms", "positive_control", "differences", "correlation"} <= set(entry)
+    correlation = entry["correlation"]
+    assert [(p["arm"], p["teacher"], p["teacher_reward"], p["seeds"], p["held_out_instances"])
+            for p in correlation["points"]] == [
+        ("sft_teacher", "sft", -5.0, [0], 0.3), ("rl_teacher", "rl_s0", -2.0, [0], 0.5),
+        ("rl_teacher", "rl_s1", -3.0, [1], 0.6), ("rl_teacher", "rl_s2", -1.0, [2], 0.55),
+        ("rl_teacher_step2", "rl_s0", -4.0, [0], 0.4)]
+    assert correlation["points"][0]["reward_from"] == "step 0 of rl_s0, rl_s1, rl_s2 (mean)"
+    assert correlation["points"][4]["reward_step"] == 2 and correlation["points"][1]["reward_step"] == 4
+    instances = correlation["held_out_instances"]
+    assert instances["points"] == 5 and round(instances["pearson_r"], 3) == 0.788
+    assert instances["spearman_rho"] == 0.7
+    low, high = instances["ci95"]["pearson_r"]
+    assert -1 <= low < 0.788 < high <= 1
+    assert correlation["held_out_templates"] == {"points": 2, "result": "too few points (fewer than 3)"}
+    assert "rl_teacher_answer_only" in correlation["left_out"] and correlation["missing"] == []
+    text = (out / "study_table.md").read_text()
+    assert ("Teacher held-out reward vs student accuracy (s; points: sft_teacher, rl_teacher s0, rl_teacher s1, "
+            "rl_teacher s2, rl_teacher_step2): held out templates: too few points (fewer than 3) (n=2); held out "
+            f"instances: r +0.788 [{low:+.3f}, {high:+.3f}], rho +0.700 [") in text
+    # the table lists the arms in the study's order
+    arms = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| s |")]
+    assert arms == ["untrained", "sft_teacher", "rl_teacher", "rl_teacher_answer_only", "rl_teacher_step2"]
+
+
+def test_too_few_points_and_a_missing_teacher_are_said_not_computed(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "out"
+    for arm, accuracy in (("rl_teacher_s0", 0.5), ("rl_teacher_s1", 0.6), ("rl_teacher_s2", 0.7)):
+        _eval_folder(root, "s", arm, {"instances": _correct(accuracy)})
+    teachers = tmp_path / "teachers.json"
+    teachers.write_text(json.dumps(_curves(rl_s0=[[0, -6.0], [4, -2.0]], rl_s1=[[4, -3.0]], rl_s2=[])))
+    result = _run("summarize", root, "--out", out, "--teachers", teachers, "--resamples", 50)
+    assert result.returncode == 0, result.stderr
+    correlation = json.loads((out / "study.json").read_text())["students"]["s"]["correlation"]
+    assert [p["teacher"] for p in correlation["points"]] == ["rl_s0", "rl_s1"]
+    assert correlation["missing"] == ["rl_teacher seed 2: no held-out reward of rl_s2 in the teachers file"]
+    assert correlation["held_out_instances"] == {"points": 2, "result": "too few points (fewer than 3)"}
+    assert "held out instances: too few points (fewer than 3) (n=2)." in (out / "study_table.md").read_text()
+
+
+def test_three_points_give_r_without_an_interval_and_arms_sort_in_the_study_order():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import numpy as np
+    from study_fair import _reward_at, arm_rank, correlation_figures
+
+    three = correlation_figures([1.0, 2.0, 3.0], [0.2, 0.1, 0.4], 100, np.random.default_rng(0))
+    # Pearson by hand: x - 2 = (-1, 0, 1), y - 0.2333 = (-0.0333, -0.1333, 0.1667): 0.2 / sqrt(2 x 0.04667) = 0.655
+    assert round(three["pearson_r"], 3) == 0.655 and three["spearman_rho"] == 0.5
+    assert three["ci95"] == "no interval under 4 points"
+    assert correlation_figures([1.0, 1.0, 1.0], [0.2, 0.1, 0.4], 100, np.random.default_rng(0))["pearson_r"] is None
+    # a checkpoint's step with no evaluation: the nearest one (the earlier on a tie), its step reported
+    assert _reward_at([[0, -6.0], [2, -4.0], [4, -2.0]], 3) == [2, -4.0]
+    assert _reward_at([[0, -6.0], [2, -4.0], [4, -2.0]], 4) == [4, -2.0]
+    arms = ["zeta", "rl_teacher_step10", "rl_teacher", "rl_teacher_step2", "traces", "untrained", "worked", "alpha"]
+    assert sorted(arms, key=arm_rank) == ["untrained", "worked", "traces", "rl_teacher", "rl_teacher_step2",
+                                          "rl_teacher_step10", "alpha", "zeta"]
