@@ -1,27 +1,28 @@
 #!/usr/bin/env bash
-# The whole RLT pipeline (or its "Does it teach?" study) on the GPU machine, which has no network: run from the
+# The whole RLT pipeline (or its "Does it teach?" study) on a GPU host without network access, whose files arrive
+# in pieces (each transfer to it is limited in size) and which may be reclaimed when left idle. Run from the
 # repository root there.
-#   bash bench/gpu_pipeline.sh stash <carried folder>     copy a part (GPU stack, model, wheel) to /root/parts
+#   bash bench/gpu_pipeline.sh stash <folder>     copy a piece (GPU stack part, model part, wheel) to /root/parts
 #   bash bench/gpu_pipeline.sh run <run config> <seconds> [overrides]
-#       install the GPU stack (../shared/device bundle) and every GGUF whose parts are stashed, if not yet done;
-#       run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its results to $OUT.
+#       install the GPU stack (the offline bundle of vLLM, TRL and their wheels) and every GGUF whose parts are
+#       stashed, if not yet done; run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its
+#       results to $OUT.
 #   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
-#       the same set-up, then bench/study_gsm.sh in the background (it outlives the call): one teacher SFT, then
+#       the same set-up, then bench/study_gsm.sh in the background (it outlives the command): one teacher SFT, then
 #       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study's aggregate; returns at
-#       once. Run it again on a warm machine to continue a study that stopped (finished stages are skipped). It
-#       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`, carried) or this tree.
+#       once. Run it again on the same host to continue a study that stopped (finished stages are skipped). It
+#       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
 #   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
 #       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
 #       explanations in distilled.tgz).
-# Calls back to back on a warm machine: stash the three stack parts, stash the model parts, then `run` as often as
-# needed (a rerun continues where the last stopped: rlt_mono.pipeline), or `study` then `wait` until it is done.
+# Order: stash the stack parts, stash the model parts, then `run` as often as needed (a rerun continues where the
+# last stopped: rlt_mono.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
+# so far, so a host reclaimed mid-run loses only what ran since the last one.
 # Model parts are the .gguf that `python -m rlt_mono.pretrained fetch <name>` caches, cut with
-# `split -b <bytes> -d` and named <prefix>.partNN (prefixes below); each is carried in its own call (a call
-# carries at most 64 MiB with the tracked tree, about 23 MB now: parts of 40000000 bytes fit). The reasoning-gym
-# wheel (data=gsm_symbolic) travels beside a stack part. The machine goes back after 30 s without a call: make the
-# next `wait` call at once, with nothing in between.
+# `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
+# (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
 parts=/root/parts
 cache=/root/rltcache
