@@ -40,7 +40,7 @@ one runs out of CUDA memory (``fits: false``); any other failure (a full disk, a
 ``planner``: the memory planner's accuracy. Each ``rlt`` run reports, per phase, the device-level peak it
 measured (``device_peak/<phase>``: the largest ``phase/<phase>/device_peak_gib`` over all its steps, every
 process and allocator on the GPU included) and the planner's prediction for the same settings
-(``predicted/<phase>``, ``rlt_mono.memory``, the card's total memory and the data's longest prompt as inputs);
+(``predicted/<phase>``, ``rlt_mono.memory.model``, the card's total memory and the data's longest prompt as inputs);
 ``planner`` runs one such child per ``--pairs`` entry ``arch:completion_length[:micro_batch]`` and adds the
 ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
@@ -117,8 +117,8 @@ OPTIONS = {
     "--arms": dict(default="mono:1,dp:2,student_gpu:2,dp:4", help="scale: runs, comma-separated placement:gpus "
                    "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded)"),
     "--memory": dict(choices=["auto", "speed", "manual"], default="manual", help="memory: auto lets the planner pick "
-                     "vLLM's share and the batch sizes (rlt_mono/memory_planner.py), speed also the generation batch "
-                     "(rlt_mono/speed_plan.py); manual runs the options as given"),
+                     "vLLM's share and the batch sizes (rlt_mono/memory/planner.py), speed also the generation batch "
+                     "(rlt_mono/memory/speed_plan.py); manual runs the options as given"),
     "--card-gib": dict(type=float, help="device-level cap: a separate process holds all but this many GiB of the "
                        "GPU for the run, as if the card had only that much free; the measured peaks leave it out"),
     "--activation-offloading": dict(choices=["true", "false"], help="trainer.activation_offloading"),
@@ -533,7 +533,7 @@ def predicted_peaks(cfg, trainer, arch: str) -> dict:
     planner does not cover (two GPUs)."""
     import torch
 
-    from rlt_mono import memory_planner
+    from rlt_mono.memory import planner as memory_planner
 
     if cfg.placement.mode == "student_gpu":
         return {}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlt_mono.memory import QWEN25_ARCHS  # noqa: E402
+from rlt_mono.memory.model import QWEN25_ARCHS  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:

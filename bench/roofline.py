@@ -22,7 +22,7 @@ import argparse
 from dataclasses import dataclass
 from typing import NoReturn
 
-from rlt_mono.memory import QWEN25_ARCHS, Arch
+from rlt_mono.memory.model import QWEN25_ARCHS, Arch
 
 # kind -> (achievable bf16 FLOP/s, achievable memory bandwidth in bytes/s)
 DEVICES = {"nvidia-h100": (800e12, 3.0e12), "nvidia-h200": (800e12, 3.0e12 * 4.8 / 3.35)}

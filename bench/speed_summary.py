@@ -28,7 +28,7 @@ from pathlib import Path
 
 from roofline import DEVICES, PHASES, OneLineParser, Work, roofline
 
-from rlt_mono.memory import QWEN25_ARCHS, Arch
+from rlt_mono.memory.model import QWEN25_ARCHS, Arch
 
 
 def pair_ratios(arms: list[dict]) -> list[dict]:

@@ -21,11 +21,13 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import device_memory, launch, lora, memory_planner, runtime
+from rlt_mono import launch, lora, runtime
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.memory import GIB, Arch
+from rlt_mono.memory import device as device_memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory.model import GIB, Arch
 from rlt_mono.models import (
     dtype_name,
     load_config,
@@ -248,7 +250,7 @@ def check_ranks_agree(trainer: RLTTrainer) -> None:
 
 
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
-    """``rlt_mono.memory_planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
+    """``rlt_mono.memory.planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
     settings into ``cfg`` (True: the typed configs must be built again); ``memory=speed`` likewise. On a CPU or with
     the student on another GPU nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))

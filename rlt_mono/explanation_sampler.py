@@ -39,7 +39,7 @@ from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data import DataConfig, PromptBudget, load_split, render_prompts
 from rlt_mono.errors import UserError
-from rlt_mono.memory import GIB
+from rlt_mono.memory.model import GIB
 from rlt_mono.models import (
     dtype_name,
     load_config,

@@ -18,7 +18,7 @@ those layers' base weights in 4-bit NF4 with double quantization (bitsandbytes, 
 - **The final teacher** (``final/``) is the merged model in the teacher's dtype, which distill and eval load
   like any other; the adapter alone is saved beside it in ``final/adapter``.
 
-The planner's account of the memory is in ``rlt_mono.memory`` (``lora_params``, ``teacher_weight_bytes``).
+The planner's account of the memory is in ``rlt_mono.memory.model`` (``lora_params``, ``teacher_weight_bytes``).
 """
 
 from __future__ import annotations

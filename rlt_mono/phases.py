@@ -9,7 +9,7 @@ its children's), records peak GPU memory per phase and accumulates the per-step 
 Two memory figures per phase: ``peak_allocated_gib``, torch's allocator peak (it counts vLLM's pool even while
 vLLM sleeps, so it can exceed the card), and ``device_peak_gib``, the device-level peak in use (what
 ``nvidia-smi`` shows, every process and allocator included) sampled by ``DevicePeak`` every 5 ms. The second
-is the one a card's size limits, and the one ``rlt_mono.memory`` predicts.
+is the one a card's size limits, and the one ``rlt_mono.memory.model`` predicts.
 """
 
 from __future__ import annotations

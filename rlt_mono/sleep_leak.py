@@ -19,7 +19,7 @@ import logging
 import statistics
 from dataclasses import dataclass
 
-from rlt_mono.memory import GIB
+from rlt_mono.memory.model import GIB
 
 logger = logging.getLogger(__name__)
 

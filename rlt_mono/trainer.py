@@ -45,9 +45,10 @@ from transformers import TrainerCallback
 from transformers.integrations.liger import apply_liger_kernel
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import device_memory, dynamic_sampling, left_align, lora, trl_vllm
+from rlt_mono import dynamic_sampling, left_align, lora, trl_vllm
 from rlt_mono.config import ConfigError
-from rlt_mono.memory import GIB
+from rlt_mono.memory import device as device_memory
+from rlt_mono.memory.model import GIB
 from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward

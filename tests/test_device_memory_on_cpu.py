@@ -1,4 +1,4 @@
-"""What the memory planner plans against (rlt_mono/device_memory.py): the card's total less what other live
+"""What the memory planner plans against (rlt_mono/memory/device.py): the card's total less what other live
 processes hold, never the memory free at one instant. The device is faked: torch.cuda's readings and NVML's
 process list are the recorded numbers of an H100 80GB run."""
 
@@ -15,11 +15,13 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from rlt_mono import build, device_memory, memory_planner
+from rlt_mono import build
 from rlt_mono.config import compose
-from rlt_mono.device_memory import ProcessMemory, capacity
 from rlt_mono.errors import UserError
-from rlt_mono.memory import GIB, QWEN25_ARCHS
+from rlt_mono.memory import device as device_memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory.device import ProcessMemory, capacity
+from rlt_mono.memory.model import GIB, QWEN25_ARCHS
 
 # An H100 80GB as torch.cuda.mem_get_info reports it (vLLM's error in results/h100_qlora.json: "79.18 GiB").
 H100_TOTAL = int(79.18 * GIB)
@@ -154,7 +156,7 @@ QWEN_7B = Qwen2Config(**{k: v for k, v in QWEN25_ARCHS["7b"].items() if k != "mo
 
 def test_the_7b_run_that_ran_by_hand_is_not_refused_at_48_9_gib_free(device, caplog):
     """The recorded refusal, through the build step: the memory of a process that had just used the GPU still
-    counted as in use (48.9 of 79.18 GiB free) and stayed so for the whole wait. Before rlt_mono.device_memory,
+    counted as in use (48.9 of 79.18 GiB free) and stayed so for the whole wait. Before rlt_mono.memory.device,
     ``build.fit_memory`` planned against that free memory and stopped with "TRAIN needs 57.7 GiB, the card has 48.9
     free: model.lora_r=16"."""
     fake = device([(FREE_AT_THAT_INSTANT, [(os.getpid(), OWN_CONTEXT), (exited_pid(), 29 * GIB)])])
@@ -217,7 +219,7 @@ def test_without_nvml_it_waits_while_free_memory_grows(device, caplog):
 
 
 def test_the_cli_shows_what_other_processes_hold():
-    shown = subprocess.run([sys.executable, "-m", "rlt_mono.memory_planner", "teacher_rlt_mono", "--arch", "1.5b",
+    shown = subprocess.run([sys.executable, "-m", "rlt_mono.memory.planner", "teacher_rlt_mono", "--arch", "1.5b",
                             "--gpu-gib", "24", "--free-gib", "20"], cwd=ROOT, capture_output=True, text=True,
                            timeout=120)
     assert "memory plan (predicted device-level peaks): card 24.0 GiB, held by other processes 4.0, usable 20.0;" \

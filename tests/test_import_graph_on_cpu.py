@@ -128,9 +128,9 @@ def test_no_package_import_sits_inside_a_function():
 
 
 def test_the_command_line_modules_import_no_torch():
-    """``python -m rlt_mono.cli --help``, config errors and ``python -m rlt_mono.memory_planner`` need neither torch nor
+    """``python -m rlt_mono.cli --help``, config errors and ``python -m rlt_mono.memory.planner`` need neither torch nor
     transformers: the modules they import keep those inside the functions that use them."""
-    probe = ("import sys\nimport rlt_mono.memory_planner, rlt_mono.launch, rlt_mono.cli\n"
+    probe = ("import sys\nimport rlt_mono.memory.planner, rlt_mono.launch, rlt_mono.cli\n"
              "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"

@@ -106,7 +106,7 @@ def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, 
                                                   "token"),
 ])
 def test_the_planner_cli_refuses_impossible_sizes_in_one_line(flags, says, capsys):
-    from rlt_mono.memory_planner import main
+    from rlt_mono.memory.planner import main
 
     assert main(["demo_tiny", *flags]) == 2
     assert capsys.readouterr().err == says + "\n"

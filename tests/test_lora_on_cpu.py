@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 from test_memory_on_cpu import TINY, rl_settings, tiny_settings
 from transformers import AutoModelForCausalLM
 
-from rlt_mono import compose, lora, memory
+from rlt_mono import compose, lora
 from rlt_mono.config import ConfigError
-from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
-from rlt_mono.memory_planner import plan
+from rlt_mono.memory import model as memory
+from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
+from rlt_mono.memory.planner import plan
 
 
 def _lora_teacher(teacher, rank=4, seed=0):

@@ -1,5 +1,5 @@
-"""The memory planner's arithmetic (rlt_mono/memory.py) against hand-computed bytes; the plan, memory=auto's
-choice, its advice and the CLI (rlt_mono/memory_planner.py)."""
+"""The memory planner's arithmetic (rlt_mono/memory/model.py) against hand-computed bytes; the plan, memory=auto's
+choice, its advice and the CLI (rlt_mono/memory/planner.py)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlt_mono import memory, memory_planner
 from rlt_mono.errors import UserError
-from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings
-from rlt_mono.memory_planner import plan
+from rlt_mono.memory import model as memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, Settings
+from rlt_mono.memory.planner import plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,7 +158,7 @@ def test_bad_settings_are_user_errors():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlt_mono.memory_planner", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "rlt_mono.memory.planner", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -190,7 +191,7 @@ def test_cli_exit_codes_and_lines(tmp_path):
 
 
 def test_activation_offloading_is_credited_with_no_saving_and_never_advised():
-    # measured on an H100: it did not lower the device-level peak (rlt_mono.memory), so no setting reads it
+    # measured on an H100: it did not lower the device-level peak (rlt_mono.memory.model), so no setting reads it
     on = memory_planner.settings_from_config(compose_rl("trainer.activation_offloading=true"), total_gib=24.0,
                                              arch="1.5b")
     assert plan(on) == plan(memory_planner.settings_from_config(compose_rl(), total_gib=24.0, arch="1.5b"))

@@ -1,4 +1,4 @@
-"""The memory planner (rlt_mono/memory.py) never under-predicts a measured phase: every bench run on a GPU that
+"""The memory planner (rlt_mono/memory/model.py) never under-predicts a measured phase: every bench run on a GPU that
 recorded the planner's prediction beside the measured device-level peak (results/planner_vs_measured.json, one entry
 per run) is predicted again from its settings with the current planner, and each phase's prediction must be at least
 0.95 of what the device measured. Also by hand, on the tiny pair: the two terms those runs showed missing (torch's
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono.memory import GIB, PHASES, QWEN25_ARCHS, Arch, Settings, pool_bytes, predict
-from rlt_mono.memory_planner import plan
+from rlt_mono.memory.model import GIB, PHASES, QWEN25_ARCHS, Arch, Settings, pool_bytes, predict
+from rlt_mono.memory.planner import plan
 from tests.test_memory_on_cpu import tiny_settings
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono.memory import QWEN25_ARCHS, Arch
+from rlt_mono.memory.model import QWEN25_ARCHS, Arch
 
 spec = importlib.util.spec_from_file_location("roofline", Path(__file__).parents[1] / "bench" / "roofline.py")
 roofline = importlib.util.module_from_spec(spec)

@@ -8,9 +8,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlt_mono import memory, memory_planner
 from rlt_mono.config import CONFIG_DIR
-from rlt_mono.memory import QWEN25_ARCHS, Arch, Settings
+from rlt_mono.memory import model as memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory.model import QWEN25_ARCHS, Arch, Settings
 
 ARCH = Arch.from_config(QWEN25_ARCHS["1.5b"])
 # The Settings fields that are no run setting, and where each comes from instead of the config.

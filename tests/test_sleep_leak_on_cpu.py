@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlt_mono import device_memory
-from rlt_mono.device_memory import ProcessMemory
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.memory import GIB
+from rlt_mono.memory import device as device_memory
+from rlt_mono.memory.device import ProcessMemory
+from rlt_mono.memory.model import GIB
 from rlt_mono.sleep_leak import SleepCycle, SleepLeakTracker
 from rlt_mono.trainer import RLTTrainer
 

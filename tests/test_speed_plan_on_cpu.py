@@ -1,4 +1,4 @@
-"""What the planner decides for speed (rlt_mono/speed_plan.py, rlt_mono/memory_planner.py ``choose``): gradient
+"""What the planner decides for speed (rlt_mono/memory/speed_plan.py, rlt_mono/memory/planner.py ``choose``): gradient
 checkpointing only when the train phase needs it, and memory=speed's generation batch, against hand-computed bytes
 and recorded device numbers."""
 
@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import memory, memory_planner, speed_plan
 from rlt_mono.config import compose
-from rlt_mono.memory import GIB, QWEN25_ARCHS, Arch, Settings
+from rlt_mono.memory import model as memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory import speed_plan
+from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 # Recorded on an H100 80 GB (issue "Speed"): vLLM generated 1024 tokens for each of 32 prompts of the 0.5B model in
@@ -185,7 +187,7 @@ def test_fit_run_config_speed_writes_the_generation_batch_and_says_what_changes(
 
 
 def test_cli_speed_prints_the_decisions_and_what_it_would_set():
-    shown = subprocess.run([sys.executable, "-m", "rlt_mono.memory_planner", "teacher_rlt_mono", "--arch", "0.5b",
+    shown = subprocess.run([sys.executable, "-m", "rlt_mono.memory.planner", "teacher_rlt_mono", "--arch", "0.5b",
                             "--gpu-gib", "80", "--speed", "trainer.max_completion_length=1024"],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr

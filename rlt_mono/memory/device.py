@@ -1,6 +1,6 @@
 """What a GPU offers a run: the card's total memory less what other live processes hold.
 
-The memory planner (``rlt_mono.memory_planner``) plans against this, not against the memory free at one instant. Memory
+The memory planner (``rlt_mono.memory.planner``) plans against this, not against the memory free at one instant. Memory
 that a process which has just exited still holds comes back to the device within seconds; counted as taken, it
 made ``memory=auto`` refuse runs that fit the card when run by hand. So the rule is:
 
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rlt_mono.memory import GIB
+from rlt_mono.memory.model import GIB
 
 logger = logging.getLogger(__name__)
 

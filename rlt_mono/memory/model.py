@@ -2,7 +2,7 @@
 
 The prediction is of the **device-level** peak (what ``nvidia-smi`` shows, ``phase/<p>/device_peak_gib`` in a
 run's metrics), the figure a card's size limits. Nothing here imports torch: the inputs are the models'
-``config.json`` values and the run's settings, the outputs are bytes. ``rlt_mono.memory_planner`` turns a prediction
+``config.json`` values and the run's settings, the outputs are bytes. ``rlt_mono.memory.planner`` turns a prediction
 into a plan (the settings ``memory=auto`` picks, the advice when nothing fits) and has the command line.
 
 What is modelled: placement ``mono`` (every role on one GPU), vLLM colocated with sleep mode, the reference and
@@ -63,7 +63,7 @@ return to the device (``vllm_enable_sleep_mode=false``: it is counted in every p
 docs/PERFORMANCE.md capped the pool inside torch's allocator, where a sleeping pool stays counted; on a real card
 it does not.
 
-Run it on a config: ``python -m rlt_mono.memory_planner teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
+Run it on a config: ``python -m rlt_mono.memory.planner teacher_rlt_mono --gpu-gib 24 [--arch 1.5b] [overrides]``.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ class Arch:
 
 
 def setting(key: str):
-    """A ``Settings`` field that is a run setting: ``rlt_mono.memory_planner`` reads it from config key ``key``
+    """A ``Settings`` field that is a run setting: ``rlt_mono.memory.planner`` reads it from config key ``key``
     (dotted, in a composed run config) and ``memory=auto`` writes it back there. It has no default here (see
     ``Settings``)."""
     return field(metadata={"config": key})
@@ -209,7 +209,7 @@ class Settings:
     The fields declared with ``setting(key)`` are run settings (``CONFIG_KEYS``). Their only defaults are in the
     composed YAML config (``cfgs/``), not here: the YAML is what users read and override, and Hydra already types
     its values through OmegaConf, so a second default in Python could only drift from it.
-    ``rlt_mono.memory_planner.settings_from_config`` fills them from a config, ``memory=auto`` writes its changes
+    ``rlt_mono.memory.planner.settings_from_config`` fills them from a config, ``memory=auto`` writes its changes
     back through the same keys. The other fields are what no config key holds: the models, the longest prompt, the
     ranks, the card, and the measured constants (module docstring), the only defaults here.
     """
@@ -257,7 +257,7 @@ class Settings:
     # one rank on an H100 only (docs/PERFORMANCE.md, "fsdp2 on one rank").
     sharded: bool
     # The card's total memory (vLLM's pool is a share of it) and what the run may use: the total less what other
-    # live processes hold (rlt_mono.device_memory; None: the total).
+    # live processes hold (rlt_mono.memory.device; None: the total).
     total_gib: float
     free_gib: float | None = None
     # Measured (module docstring): non-torch memory in every phase, and the allocator's slack on torch's terms.

@@ -1,7 +1,7 @@
 """Fit an RL run to the card before any model loads: ``memory=auto`` and ``memory=speed`` pick the settings,
 ``memory=manual`` checks them.
 
-``rlt_mono.memory`` predicts each phase's device-level peak from the model configs and the settings; this module
+``rlt_mono.memory.model`` predicts each phase's device-level peak from the model configs and the settings; this module
 turns that into decisions:
 
 - ``plan(settings)``: the prediction, and when it does not fit, the cheapest single change that would
@@ -18,7 +18,7 @@ turns that into decisions:
   on (at the largest micro-batch that fits with it) only when no micro-batch fits without it. Recomputing costs
   every micro-batch one more forward pass, while a smaller micro-batch costs only less work per kernel, so no
   recomputation comes before the micro-batch's size. The plan log says which and why (``speed_plan.decisions``).
-- ``choose(settings, speed=True)``: what ``memory=speed`` runs with (``rlt_mono.speed_plan``): the same, with the
+- ``choose(settings, speed=True)``: what ``memory=speed`` runs with (``rlt_mono.memory.speed_plan``): the same, with the
   largest generation batch whose KV cache fits (a multiple of the completions per step, capped), so that one
   generation feeds several optimizer steps; the plan log says what that changes.
 - ``settings_from_config(cfg, ...)``: the ``Settings`` of a run config, each run setting read through its config
@@ -28,7 +28,7 @@ turns that into decisions:
   ones will not fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when
   nothing fits.
 
-Command line (no GPU needed): ``python -m rlt_mono.memory_planner teacher_rlt_mono --gpu-gib 24 [--free-gib F]
+Command line (no GPU needed): ``python -m rlt_mono.memory.planner teacher_rlt_mono --gpu-gib 24 [--free-gib F]
 [--arch 1.5b] [--auto | --speed] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
 """
 
@@ -49,7 +49,7 @@ from omegaconf.errors import MissingMandatoryValue
 from rlt_mono import runtime
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
-from rlt_mono.memory import (
+from rlt_mono.memory.model import (
     CONFIG_KEYS,
     DTYPE_BYTES,
     GIB,
@@ -62,7 +62,7 @@ from rlt_mono.memory import (
     start_bytes,
     weight_bytes,
 )
-from rlt_mono.speed_plan import (
+from rlt_mono.memory.speed_plan import (
     completions_per_step,
     decisions,
     generation_batch,
@@ -169,7 +169,7 @@ def _candidates(s: Settings) -> list[dict]:
     micro-batch lower with gradient accumulation (and steps per generation) raised to keep completions per step,
     gradient checkpointing on, 8-bit Adam, a LoRA teacher (rank ``ADVICE_LORA_RANK``), a QLoRA teacher, shorter
     completions (halved down to 128). Activation offloading is not
-    suggested: measured, it saved no device memory (``rlt_mono.memory.train_activation_bytes``)."""
+    suggested: measured, it saved no device memory (``rlt_mono.memory.model.train_activation_bytes``)."""
     changes: list[dict] = []
     size = s.reward_micro_batch_size // 2
     while size >= 1:
@@ -256,7 +256,7 @@ def choose(s: Settings, speed: bool = False) -> Settings:
     completions, configured = completions_per_step(s), generation_batch(s)
     # Each generation batch with its whole KV cache in the pool, the trainer beside it (as configured), then aside
     # while vLLM generates; failing every one, the configured batch with a smaller share of it at once.
-    aside = not s.load_in_4bit  # a 4-bit teacher moved aside frees nothing (rlt_mono.memory.predict)
+    aside = not s.load_in_4bit  # a 4-bit teacher moved aside frees nothing (rlt_mono.memory.model.predict)
     tries = [(away, batch, batch) for batch in (generation_batches(s) if speed else [configured])
              for away in (s.offload_actor_in_generation and aside, aside)]
     sequences = configured // 2
@@ -409,9 +409,9 @@ def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.memory_planner <run config> [overrides] --gpu-gib N [--auto | --speed]``: print the plan;
+    """``python -m rlt_mono.memory.planner <run config> [overrides] --gpu-gib N [--auto | --speed]``: print the plan;
     exit 0 if it fits, 2 with the one-line advice if not (or on a mistake in the arguments)."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory_planner", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.memory.planner", description=__doc__.splitlines()[0])
     parser.add_argument("run_config", help="a run config (e.g. teacher_rlt_mono)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_completion_length=2048")
     parser.add_argument("--gpu-gib", type=float, required=True, help="the card's total memory in GiB")

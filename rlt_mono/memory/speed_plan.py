@@ -5,7 +5,7 @@
 vLLM's generation rate grows with the sequences it decodes at once: a decode step reads the teacher's weights once
 for every sequence in flight, and TRL lets vLLM run the whole generation batch at once (its ``max_num_seqs``). So a
 step's generation costs least when one generation makes the completions of several optimizer steps. ``memory=speed``
-(``rlt_mono.memory_planner.choose(s, speed=True)``) tries the generation batches of ``generation_batches`` largest
+(``rlt_mono.memory.planner.choose(s, speed=True)``) tries the generation batches of ``generation_batches`` largest
 first, each with its whole KV cache in vLLM's pool, the trainer beside it or, failing that, moved aside while vLLM
 generates; the first that fits is the run's. Then, like ``memory=auto``, the largest micro-batch and
 ``reward.micro_batch_size`` that fit, without gradient checkpointing when that fits.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from rlt_mono.memory import Settings, predict
+from rlt_mono.memory.model import Settings, predict
 
 # The most optimizer steps one generation feeds: the last of them trains on completions this many steps old, less one.
 MAX_STEPS_PER_GENERATION = 8

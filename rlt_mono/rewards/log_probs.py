@@ -6,7 +6,7 @@ GPU in TRL's fused log-prob kernel (``trl.kernels.ChunkedLogProbFunction``: the 
 into online log-sum-exp statistics by a Triton kernel), elsewhere as a log-softmax in chunks of positions, so a
 4K-token completion with a 152K vocabulary never builds a ``(T, V)`` tensor. The one exception is
 ``whole_forward`` (a sharded teacher, whose own forward must run): it keeps the logits of the positions the
-micro-batch's ranges span (counted by ``rlt_mono.memory.teacher_pass_logits_bytes``).
+micro-batch's ranges span (counted by ``rlt_mono.memory.model.teacher_pass_logits_bytes``).
 """
 
 from __future__ import annotations
