@@ -297,8 +297,8 @@ def config_differences(first: dict, second: dict) -> list[str]:
 def prompt_dataset(cfg, tokenizer, context: int):
     """The training prompts, prepared as ``build_trainer`` prepares them."""
     from rlt_mono.config import instantiate
-    from rlt_mono.data import DataConfig, prepare_dataset
-    from rlt_mono.prompts import PromptFormat
+    from rlt_mono.data.prompts import PromptFormat
+    from rlt_mono.data.rows import DataConfig, prepare_dataset
 
     dataset, _ = prepare_dataset(instantiate(DataConfig, cfg.data, "data"), tokenizer, PromptFormat(), seed=cfg.seed,
                                  max_prompt_tokens=context - cfg.trainer.max_completion_length)
@@ -327,7 +327,7 @@ def _build_model(arch: str, path: Path, seed: int) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-    from rlt_mono.embedded import build_tiny_pair
+    from rlt_mono.data.embedded import build_tiny_pair
 
     tokenizer = AutoTokenizer.from_pretrained(build_tiny_pair().teacher_path)
     tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(QWEN_VOCAB - len(tokenizer))])
@@ -551,7 +551,7 @@ def run_trl(a) -> dict:
     import torch
     import trl
 
-    from rlt_mono.models import load_model, load_tokenizer, model_kwargs
+    from rlt_mono.data.models import load_model, load_tokenizer, model_kwargs
 
     apply_cap(a)
     teacher = make_model(a.arch, "teacher", a.models, 0)
@@ -579,7 +579,7 @@ def run_vllm(a, mode: str = "vllm") -> dict:
     from transformers import AutoConfig
     from vllm import LLM, SamplingParams
 
-    from rlt_mono.models import load_tokenizer
+    from rlt_mono.data.models import load_tokenizer
 
     teacher = make_model(a.arch, "teacher", a.models, 0)
     cfg = compose_bench(a, teacher, model_dir(a.arch, "student", a.models))

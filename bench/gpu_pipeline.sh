@@ -20,13 +20,13 @@
 # Order: stash the stack parts, stash the model parts, then `run` as often as needed (a rerun continues where the
 # last stopped: rlt_mono.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
 # so far, so a host reclaimed mid-run loses only what ran since the last one.
-# Model parts are the .gguf that `python -m rlt_mono.pretrained fetch <name>` caches, cut with
+# Model parts are the .gguf that `python -m rlt_mono.data.pretrained fetch <name>` caches, cut with
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
 parts=/root/parts
 cache=/root/rltcache
-# <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.pretrained caches it> <sha256>
+# <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
 models=(
   "smol smollm2_135m_instruct-b179c9523d0e.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
   "qwen05 qwen2.5_coder_0.5b_instruct-1d9614638d18.gguf 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"

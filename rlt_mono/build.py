@@ -2,10 +2,10 @@
 
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
-model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded by
-``rlt_mono.models``; ``resolve_placement_for`` (distill, eval), ``set_wandb_env`` and ``check_gpu_kernels`` (SFT) and
-``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the trainer releases what it holds
-itself (``RLTTrainer.release``).
+model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded
+by ``rlt_mono.data.models``; ``resolve_placement_for`` (distill, eval), ``set_wandb_env`` and ``check_gpu_kernels``
+(SFT) and ``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the trainer releases what it
+holds itself (``RLTTrainer.release``).
 """
 
 from __future__ import annotations
@@ -23,12 +23,7 @@ from peft.utils.error import NoMatchingPeftModuleError
 
 from rlt_mono import launch, lora, runtime
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, check_enough_rows, prepare_dataset
-from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.memory import device as device_memory
-from rlt_mono.memory import planner as memory_planner
-from rlt_mono.memory.model import GIB, Arch
-from rlt_mono.models import (
+from rlt_mono.data.models import (
     dtype_name,
     load_config,
     load_model,
@@ -37,9 +32,14 @@ from rlt_mono.models import (
     model_path,
     stop_token_ids,
 )
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.rows import DataConfig, check_enough_rows, prepare_dataset
+from rlt_mono.grpo_config import RLTConfig
+from rlt_mono.memory import device as device_memory
+from rlt_mono.memory import planner as memory_planner
+from rlt_mono.memory.model import GIB, Arch
 from rlt_mono.phases import PhaseTimer
 from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
-from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.atomic_write import write_text

@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 GROUP_CLASSES = {
     "trainer": "rlt_mono.grpo_config:RLTConfig",
     "sft": "rlt_mono.sft:SFTStageConfig",
-    "data": "rlt_mono.data:DataConfig",
+    "data": "rlt_mono.data.rows:DataConfig",
     "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
     "distill": "rlt_mono.distill:DistillConfig",
     "eval": "rlt_mono.evaluate:EvalConfig",
@@ -165,7 +165,7 @@ def rules() -> dict[str, dict[str, Rule]]:
         "data": {
             "on_bad_row": one_of(("error", "skip")),
             "on_long_row": one_of(("error", "skip")),
-            **one_of_constant("row_format", "rlt_mono.data", "ROW_FORMATS"),
+            **one_of_constant("row_format", "rlt_mono.data.rows", "ROW_FORMATS"),
             "max_rows": at_least(1, " or null"),
             "eval_rows": at_least(0, " or null (data.eval_fraction then applies)"),
             "eval_fraction": Rule(lambda v: 0 <= v < 1, "in [0, 1)"),
@@ -196,7 +196,7 @@ def rules() -> dict[str, dict[str, Rule]]:
         },
         "eval": {
             **_sampling_rules(),
-            **one_of_constant("split", "rlt_mono.data", "SPLITS"),
+            **one_of_constant("split", "rlt_mono.data.rows", "SPLITS"),
             **one_of_constant("student_prompt", "rlt_mono.evaluate", "STUDENT_PROMPTS"),
             "student_max_new_tokens": at_least(1),
             "bootstrap_resamples": at_least(1),
@@ -239,13 +239,13 @@ def _trainer_cross(values: Mapping) -> str | None:
 def _data_cross(values: Mapping) -> str | None:
     """``DataConfig``'s checks that depend on ``data.source``."""
     source = values.get("source")
-    builtin = module_constant("rlt_mono.data", "BUILTIN_SOURCES")
+    builtin = module_constant("rlt_mono.data.rows", "BUILTIN_SOURCES")
     if values.get("row_format", "columns") != "columns" and source in builtin:
         return (f"data.row_format={values['row_format']} applies to files and hub datasets, not to the built-in "
                 f"data.source={source}: set data.row_format=columns")
     if source == "embedded" and values.get("embedded_rows", 1) < 1:
         return f"data.embedded_rows must be >= 1 with data.source=embedded, got {values['embedded_rows']}"
-    most = module_constant("rlt_mono.data", "MAX_GSM_ITEMS_PER_TEMPLATE") or float("inf")
+    most = module_constant("rlt_mono.data.rows", "MAX_GSM_ITEMS_PER_TEMPLATE") or float("inf")
     if source == "gsm_symbolic" and not 1 <= values.get("gsm_items_per_template", 1) <= most:
         return (f"data.gsm_items_per_template must be in 1..{most} (each item is a generator call), got "
                 f"{values['gsm_items_per_template']}")
@@ -254,21 +254,21 @@ def _data_cross(values: Mapping) -> str | None:
                 "has none: set data.heldout_templates=[]")
     unknown = sorted(set(values.get("heldout_templates") or ()) - set(gsm_templates())) \
         if source == "gsm_symbolic" else []
-    if unknown:  # the words of rlt_mono.data, which finds it again from the rows
+    if unknown:  # the words of rlt_mono.data.rows, which finds it again from the rows
         return (f"data.heldout_templates: {unknown} not among the templates of data.source=gsm_symbolic (they are "
                 f"{_spans(gsm_templates())}): hold out templates of that list")
     return None
 
 
-# reasoning-gym's GSM-Symbolic templates are numbered 0-99 (its generate_0 ... generate_99, rlt_mono.gsm_symbolic).
+# reasoning-gym's GSM-Symbolic templates are numbered 0-99 (its generate_0 ... generate_99, rlt_mono.data.gsm_symbolic).
 GSM_TEMPLATE_NUMBERS = range(100)
 
 
 def gsm_templates() -> list[int]:
     """The templates ``data=gsm_symbolic`` generates rows of, known without reasoning-gym: every number but those
-    ``rlt_mono.gsm_symbolic`` leaves out (``NEEDS_FIX``, ``FLAWED_TEMPLATES``)."""
+    ``rlt_mono.data.gsm_symbolic`` leaves out (``NEEDS_FIX``, ``FLAWED_TEMPLATES``)."""
     left_out = {t for name in ("NEEDS_FIX", "FLAWED_TEMPLATES")
-                for t in module_constant("rlt_mono.gsm_symbolic", name) or ()}
+                for t in module_constant("rlt_mono.data.gsm_symbolic", name) or ()}
     return [t for t in GSM_TEMPLATE_NUMBERS if t not in left_out]
 
 
@@ -363,18 +363,19 @@ def check_lora_rank(model: DictConfig) -> None:
 
 
 def teacher_hidden_size(model: Mapping) -> int | None:
-    """The hidden size of the teacher ``model.model_name_or_path`` names, read without loading it: the embedded
-    pair's (``rlt_mono.embedded.tiny_models.MODEL_SIZES``, built or not), or the ``config.json`` of a local folder or
-    of a hub id already in the Hugging Face cache. None where it cannot be read here: a GGUF file (its config comes
-    with the conversion), a hub id not downloaded yet, a path that is not a model folder (the stage says so)."""
+    """The hidden size of the teacher ``model.model_name_or_path`` names, read without loading it: the
+    embedded pair's (``rlt_mono.data.embedded.tiny_models.MODEL_SIZES``, built or not), or the ``config.json`` of a
+    local folder or of a hub id already in the Hugging Face cache. None where it cannot be read here: a GGUF file (its
+    config comes with the conversion), a hub id not downloaded yet, a path that is not a model folder (the stage says
+    so)."""
     name = model.get("model_name_or_path")
     if not isinstance(name, str) or model.get("gguf_file") is not None:
         return None
-    prefix = module_constant("rlt_mono.embedded.model_paths", "EMBEDDED_PREFIX")
+    prefix = module_constant("rlt_mono.data.embedded.model_paths", "EMBEDDED_PREFIX")
     if name.startswith(prefix):
-        if name.removeprefix(prefix) not in module_constant("rlt_mono.embedded.model_paths", "EMBEDDED_ROLES"):
+        if name.removeprefix(prefix) not in module_constant("rlt_mono.data.embedded.model_paths", "EMBEDDED_ROLES"):
             return None
-        return module_constant("rlt_mono.embedded.tiny_models", "MODEL_SIZES")["hidden_size"]
+        return module_constant("rlt_mono.data.embedded.tiny_models", "MODEL_SIZES")["hidden_size"]
     folder = Path(name).expanduser()
     if folder.exists():
         config = folder / "config.json"

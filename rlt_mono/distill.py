@@ -1,8 +1,8 @@
 """The distill stage (``stage: distill``): a teacher explains every training row; the RLT reward picks.
 
-For each training row (``rlt_mono.data.load_split``: the held-out questions that eval uses are left out) the
+For each training row (``rlt_mono.data.rows.load_split``: the held-out questions that eval uses are left out) the
 teacher (``model.model_name_or_path``, e.g. a teacher_rlt run's ``final/``) sees the same
-prompt as in RL training (``rlt_mono.data.render_prompts``: question + solution, prefilled up to the
+prompt as in RL training (``rlt_mono.data.rows.render_prompts``: question + solution, prefilled up to the
 opened explanation tag) and samples ``distill.samples_per_question`` explanations, each ending at
 ``<|end_of_explanation|>`` or EOS. ``TeacherKLReward`` scores every one with the student (``student``) and the
 teacher's own log-probs (it runs the teacher itself, as it does when TRL hands none over). With

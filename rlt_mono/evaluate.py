@@ -52,7 +52,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono import eval_compare
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import SPLITS
+from rlt_mono.data.prompts import PromptFormat, begin_tag
+from rlt_mono.data.rows import SPLITS
 from rlt_mono.errors import UserError
 from rlt_mono.eval_compare import cell, compare_table, questions_fingerprint
 from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
@@ -69,7 +70,6 @@ from rlt_mono.explanation_sampler import (
     teacher_budget,
     teacher_prompts,
 )
-from rlt_mono.prompts import PromptFormat, begin_tag
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.runs.atomic_write import write_json, write_text

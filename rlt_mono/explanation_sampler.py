@@ -12,7 +12,7 @@ The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt
   questions it has left as the uninterrupted run would have (up to the last digits that the padding of a batch moves
   the logits by, which can flip a near-tie);
 - ``explain``: ``n`` explanations of each row from the RL stage's teacher prompt
-  (``rlt_mono.data.render_prompts``), scored by the reward in one batched call;
+  (``rlt_mono.data.rows.render_prompts``), scored by the reward in one batched call;
 - the stages' shared conventions: their rows (``stage_rows``, each question + solution once), their run folder
   (``stage_output_dir``) and the check that a folder being resumed was written by the same stage and settings
   (``check_resume_matches``).
@@ -37,10 +37,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokeniz
 from rlt_mono import left_align, lora
 from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import DataConfig, PromptBudget, load_split, render_prompts
-from rlt_mono.errors import UserError
-from rlt_mono.memory.model import GIB
-from rlt_mono.models import (
+from rlt_mono.data.models import (
     dtype_name,
     load_config,
     load_model,
@@ -49,9 +46,12 @@ from rlt_mono.models import (
     model_path,
     stop_token_ids,
 )
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.rows import DataConfig, PromptBudget, load_split, render_prompts
+from rlt_mono.errors import UserError
+from rlt_mono.memory.model import GIB
 from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
-from rlt_mono.prompts import PromptFormat
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
@@ -356,7 +356,7 @@ def row_key(row: dict) -> tuple[str, str]:
 
 
 def stage_rows(cfg: DictConfig, split: str, budgets: Sequence[PromptBudget] = ()) -> tuple[list[dict], str]:
-    """The rows of ``split`` ("train": distill's, "eval": the held-out questions; ``rlt_mono.data.load_split``),
+    """The rows of ``split`` ("train": distill's, "eval": the held-out questions; ``rlt_mono.data.rows.load_split``),
     each question + solution once, those over a prompt budget (``prompt_budget``) refused or dropped by
     ``data.on_long_row``, and a description of where they came from."""
     data_config = instantiate(DataConfig, cfg.data, "data")
@@ -390,8 +390,8 @@ def prompt_budget(cfg: DictConfig, group: str, name: str, max_new_tokens_key: st
 
 
 def teacher_budget(cfg: DictConfig, max_new_tokens_key: str) -> PromptBudget:
-    """``prompt_budget`` of the RL stage's teacher prompt (``rlt_mono.data.render_prompts``), which distill and eval
-    explain from."""
+    """``prompt_budget`` of the RL stage's teacher prompt (``rlt_mono.data.rows.render_prompts``), which distill and
+    eval explain from."""
     prompt_format = PromptFormat()
     return prompt_budget(cfg, "model", "teacher prompt", max_new_tokens_key,
                          lambda tokenizer, rows: render_prompts(rows, tokenizer, prompt_format))

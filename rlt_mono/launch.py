@@ -50,10 +50,10 @@ from omegaconf import DictConfig
 
 from rlt_mono import runtime
 from rlt_mono.config import CONFIG_DIR, ConfigError
+from rlt_mono.data.models import load_config, model_path
 from rlt_mono.errors import UserError
 from rlt_mono.memory import model as memory
 from rlt_mono.memory import planner as memory_planner
-from rlt_mono.models import load_config, model_path
 from rlt_mono.placement import PlacementError, check_main_process_port
 from rlt_mono.runs.checkpoints import resolve_output_dir
 from rlt_mono.stages import STAGES

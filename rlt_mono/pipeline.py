@@ -26,7 +26,7 @@ pipeline folder copied or moved elsewhere continues as it would have in place. A
 on absolute (``launch_relative``).
 
 A ``data=<option>`` (or ``data.<key>=...``) given to the pipeline reaches every stage that reads the dataset
-(teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.DataConfig``'s defaults go first in
+(teacher SFT, RL, distill, eval): its keys that differ from ``rlt_mono.data.rows.DataConfig``'s defaults go first in
 those stages' overrides, so a stage's own ``data.*`` overrides (e.g. ``data.max_rows``) still apply.
 
 Before the first stage runs, every step's composed config goes through its stage's ``check``
@@ -92,7 +92,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.data import DataConfig
+from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.evaluate import compare_table
 from rlt_mono.pipeline_steps import (

@@ -48,7 +48,10 @@ from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 from rlt_mono import diversity, lora, runtime
 from rlt_mono.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
-from rlt_mono.data import (
+from rlt_mono.data.models import load_model, load_tokenizer, model_kwargs
+from rlt_mono.data.models import model_path as resolve_model
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.rows import (
     DataConfig,
     check_cap,
     coverage,
@@ -59,9 +62,6 @@ from rlt_mono.data import (
     validate_rows,
 )
 from rlt_mono.errors import UserError
-from rlt_mono.models import load_model, load_tokenizer, model_kwargs
-from rlt_mono.models import model_path as resolve_model
-from rlt_mono.prompts import PromptFormat
 from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.files import RunFilesCallback

@@ -174,7 +174,7 @@ def _or_dash(value) -> str:
 AGGREGATE_FILES = {"rl_heldout_reward": "rl_heldout_reward.png", "rl_tied_groups": "rl_tied_groups.png",
                    "arms_accuracy": "arms_accuracy.png"}
 # An eval row's "heldout": instances of the training templates, or whole templates no stage trains on
-# (rlt_mono.data's gsm_symbolic split).
+# (rlt_mono.data.rows's gsm_symbolic split).
 HELD_OUT_SETS = ("templates", "instances")
 # teacher -> the eval step that scored it with the frozen student.
 TEACHER_EVALS = {"sft_teacher": "eval_sft_teacher", "rl_teacher": "eval_teacher"}

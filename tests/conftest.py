@@ -27,7 +27,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def tiny_pair():
-    from rlt_mono.embedded import build_tiny_pair
+    from rlt_mono.data.embedded import build_tiny_pair
 
     return build_tiny_pair()
 

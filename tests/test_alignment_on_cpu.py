@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlt_mono.prompts import PromptFormat, begin_tag, end_tag
+from rlt_mono.data.prompts import PromptFormat, begin_tag, end_tag
 from rlt_mono.rewards.alignment import align_sample, split_explanation, token_bytes
 
 FMT = PromptFormat()

@@ -1,4 +1,4 @@
-"""Caps sample, never truncate (rlt_mono.data.sample_rows): every subset of rows is a seeded sample, stratified by
+"""Caps sample, never truncate (rlt_mono.data.rows.sample_rows): every subset of rows is a seeded sample, stratified by
 template where rows have one; GSM-Symbolic's worked-solution mapping; the untrained student's plain prompt."""
 
 import json
@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
-from rlt_mono.data import (
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.rows import (
     MAX_ROW_CHARS,
     BadRowError,
     DataConfig,
@@ -18,7 +19,6 @@ from rlt_mono.data import (
     validate_rows,
 )
 from rlt_mono.evaluate import PLAIN_REQUEST, EvalConfig, answer_record, student_question
-from rlt_mono.prompts import PromptFormat
 from rlt_mono.sft import build_sft_dataset, load_sft_rows
 
 GOOD = {"question": "What is 2 + 3?", "solution": "The answer is 5."}
@@ -61,7 +61,7 @@ def test_a_cap_on_the_training_rows_is_a_seeded_sample_kept_in_source_order(tmp_
 
 
 def test_a_cap_of_256_gsm_symbolic_rows_covers_the_training_templates(caplog):
-    caplog.set_level("INFO", logger="rlt_mono.data")
+    caplog.set_level("INFO", logger="rlt_mono.data.rows")
     config = _committed_gsm_config(gsm_items_per_template=20, eval_rows=200, heldout_template_rows=200, max_rows=256)
     rows = load_split(config, seed=0)
     assert len(rows) == 256 and len({r["template"] for r in rows}) == 63  # 78 templates, 15 held out whole

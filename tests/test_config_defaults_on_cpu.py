@@ -14,7 +14,7 @@ import trl
 from omegaconf import OmegaConf
 
 from rlt_mono.config import CONFIG_DIR, compose
-from rlt_mono.data import DataConfig
+from rlt_mono.data.rows import DataConfig
 from rlt_mono.distill import DistillConfig
 from rlt_mono.evaluate import EvalConfig
 from rlt_mono.grpo_config import RLTConfig

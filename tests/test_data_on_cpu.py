@@ -12,9 +12,10 @@ import pytest
 from huggingface_hub import constants as hub_constants
 from omegaconf import OmegaConf
 
-from rlt_mono import data_sources
 from rlt_mono.config import compose, config_groups
-from rlt_mono.data import (
+from rlt_mono.data import sources as data_sources
+from rlt_mono.data.prompts import PromptFormat, begin_tag
+from rlt_mono.data.rows import (
     MISSING,
     BadRowError,
     DataConfig,
@@ -30,7 +31,6 @@ from rlt_mono.data import (
     validate_rows,
 )
 from rlt_mono.errors import UserError
-from rlt_mono.prompts import PromptFormat, begin_tag
 
 GOOD = {"question": "What is 2 + 3?", "solution": "The answer is 5.", "reasoning_trace": "2 + 3 = 5."}
 

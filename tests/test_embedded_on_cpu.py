@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono.config import default_cache_dir
-from rlt_mono.embedded import TinyPair, build_tiny_pair, generate_rows, tiny_models
-from rlt_mono.prompts import ALL_TAGS, PromptFormat, begin_tag, end_tag
+from rlt_mono.data.embedded import TinyPair, build_tiny_pair, generate_rows, tiny_models
+from rlt_mono.data.prompts import ALL_TAGS, PromptFormat, begin_tag, end_tag
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""GSM-Symbolic rows (rlt_mono.gsm_symbolic) and their two held-out sets (rlt_mono.data), on CPU.
+"""GSM-Symbolic rows (rlt_mono.data.gsm_symbolic) and their two held-out sets (rlt_mono.data.rows), on CPU.
 
 The pinned reasoning-gym wheel is downloaded from PyPI into the rlt_mono cache on first use, like CHAMP's."""
 
@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from rlt_mono import gsm_symbolic
 from rlt_mono.config import default_cache_dir
-from rlt_mono.data import DataConfig, DataConfigError, load_split
+from rlt_mono.data import gsm_symbolic
+from rlt_mono.data.rows import DataConfig, DataConfigError, load_split
 from rlt_mono.evaluate import summarize_records
 from rlt_mono.sft import load_sft_rows
 

@@ -3,7 +3,7 @@
 import json
 
 from rlt_mono import build_trainer, compose, release_trainer
-from rlt_mono.data import DataConfig, load_split
+from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.runs.outputs import EVAL_EVENT, read_metrics
 from rlt_mono.runs.plots import EVAL_SERIES, metric_series
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import build, cli, explanation_sampler, pretrained, runtime
+from rlt_mono import build, cli, explanation_sampler, runtime
 from rlt_mono.config import ConfigError, compose
+from rlt_mono.data import pretrained
 from rlt_mono.errors import UserError
 from rlt_mono.placement import PlacementError, check_main_process_port
 from rlt_mono.runs import checkpoints
@@ -60,7 +61,7 @@ def test_a_converted_model_cut_short_is_converted_again_and_a_cut_gguf_is_one_li
     whole = weights.stat().st_size
     with open(weights, "r+b") as handle:  # a copy or a full disk stopped it; the folder still says complete
         handle.truncate(whole - 100)
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.pretrained"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.data.pretrained"):
         again = pretrained.materialize(None, str(source), "float32", cache_dir=tmp_path / "cache")
     assert again == str(folder) and conversions == [source, source]
     assert [r.getMessage() for r in caplog.records] == [
@@ -79,7 +80,7 @@ def test_a_converted_model_cut_short_is_converted_again_and_a_cut_gguf_is_one_li
 
 # ---- 2. sft.eos_token outside the vocabulary -------------------------------------------------------------------
 def test_an_eos_token_outside_the_vocabulary_is_one_line_naming_the_key(tmp_path, monkeypatch):
-    from rlt_mono.models import model_path
+    from rlt_mono.data.models import model_path
     from rlt_mono.sft import build_sft
 
     monkeypatch.setattr("rlt_mono.sft.load_model", _no_model_load)

@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.data import DataConfig, load_split
+from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.evaluate import ROWS_FILE, run_eval
 from rlt_mono.sft import build_sft_dataset, load_sft_rows
 

@@ -73,7 +73,7 @@ def test_rl_stage_with_a_lora_teacher_trains_adapters_and_saves_the_merged_teach
     assert (final / "adapter" / "adapter_model.safetensors").is_file()
     assert (out / "checkpoint-1" / "adapter_model.safetensors").is_file()
     # final/ is the merged teacher: peft's own merge of base + saved adapter gives the same weights
-    from rlt_mono.embedded import build_tiny_pair
+    from rlt_mono.data.embedded import build_tiny_pair
 
     base = AutoModelForCausalLM.from_pretrained(build_tiny_pair().teacher_path)
     base_weights = {n: p.detach().clone() for n, p in base.named_parameters()}

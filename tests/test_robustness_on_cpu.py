@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from rlt_mono.config import ConfigError, compose, instantiate
+from rlt_mono.data.models import resolve_model_path
 from rlt_mono.grpo_config import RLTConfig
-from rlt_mono.models import resolve_model_path
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.checkpoints import resolve_output_dir
 
@@ -121,7 +121,7 @@ def test_a_missing_local_model_folder_is_not_called_a_hub_id(tmp_path):
 
 def test_an_unset_mandatory_key_is_one_line():
     with pytest.raises(ConfigError, match=r"^data: data.source must be set"):
-        from rlt_mono.data import DataConfig
+        from rlt_mono.data.rows import DataConfig
 
         instantiate(DataConfig, compose("demo_tiny", ["data=custom"]).data, "data")
 

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from rlt_mono import config_check, gsm_symbolic
+from rlt_mono import config_check
 from rlt_mono.config import default_cache_dir
+from rlt_mono.data import gsm_symbolic
 from rlt_mono.runs import console
 
 ROOT = Path(__file__).resolve().parent.parent

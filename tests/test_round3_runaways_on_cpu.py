@@ -68,7 +68,7 @@ def test_a_row_over_the_prompt_budget_stops_distill_and_eval_in_one_line(tmp_pat
 
 def test_distill_and_eval_skip_a_row_over_the_prompt_budget_with_a_warning(tmp_path, capsys, caplog, huge_rows):
     common = ["size=tiny", "data=custom", f"data.source={huge_rows}", "data.max_rows=2", "data.on_long_row=skip"]
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.data"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.data.rows"):
         code, err, _ = _cli(capsys, "distill", *common, "data.eval_fraction=0", f"output_dir={tmp_path / 'distill'}")
     assert code == 0 and "error" not in err
     assert f"{huge_rows}: skipped 1 train rows whose teacher prompt exceeds 1984 tokens (source rows [0])" in \
@@ -77,7 +77,7 @@ def test_distill_and_eval_skip_a_row_over_the_prompt_budget_with_a_warning(tmp_p
     assert [(row["question"], row["solution"]) for row in written] == [(SHORT["question"], SHORT["solution"])]
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.data"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.data.rows"):
         code, err, _ = _cli(capsys, "eval", *common, "data.eval_rows=2", "eval.bootstrap_resamples=10",
                             f"output_dir={tmp_path / 'eval'}")
     assert code == 0 and "error" not in err

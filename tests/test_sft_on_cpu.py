@@ -13,9 +13,9 @@ import trl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlt_mono.config import ConfigError, compose, instantiate
-from rlt_mono.data import DataConfig, load_split
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.errors import UserError
-from rlt_mono.prompts import PromptFormat
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.sft import (

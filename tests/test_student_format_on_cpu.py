@@ -13,7 +13,7 @@ import torch
 from qwen2_tokenizer import qwen2_tokenizer
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlt_mono.prompts import STUDENT_SYSTEM_PROMPT, PromptFormat, end_tag
+from rlt_mono.data.prompts import STUDENT_SYSTEM_PROMPT, PromptFormat, end_tag
 from rlt_mono.rewards import TeacherKLReward
 from rlt_mono.rewards.alignment import align_sample, align_samples
 

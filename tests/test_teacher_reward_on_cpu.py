@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from rlt_mono.prompts import PromptFormat, end_tag
+from rlt_mono.data.prompts import PromptFormat, end_tag
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig, check_shared_vocabulary
 from rlt_mono.rewards.log_probs import range_log_probs
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from random import Random
 
-from rlt_mono.data_sources import DataSourceError, pypi_wheel
+from rlt_mono.data.sources import DataSourceError, pypi_wheel
 
 logger = logging.getLogger(__name__)
 

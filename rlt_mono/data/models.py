@@ -3,7 +3,7 @@
 Shared by every stage that loads a model (``rlt_mono.build``, ``rlt_mono.sft``, ``rlt_mono.explanation_sampler``) and by
 the data-parallel launcher (``rlt_mono.launch``), which makes each model's folder once before its ranks start.
 A name resolves to a local folder or a hub id: ``embedded:teacher`` / ``embedded:student`` to the tiny pair built
-locally (``rlt_mono.embedded``), a ``gguf_file`` to its dequantized folder (``rlt_mono.pretrained``). Each
+locally (``rlt_mono.data.embedded``), a ``gguf_file`` to its dequantized folder (``rlt_mono.data.pretrained``). Each
 mistake (no such folder, a run folder instead of its ``final/``, a model that cannot be loaded) is a one-line
 ``ConfigError`` naming the config key. transformers is imported by the functions that load, so the launcher's
 module (imported by ``python -m rlt_mono.cli``) does not import torch.
@@ -17,8 +17,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from rlt_mono.config import ConfigError, default_cache_dir
-from rlt_mono.embedded import embedded_model_path, is_embedded
-from rlt_mono.pretrained import materialize
+from rlt_mono.data.embedded import embedded_model_path, is_embedded
+from rlt_mono.data.pretrained import materialize
 from rlt_mono.runs.checkpoints import saved_stage
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ def model_path(group: DictConfig, seed: int, name: str) -> str:
 def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path",
                        gguf_file: str | None = None, dtype: str = "bfloat16") -> str:
     """``embedded:teacher`` / ``embedded:student`` -> the locally built tiny pair; with ``gguf_file`` (a path or
-    ``pypi:<name>``) -> its dequantized folder (``rlt_mono.pretrained``); a local path must exist; a hub id is
+    ``pypi:<name>``) -> its dequantized folder (``rlt_mono.data.pretrained``); a local path must exist; a hub id is
     returned unchanged."""
     if name_or_path is None:
         raise ConfigError(f"{key}=null: this stage loads that model: set {key}=<a model folder or hub id>")

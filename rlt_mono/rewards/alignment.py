@@ -40,7 +40,7 @@ from itertools import accumulate
 
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono.prompts import PromptFormat
+from rlt_mono.data.prompts import PromptFormat
 
 _EXPLANATION_SLOT = "\x00EXPLANATION\x00"
 _SOLUTION_SLOT = "\x00SOLUTION\x00"

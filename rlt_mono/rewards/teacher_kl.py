@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from rlt_mono.prompts import PromptFormat
+from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.rewards.alignment import AlignedSample, align_samples, token_bytes
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.rewards.maths import NORMALIZATIONS, REDUCTIONS, RewardTerms, teacher_reward_terms

@@ -4,7 +4,7 @@ locally (``build_tiny_pair``), so a config can point at it without knowing its c
 from __future__ import annotations
 
 from rlt_mono.config import ConfigError
-from rlt_mono.embedded.tiny_models import build_tiny_pair
+from rlt_mono.data.embedded.tiny_models import build_tiny_pair
 
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_ROLES = ("teacher", "student")

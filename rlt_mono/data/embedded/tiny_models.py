@@ -13,7 +13,7 @@ the real code paths (chat templates, tag handling, log-prob alignment, generatio
 produce good explanations. The build is bitwise reproducible (its time: docs/PERFORMANCE.md).
 
 torch and transformers are imported by the functions that build, not at the top: the ``embedded:`` model paths
-(``rlt_mono.models``) are resolved by the data-parallel launcher, whose module ``python -m rlt_mono.cli`` imports
+(``rlt_mono.data.models``) are resolved by the data-parallel launcher, whose module ``python -m rlt_mono.cli`` imports
 before it has checked the config (and a built pair is found without either).
 
 Usage::
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from rlt_mono.config import default_cache_dir
-from rlt_mono.embedded.dataset import generate_rows, write_jsonl
-from rlt_mono.prompts import ALL_TAGS, PromptFormat
+from rlt_mono.data.embedded.dataset import generate_rows, write_jsonl
+from rlt_mono.data.prompts import ALL_TAGS, PromptFormat
 
 if TYPE_CHECKING:
     import torch
