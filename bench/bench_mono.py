@@ -267,9 +267,9 @@ def grpo_configs(cfg, use_vllm: bool = True):
     """
     import trl
 
-    from rlt_mono.build import trainer_kwargs
     from rlt_mono.config import instantiate
-    from rlt_mono.grpo_config import RLTConfig
+    from rlt_mono.rl.build import trainer_kwargs
+    from rlt_mono.rl.grpo_config import RLTConfig
 
     kwargs = trainer_kwargs(cfg, cfg.output_dir, use_vllm)
     rlt_args = instantiate(RLTConfig, kwargs, "trainer")

@@ -20,11 +20,11 @@ _EXPORTS = {
     "ConfigError": "rlt_mono.config",
     "compose": "rlt_mono.config",
     "UserError": "rlt_mono.errors",
-    "RLTConfig": "rlt_mono.grpo_config",
+    "RLTConfig": "rlt_mono.rl.grpo_config",
     "TeacherKLReward": "rlt_mono.rewards",
     "TeacherRewardConfig": "rlt_mono.rewards",
-    "build_trainer": "rlt_mono.build",
-    "release_trainer": "rlt_mono.build",
+    "build_trainer": "rlt_mono.rl.build",
+    "release_trainer": "rlt_mono.rl.build",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 # The config groups built into a dataclass, as "module:Class" (read with ast, never imported here).
 GROUP_CLASSES = {
-    "trainer": "rlt_mono.grpo_config:RLTConfig",
+    "trainer": "rlt_mono.rl.grpo_config:RLTConfig",
     "sft": "rlt_mono.sft:SFTStageConfig",
     "data": "rlt_mono.data.rows:DataConfig",
     "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
@@ -211,7 +211,7 @@ def rules() -> dict[str, dict[str, Rule]]:
 
 def _gpu_kernels(group: str) -> Callable[[Mapping], str | None]:
     """The training group's ``use_liger_kernel`` needs a GPU and the liger-kernel package (as
-    ``rlt_mono.build.check_gpu_kernels`` finds when the stage starts, with the same words)."""
+    ``rlt_mono.rl.build.check_gpu_kernels`` finds when the stage starts, with the same words)."""
     def check(values: Mapping) -> str | None:
         if values.get("use_liger_kernel") is not True:
             return None
@@ -350,12 +350,12 @@ def warn_unread_data_keys(data: DictConfig, overrides: Iterable[str] = ()) -> No
 
 def check_lora_rank(model: DictConfig) -> None:
     """``model.lora_r`` no larger than the teacher's hidden size when this process can read it
-    (``teacher_hidden_size``), in the words of ``rlt_mono.lora.check_rank_fits``, which checks it again from the
+    (``teacher_hidden_size``), in the words of ``rlt_mono.rl.lora.check_rank_fits``, which checks it again from the
     teacher's config before its weights load. LoRA is the RL stage's option: ``rlt_mono.cli`` refuses it for a stage
     that trains nothing, ``rlt_mono.sft`` for the SFT stages."""
     rank = model.get("lora_r")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
-        return  # no adapters, or a value rlt_mono.lora.lora_rank refuses in its own words
+        return  # no adapters, or a value rlt_mono.rl.lora.lora_rank refuses in its own words
     hidden = teacher_hidden_size(model)
     if hidden is not None and rank > hidden:
         raise ConfigError(f"model.lora_r={rank}: above the teacher's hidden size ({hidden}), the most an adapter's "

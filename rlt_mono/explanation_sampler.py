@@ -34,8 +34,6 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
 
-from rlt_mono import left_align, lora
-from rlt_mono.build import resolve_placement_for, warn_unused_options
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import (
     dtype_name,
@@ -50,12 +48,14 @@ from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.data.rows import DataConfig, PromptBudget, load_split, render_prompts
 from rlt_mono.errors import UserError
 from rlt_mono.memory.model import GIB
-from rlt_mono.phases import Phase, PhaseTimer
 from rlt_mono.placement import Role
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.rl import left_align, lora
+from rlt_mono.rl.build import resolve_placement_for, warn_unused_options
+from rlt_mono.rl.phases import Phase, PhaseTimer
+from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
-from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
                       with_teacher: bool = True, left_align_padding: bool = True) -> StageModels:
     """Load the student (and the teacher with its reward) where the placement puts them: on a GPU both live in
     CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates. With
-    ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.left_align``, as
+    ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.rl.left_align``, as
     ``trainer.left_align_padding`` does for the RL stage's models); generation with a cache is left alone."""
     placement = resolve_placement_for(cfg.placement)
     warn_unused_options(cfg, placement)

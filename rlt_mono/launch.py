@@ -148,7 +148,7 @@ class LaunchPlan:
         ]
         sharded = self.strategy == "fsdp2"
         held = f"1/{self.world_size} sharded" if sharded else "resident"
-        # FSDP2 shards TRL's reference with the teacher: it stays on the GPU (rlt_mono.trainer).
+        # FSDP2 shards TRL's reference with the teacher: it stays on the GPU (rlt_mono.rl.trainer).
         reference = held if sharded else aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
         student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
         roles = f"{held + ', ' + rollout:<34} {reference:<13} {student}" if rl else held

@@ -45,8 +45,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import diversity, lora, runtime
-from rlt_mono.build import check_gpu_kernels, set_wandb_env, warn_unused_options
+from rlt_mono import diversity, runtime
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import load_model, load_tokenizer, model_kwargs
 from rlt_mono.data.models import model_path as resolve_model
@@ -62,6 +61,8 @@ from rlt_mono.data.rows import (
     validate_rows,
 )
 from rlt_mono.errors import UserError
+from rlt_mono.rl import lora
+from rlt_mono.rl.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.files import RunFilesCallback

@@ -1,6 +1,6 @@
 """The RL stage: GRPO on the teacher with the RLT reward (``stage: teacher_rlt``).
 
-``run_teacher_rlt(cfg)`` builds the trainer (``rlt_mono.build``), trains or resumes, and saves the teacher
+``run_teacher_rlt(cfg)`` builds the trainer (``rlt_mono.rl.build``), trains or resumes, and saves the teacher
 atomically in ``<output_dir>/final``. Failures a user can act on (a full disk, a card out of memory, Ctrl-C, a
 run that could not make its steps) become one-line ``UserError``s that say where the last good checkpoint is.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlt_mono.build import build_trainer
 from rlt_mono.errors import UserError
+from rlt_mono.rl.build import build_trainer
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.final_model import save_final
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics

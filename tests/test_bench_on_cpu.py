@@ -33,7 +33,7 @@ def bf16_gpu(monkeypatch):
     liger-kernel (the gpu extra's) and let its layers through on this CPU-only machine."""
     import transformers.training_args
 
-    from rlt_mono import build, grpo_config
+    from rlt_mono.rl import build, grpo_config
 
     monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
     monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: True)
@@ -155,7 +155,7 @@ def test_a_change_to_one_arm_is_reported(tmp_path, bf16_gpu):
 
 def test_bench_builds_the_rltconfig_build_trainer_builds(tmp_path, bf16_gpu, monkeypatch):
     """The TRL arm derives its config from bench's RLTConfig; it must be the one build_trainer gives the rlt arm."""
-    import rlt_mono.build as build
+    import rlt_mono.rl.build as build
 
     built = {}
 

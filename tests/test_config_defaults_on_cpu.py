@@ -17,8 +17,8 @@ from rlt_mono.config import CONFIG_DIR, compose
 from rlt_mono.data.rows import DataConfig
 from rlt_mono.distill import DistillConfig
 from rlt_mono.evaluate import EvalConfig
-from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.rl.grpo_config import RLTConfig
 from rlt_mono.sft import SFTStageConfig
 
 # group -> (its dataclass, the TRL class it extends or None)

@@ -13,8 +13,8 @@ from rlt_mono.cli import main as cli_main
 from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose, config_groups
 from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data.rows import DataConfig
-from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.rl.grpo_config import RLTConfig
 from rlt_mono.stages import STAGES
 
 ROOT_CONFIG = CONFIG_DIR / "train.yaml"

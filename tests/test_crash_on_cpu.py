@@ -21,7 +21,7 @@ RUN = ["demo_tiny", f"trainer.max_steps={STEPS}", "trainer.save_steps=1", "train
 # model and optimizer files are written and before the RNG state is.
 KILL_IN_SAVE = """
 import os, signal, sys
-from rlt_mono.trainer import RLTTrainer
+from rlt_mono.rl.trainer import RLTTrainer
 save_rng_state = RLTTrainer._save_rng_state
 def die_at_step_2(self, output_dir):
     if self.state.global_step == 2:

@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from rlt_mono import build
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.device import ProcessMemory, capacity
 from rlt_mono.memory.model import GIB, QWEN25_ARCHS
+from rlt_mono.rl import build
 
 # An H100 80GB as torch.cuda.mem_get_info reports it (vLLM's error in results/h100_qlora.json: "79.18 GiB").
 H100_TOTAL = int(79.18 * GIB)

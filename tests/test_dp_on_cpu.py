@@ -187,7 +187,7 @@ def test_a_gathered_reference_with_tied_weights_is_written_whole(tmp_path):
     import safetensors.torch
     import torch
 
-    from rlt_mono.trainer import unshared
+    from rlt_mono.rl.trainer import unshared
 
     embedding = torch.arange(6.0).reshape(2, 3)
     state = {"model.embed_tokens.weight": embedding, "lm_head.weight": embedding, "model.norm.weight": torch.ones(3)}

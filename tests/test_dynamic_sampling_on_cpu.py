@@ -1,4 +1,4 @@
-"""Tied GRPO groups and dynamic sampling (rlt_mono.dynamic_sampling), on hand-made batches, and in a tiny RL run."""
+"""Tied GRPO groups and dynamic sampling (rlt_mono.rl.dynamic_sampling), on hand-made batches, and in a tiny RL run."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.config import ConfigError
-from rlt_mono.dynamic_sampling import fresh_prompts, refill_tied_groups, replace_groups, tied_groups
+from rlt_mono.rl.dynamic_sampling import fresh_prompts, refill_tied_groups, replace_groups, tied_groups
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 
 NAN = math.nan

@@ -85,7 +85,7 @@ def test_unknown_keys_get_close_names_never_the_whole_list():
         "unknown key reward.zzzzzzz: reward has no key zzzzzzz and none close to it")
     # a notebook building the dataclass itself gets the same kind of line
     with pytest.raises(ConfigError, match=r"^unknown key trainer.max_stepz: did you mean trainer.max_steps, "):
-        from rlt_mono.grpo_config import RLTConfig
+        from rlt_mono.rl.grpo_config import RLTConfig
 
         instantiate(RLTConfig, {"max_stepz": 3}, "trainer")
 
@@ -158,12 +158,12 @@ def _group_check(group: str, values: dict, tmp_path: Path) -> None:
 
         resolve_placement(values["mode"], 0, rollout=values["rollout"])
         return
-    if group == "trainer" and values.get("use_liger_kernel"):  # rlt_mono.build checks this before the dataclass
-        from rlt_mono.build import check_gpu_kernels
+    if group == "trainer" and values.get("use_liger_kernel"):  # rlt_mono.rl.build checks this before the dataclass
+        from rlt_mono.rl.build import check_gpu_kernels
 
         check_gpu_kernels(OmegaConf.create({"stage": "teacher_rlt", "trainer": values}), on_gpu=False)
     if group == "sft" and values.get("use_liger_kernel"):
-        from rlt_mono.build import check_gpu_kernels
+        from rlt_mono.rl.build import check_gpu_kernels
 
         check_gpu_kernels(OmegaConf.create({"stage": "teacher_sft", "sft": values}), on_gpu=False)
     module, _, name = config_check.GROUP_CLASSES[group].partition(":")

@@ -15,7 +15,7 @@ import torch
 
 pytestmark = pytest.mark.gpu
 
-# Set for this process's vLLM engine (rlt_mono.build): a child process must pick its own.
+# Set for this process's vLLM engine (rlt_mono.rl.build): a child process must pick its own.
 DISTRIBUTED_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 PROMPTS = ["Tom has 3 bags of 4 apples. How many apples?", "A train goes 60 km per hour for 2 hours. How far?"]
 
@@ -199,13 +199,13 @@ MASKLESS_ATTENTION = {"aten::_scaled_dot_product_flash_attention", "aten::_scale
 
 def test_left_aligned_padding_takes_a_maskless_attention_kernel(bf16_pair):
     """A left-padded bf16 batch through the teacher: with its mask, SDPA runs its memory-efficient kernel (the 7B
-    profile's masked passes did); hooked by rlt_mono.left_align it runs without a mask and takes a kernel the mask
+    profile's masked passes did); hooked by rlt_mono.rl.left_align it runs without a mask and takes a kernel the mask
     rules out: flash (the 7B profile, head dim 128) or cuDNN's (this pair, head dim 64, on the H200 with torch 2.11),
     with the same logits at the real positions, to bf16 rounding."""
     from torch.profiler import ProfilerActivity, profile
     from transformers import AutoModelForCausalLM
 
-    from rlt_mono import left_align
+    from rlt_mono.rl import left_align
 
     model = AutoModelForCausalLM.from_pretrained(bf16_pair / "teacher", dtype=torch.bfloat16,
                                                  attn_implementation="sdpa").cuda().eval()
@@ -273,8 +273,8 @@ def test_liger_layer_kernels_give_the_plain_layers_log_probs_and_gradients(bf16_
 
 
 def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_state():
-    from rlt_mono.phases import PhaseTimer
-    from rlt_mono.swapper import ModelSwapper
+    from rlt_mono.rl.phases import PhaseTimer
+    from rlt_mono.rl.swapper import ModelSwapper
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.Linear(2048, 2048)).cuda()
@@ -321,7 +321,8 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
         return
     from safetensors.torch import load_file
 
-    from rlt_mono import build_trainer, compose, lora, release_trainer
+    from rlt_mono import build_trainer, compose, release_trainer
+    from rlt_mono.rl import lora
     from rlt_mono.runs.final_model import save_final
     from rlt_mono.runs.outputs import read_metrics
 
@@ -375,7 +376,7 @@ def test_training_with_liger_kernels_patches_the_teacher_the_reference_and_the_s
 def test_sleep_wake_cycles_keep_device_memory_flat(bf16_pair, tmp_path):
     """22 RL steps of the tiny pair, each one cycle of generate -> sleep (level 2, TRL's) -> score and train ->
     wake: the device memory this process holds right after each wake-up grows by at most 256 MiB over the cycles
-    after the warm-up, and the trainer's leak tracker (rlt_mono.sleep_leak) logs no warning. With
+    after the warm-up, and the trainer's leak tracker (rlt_mono.rl.sleep_leak) logs no warning. With
     RLT_MONO_SLEEP_LEAK_READINGS=<file> set, the readings of every cycle are written there (JSON) for a report."""
     if ran_in_own_process("test_sleep_wake_cycles_keep_device_memory_flat"):
         return

@@ -14,11 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import build, cli, explanation_sampler, runtime
+from rlt_mono import cli, explanation_sampler, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import pretrained
 from rlt_mono.errors import UserError
 from rlt_mono.placement import PlacementError, check_main_process_port
+from rlt_mono.rl import build
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
 from rlt_mono.runs.atomic_write import DiskError
@@ -219,7 +220,7 @@ def test_options_a_stage_does_not_read_are_named_in_one_warning_each(tmp_path, m
     from rlt_mono.sft import build_sft
 
     monkeypatch.setattr("rlt_mono.sft.load_model", _no_model_load)
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.build"), pytest.raises(Stop):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.build"), pytest.raises(Stop):
         build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'sft'}", "memory=auto",
                                           "placement=student_gpu"]))
     assert [r.getMessage() for r in caplog.records] == [
@@ -229,7 +230,7 @@ def test_options_a_stage_does_not_read_are_named_in_one_warning_each(tmp_path, m
     caplog.clear()
     monkeypatch.setattr(explanation_sampler, "model_path", _no_model_load)
     cfg = compose("distill", ["size=tiny", f"output_dir={tmp_path / 'distill'}", "distill.vllm_kv_cache_gib=2"])
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.build"), pytest.raises(Stop):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.build"), pytest.raises(Stop):
         explanation_sampler.load_stage_models(cfg, None, 0.7)
     assert [r.getMessage() for r in caplog.records] == [
         "distill.vllm_kv_cache_gib=2 is ignored: this run samples with transformers, not vLLM (no CUDA GPU, no vllm "

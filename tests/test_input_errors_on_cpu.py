@@ -12,7 +12,7 @@ from rlt_mono.config import ConfigError, compose
 from rlt_mono.data.models import resolve_model_path
 from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
-from rlt_mono.lora import lora_rank
+from rlt_mono.rl.lora import lora_rank
 from rlt_mono.sft import _usable_rows, build_sft
 
 

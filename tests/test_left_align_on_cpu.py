@@ -1,4 +1,4 @@
-"""rlt_mono.left_align: padded passes without a mask (left-aligned rows) give the masked run's outputs, and the
+"""rlt_mono.rl.left_align: padded passes without a mask (left-aligned rows) give the masked run's outputs, and the
 decoder's layers really get no mask; rows with holes, cached calls and non-rotary models are left alone."""
 
 import copy
@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2Model
 
-from rlt_mono import left_align
+from rlt_mono.rl import left_align
 
 
 def test_left_aligned_counts_leading_pads_and_refuses_a_row_with_a_hole():

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from rlt_mono import grpo_config
-from rlt_mono.grpo_config import RLTConfig
+from rlt_mono.rl import grpo_config
+from rlt_mono.rl.grpo_config import RLTConfig
 
 
 def test_a_cpu_config_is_refused(tmp_path):
@@ -54,7 +54,8 @@ def test_the_trainer_gives_the_reference_and_the_student_liger_kernels(tmp_path,
     replaced by a recorder."""
     from transformers import PreTrainedModel
 
-    from rlt_mono import build, build_trainer, compose, release_trainer, trainer
+    from rlt_mono import build_trainer, compose, release_trainer
+    from rlt_mono.rl import build, trainer
 
     monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: True)
     monkeypatch.setattr(build, "check_gpu_kernels", lambda cfg, on_gpu: None)

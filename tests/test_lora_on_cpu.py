@@ -1,4 +1,4 @@
-"""A LoRA teacher (rlt_mono/lora.py) on CPU: the merged weights vLLM receives, the reference pass with adapters
+"""A LoRA teacher (rlt_mono/rl/lora.py) on CPU: the merged weights vLLM receives, the reference pass with adapters
 disabled, the RL stage end to end (only adapters train, final/ is the merged teacher), the config errors, and the
 planner's LoRA and QLoRA terms against hand-computed bytes."""
 
@@ -13,11 +13,12 @@ from safetensors.torch import load_file
 from test_memory_on_cpu import TINY, rl_settings, tiny_settings
 from transformers import AutoModelForCausalLM
 
-from rlt_mono import compose, lora
+from rlt_mono import compose
 from rlt_mono.config import ConfigError
 from rlt_mono.memory import model as memory
 from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
 from rlt_mono.memory.planner import plan
+from rlt_mono.rl import lora
 
 
 def _lora_teacher(teacher, rank=4, seed=0):
@@ -116,7 +117,7 @@ def test_lora_config_errors_say_what_to_set():
 
 
 def test_the_lora_config_turns_the_reference_mixup_off(tmp_path):
-    from rlt_mono.build import trainer_kwargs
+    from rlt_mono.rl.build import trainer_kwargs
 
     cfg = compose("demo_tiny", ["model.lora_r=4"])
     assert cfg.trainer.sync_ref_model

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from rlt_mono.phases import DevicePeak, Phase, PhaseTimer, with_throughputs
-from rlt_mono.swapper import ModelSwapper
+from rlt_mono.rl.phases import DevicePeak, Phase, PhaseTimer, with_throughputs
+from rlt_mono.rl.swapper import ModelSwapper
 
 
 def test_nested_phases_exclude_their_children():

@@ -4,9 +4,9 @@ every role from the resolved table."""
 import pytest
 
 from rlt_mono import placement as placement_module
-from rlt_mono.build import build_trainer
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.placement import PlacementError, Role, resolve_placement
+from rlt_mono.rl.build import build_trainer
 
 R, S = Role.REFERENCE, Role.STUDENT
 
@@ -103,7 +103,7 @@ def test_student_gpu_is_rejected_before_any_model_loads(monkeypatch):
 def test_build_places_every_role_from_the_table(monkeypatch, tmp_path, one_thread):
     """The trainer's reference and student sit where the (faked) table puts them, and the trainer runs the
     student beside the actor only when the table gives it a device of its own."""
-    import rlt_mono.build as build
+    import rlt_mono.rl.build as build
     from rlt_mono.placement import Placement
 
     placed = {}

@@ -17,7 +17,7 @@ import torch
 
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.data.models import resolve_model_path
-from rlt_mono.grpo_config import RLTConfig
+from rlt_mono.rl.grpo_config import RLTConfig
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.checkpoints import resolve_output_dir
 
@@ -176,8 +176,8 @@ def test_a_run_that_stops_before_writing_leaves_no_empty_folder(tmp_path, monkey
 
 def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkeypatch):
     from rlt_mono.errors import UserError
+    from rlt_mono.rl.trainer import RLTTrainer
     from rlt_mono.teacher_rlt import run_teacher_rlt
-    from rlt_mono.trainer import RLTTrainer
 
     save = RLTTrainer._save_optimizer_and_scheduler
 

@@ -172,7 +172,7 @@ def test_cached_memory_is_kept_while_another_process_starts_an_engine(tmp_path, 
     itself, it hands it back."""
     import torch
 
-    from rlt_mono.swapper import ModelSwapper
+    from rlt_mono.rl.swapper import ModelSwapper
 
     monkeypatch.setenv(run_lock.ENGINE_LOCK_ENV, str(tmp_path / "engine.lock"))
     emptied = []

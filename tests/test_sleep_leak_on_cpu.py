@@ -1,4 +1,4 @@
-"""The accounting of colocated vLLM's sleep/wake cycles (``rlt_mono.sleep_leak``) on hand-made readings: flat
+"""The accounting of colocated vLLM's sleep/wake cycles (``rlt_mono.rl.sleep_leak``) on hand-made readings: flat
 readings never warn, a steady growth warns once at the cycle it passes the bound, the warm-up stays out of the
 baseline; and the trainer's hook reads the device at the right wake-ups and sleeps (a fake engine and reader).
 The same accounting on a real engine: tests/test_gpu.py, ``test_sleep_wake_cycles_keep_device_memory_flat``."""
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory.device import ProcessMemory
 from rlt_mono.memory.model import GIB
-from rlt_mono.sleep_leak import SleepCycle, SleepLeakTracker
-from rlt_mono.trainer import RLTTrainer
+from rlt_mono.rl.grpo_config import RLTConfig
+from rlt_mono.rl.sleep_leak import SleepCycle, SleepLeakTracker
+from rlt_mono.rl.trainer import RLTTrainer
 
 STEP = GIB // 10  # 0.1 GiB
 AWAKE, ASLEEP = 30 * GIB, 10 * GIB
@@ -27,12 +27,13 @@ def _feed(tracker: SleepLeakTracker, readings: list[tuple[int, int]]) -> None:
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "rlt_mono.sleep_leak" and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in caplog.records if r.name == "rlt_mono.rl.sleep_leak"
+            and r.levelno == logging.WARNING]
 
 
 def test_flat_readings_show_no_growth_and_never_warn(caplog):
     tracker = SleepLeakTracker(warn_bytes=GIB)
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sleep_leak"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.sleep_leak"):
         _feed(tracker, [(AWAKE, ASLEEP)] * 20)
     assert len(tracker.cycles) == 20
     assert tracker.growth() == SleepCycle(0, 0)
@@ -46,7 +47,7 @@ def test_a_steady_growth_warns_once_at_the_cycle_it_passes_the_bound(caplog):
     cycle 4), so cycle n has grown by (n - 4) x 0.1 GiB: 1.0 GiB (not above the bound) at 14, 1.1 at 15."""
     tracker = SleepLeakTracker(warn_bytes=GIB)
     readings = [(AWAKE + n * STEP, ASLEEP + n * STEP) for n in range(1, 21)]
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sleep_leak"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.sleep_leak"):
         _feed(tracker, readings[:14])
         assert tracker.warned_at is None and _warnings(caplog) == []
         assert tracker.growth() == SleepCycle(10 * STEP, 10 * STEP)
@@ -63,7 +64,7 @@ def test_a_steady_growth_warns_once_at_the_cycle_it_passes_the_bound(caplog):
 
 def test_a_growth_of_the_awake_reading_alone_warns_too(caplog):
     tracker = SleepLeakTracker(warn_bytes=GIB)
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sleep_leak"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.sleep_leak"):
         _feed(tracker, [(AWAKE, ASLEEP)] * 5 + [(AWAKE + 2 * GIB, ASLEEP)])
     assert tracker.warned_at == 6
     [message] = _warnings(caplog)
@@ -75,7 +76,7 @@ def test_the_baseline_leaves_out_the_warm_up(caplog):
     first wake-up): counted in the baseline, the flat cycles after them would look like a 5 GiB growth."""
     tracker = SleepLeakTracker(warn_bytes=GIB)
     warm_up = [(AWAKE - 5 * GIB, ASLEEP - 5 * GIB), (AWAKE + 5 * GIB, ASLEEP + 5 * GIB)]
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sleep_leak"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.sleep_leak"):
         _feed(tracker, warm_up)
         assert tracker.baseline() is None and tracker.growth() is None
         assert set(tracker.metrics()) == {"memory/after_wake_gib", "memory/after_sleep_gib"}
@@ -143,7 +144,7 @@ def test_the_trainer_reads_the_device_after_the_kv_cache_wakes_and_after_each_sl
     llm = FakeLLM()
     tracker = RLTTrainer._watch_vllm_sleep(_fake_trainer(llm))
     assert devices == [torch.device("cuda:0")]
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sleep_leak"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.sleep_leak"):
         for _ in range(20):
             llm.wake_up(tags=["weights"])
             llm.wake_up(tags=["kv_cache"])

@@ -1,4 +1,4 @@
-"""The distill and eval stages hook their student and teacher with rlt_mono.left_align unless
+"""The distill and eval stages hook their student and teacher with rlt_mono.rl.left_align unless
 ``<stage>.left_align_padding=false``: padded scoring passes then reach the decoders' layers without a mask, and
 every figure is the unhooked run's."""
 

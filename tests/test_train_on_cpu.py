@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.config import available_run_configs
+from rlt_mono.rl.trainer import REFERENCE_FILE
 from rlt_mono.runs.outputs import METRICS_FILE, PLOT_FILE, SAMPLES_FILE, read_metrics
-from rlt_mono.trainer import REFERENCE_FILE
 
 ROOT = Path(__file__).resolve().parent.parent
 

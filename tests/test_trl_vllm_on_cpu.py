@@ -9,9 +9,9 @@ import torch
 import trl
 from accelerate.utils import DistributedType
 
-from rlt_mono import trl_vllm
+from rlt_mono.rl import trl_vllm
+from rlt_mono.rl.trl_vllm import TRLSurfaceError
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
-from rlt_mono.trl_vllm import TRLSurfaceError
 
 
 def test_the_installed_trl_has_every_name_rlt_mono_uses():
@@ -72,7 +72,7 @@ def test_a_changed_call_order_turns_reuse_off_and_says_what_it_costs(monkeypatch
     assert trl_vllm.inspect_surface(_fake_trainer(), True) == trl_vllm.Surface(True, False, False)  # aligned
     monkeypatch.setattr(trl.GRPOTrainer, "_generate_and_score_completions", _rewards_first)
     assert trl_vllm.call_order_problem() == "old_per_token_logps is no longer computed before _calculate_rewards"
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.trl_vllm"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.trl_vllm"):
         surface = trl_vllm.inspect_surface(misaligned, True)
     assert surface == trl_vllm.Surface(False, False, False)
     assert ("the reward cannot reuse TRL's policy log-probs (TRL 1.16.0: old_per_token_logps is no longer computed "
@@ -101,7 +101,7 @@ def test_one_call_sync_is_installed_only_where_vllm_has_what_it_needs(caplog):
     assert trl_vllm.one_call_sync_problem(broken).endswith("(stops at driver_worker)")
 
     assert trl_vllm.inspect_surface(_fake_trainer(_generation(), use_vllm=True), True).one_call_sync
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.trl_vllm"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.trl_vllm"):
         surface = trl_vllm.inspect_surface(_fake_trainer(_generation(_iter_named_params=1), use_vllm=True), True)
     assert not surface.one_call_sync
     assert surface.expects_policy_log_probs  # vLLM importance sampling: TRL computes them every batch
@@ -211,7 +211,7 @@ def test_a_missing_capture_where_trl_computes_it_warns_once(tmp_path, monkeypatc
                                 "trainer.plot_metrics=false"])
     trainer = build_trainer(cfg)
     monkeypatch.setattr(trl_vllm, "is_policy_no_grad_pass", lambda trainer, model: False)
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.trainer"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.trainer"):
         trainer.train()
     trainer.release()
     assert caplog.text.count("computed no policy log-probs before the reward in this batch, where TRL 1.16.0 "

@@ -30,7 +30,7 @@ has three phases, and each phase's bytes are a sum of named terms (``Phase.terms
   ``get_act_offloading_ctx_manager`` around the training step) is credited with nothing: measured on an H100 it
   did not lower the device-level peak.
 
-**A LoRA or QLoRA teacher** (``lora_r > 0``, ``load_in_4bit``; ``rlt_mono/lora.py``): the trainer's teacher is
+**A LoRA or QLoRA teacher** (``lora_r > 0``, ``load_in_4bit``; ``rlt_mono/rl/lora.py``): the trainer's teacher is
 its base weights (the linear layers at ``NF4_BYTES_PER_PARAM`` when 4-bit) plus the adapters; gradients and
 optimizer state are the adapters' only; there is no reference copy (the reference pass runs the teacher with its
 adapters disabled); vLLM still holds the merged teacher in its dtype, and each weight sync builds one merged
@@ -51,7 +51,7 @@ fit and its accuracy are in docs/PERFORMANCE.md ("Planner accuracy").
 
 Torch keeps what it reserved from one phase to the next, so the device holds the larger of SCORE's and TRAIN's
 allocations in both ("allocator cache from ..."), and GENERATE begins with that reserve. With sleep mode the weight
-sync empties the cache before vLLM wakes (TRL's ``sync_weights``, ``rlt_mono.trl_vllm``'s one-call sync), so
+sync empties the cache before vLLM wakes (TRL's ``sync_weights``, ``rlt_mono.rl.trl_vllm``'s one-call sync), so
 GENERATE's peak is the larger of that reserve and vLLM's moment; without sleep mode nothing empties it, and it stays
 beside the pool for the whole phase. ``memory=speed`` runs, whose small pool leaves TRAIN's level the larger, showed
 it (docs/PERFORMANCE.md, "Planner accuracy").
@@ -231,7 +231,7 @@ class Settings:
     offload_actor_in_generation: bool = setting("trainer.offload_actor_in_generation")
     # A sequence is prompt_length + max_completion_length.
     max_completion_length: int = setting("trainer.max_completion_length")
-    # 0: every weight trained; load_in_4bit: QLoRA (rlt_mono/lora.py).
+    # 0: every weight trained; load_in_4bit: QLoRA (rlt_mono/rl/lora.py).
     lora_r: int = setting("model.lora_r")
     load_in_4bit: bool = setting("model.load_in_4bit")
     # The weights' dtype (the reference is a copy of the teacher).
@@ -501,7 +501,7 @@ def start_bytes(s: Settings) -> int:
 
 def host_memory_terms(s: Settings) -> list[tuple[str, int]]:
     """What one process holds in CPU memory at once, as far as the models' sizes tell: pinned for the whole run
-    (``rlt_mono.swapper``), the offloaded reference (a full fine-tune's copy) and student, and with
+    (``rlt_mono.rl.swapper``), the offloaded reference (a full fine-tune's copy) and student, and with
     ``offload_actor_in_generation`` the teacher's weights, gradients and optimizer state. A sharded teacher and its
     reference instead wait whole on the CPU until accelerate and TRL shard them (transformers leaves a model it
     trains under FSDP where it is; TRL loads the reference on the CPU): two whole copies while the process loads.
@@ -610,7 +610,7 @@ def predict(s: Settings) -> tuple[dict[str, Phase], int]:
     train_terms.append(("allocator cache from SCORE", max(0, score_torch - train_torch)))
     # A 4-bit teacher moved aside freed no device memory on an H100 (1.5B and 7B QLoRA; docs/PERFORMANCE.md,
     # "LoRA and QLoRA"): credited with nothing.
-    # A sharded teacher is synced through TRL's per-tensor path, without the aside (rlt_mono.trainer).
+    # A sharded teacher is synced through TRL's per-tensor path, without the aside (rlt_mono.rl.trainer).
     aside = s.offload_actor_in_generation and not s.load_in_4bit and not s.sharded
     if aside:
         # The actor steps aside after the weight sync: before it does, vLLM holds only its weights (no KV cache

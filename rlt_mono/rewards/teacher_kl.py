@@ -179,7 +179,7 @@ class TeacherKLReward:
         self._logged_teacher_pass = False
         # Set when the teacher is sharded over ranks (FSDP: each of its forwards gathers its weights, a collective
         # every rank must join as often): maps this rank's count of teacher forwards to the largest count over the
-        # ranks (rlt_mono.trainer).
+        # ranks (rlt_mono.rl.trainer).
         self.sharded_teacher: Callable[[int], int] | None = None
         self.last_scores: list[dict] = []
         token_bytes(tokenizer, [])  # build the id -> bytes table now, not inside the first step

@@ -2,7 +2,7 @@
 
 The RL stage (``rlt_mono.teacher_rlt``) and the SFT stages (``rlt_mono.sft``) end here. A LoRA teacher is saved
 merged, a plain model that distill, eval and the next stage load like any other, with its adapter alone in
-``final/adapter`` (``rlt_mono.lora``). A sharded teacher (``placement.strategy=fsdp2``) trains float32 master
+``final/adapter`` (``rlt_mono.rl.lora``). A sharded teacher (``placement.strategy=fsdp2``) trains float32 master
 weights (accelerate upcasts them under ``bf16``); ``final/`` holds them in the dtype the run loaded the model in,
 as a ``ddp`` run's. Kept apart from ``rlt_mono.runs.checkpoints``, which imports no torch.
 """
@@ -18,7 +18,7 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import lora
+from rlt_mono.rl import lora
 from rlt_mono.runs.atomic_write import check_free_space, write_text
 from rlt_mono.runs.checkpoints import STAGING_PREFIX, how_to_continue, publish
 from rlt_mono.stages import STAGES
@@ -30,7 +30,7 @@ FINAL_DIR = "final"
 
 def save_final(trainer, output_dir: Path) -> Path:
     """Save the trained model (and tokenizer) to ``final/``, written aside and renamed once complete. A LoRA
-    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.lora``). A sharded model's
+    teacher is saved merged (a plain model), its adapter in ``final/adapter`` (``rlt_mono.rl.lora``). A sharded model's
     float32 master weights are saved in the dtype the run loaded it in (``cast_saved_weights``). Stops first, in
     one line, when the disk has less free than the weights need."""
     weights = sum(p.numel() * p.element_size() for p in trainer.model.parameters())

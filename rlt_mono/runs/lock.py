@@ -114,7 +114,7 @@ def engine_starting_elsewhere() -> bool:
     and after profiling: memory freed in between stops it ("Error in memory profiling"), memory taken in between
     leaves no room for its KV cache ("No available memory for the cache blocks"). A process that empties its
     allocator's cache after each phase does both (it frees, then takes the memory back from the card), so it keeps
-    the cache while this is true (``rlt_mono.swapper``): in the study's run 7 (2026-11-26, docs/STUDY.md), one
+    the cache while this is true (``rlt_mono.rl.swapper``): in the study's run 7 (2026-11-26, docs/STUDY.md), one
     seed's RL start failed once each way beside the other seeds' steps."""
     if _starting_here:
         return False

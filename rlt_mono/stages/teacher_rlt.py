@@ -1,6 +1,6 @@
 """Stage ``teacher_rlt``: GRPO on the teacher with the RLT reward.
 
-Its run is ``rlt_mono.teacher_rlt`` (the trainer: ``rlt_mono.build``, ``rlt_mono.trainer``). Run config:
+Its run is ``rlt_mono.teacher_rlt`` (the trainer: ``rlt_mono.rl.build``, ``rlt_mono.rl.trainer``). Run config:
 cfgs/run_cfg/teacher_rlt_mono.yaml (demo_tiny on the CPU).
 """
 

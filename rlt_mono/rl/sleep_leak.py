@@ -9,7 +9,7 @@ reading over them; every later cycle's growth over the baseline is reported, and
 grown by more than the bound one warning is logged.
 
 Pure Python, bytes in and metrics out, so it is tested on CPU with hand-made readings; the trainer feeds it
-(``rlt_mono.trainer``: ``trl_vllm.watch_sleep_cycles`` calls it around vLLM's ``wake_up``/``sleep`` with
+(``rlt_mono.rl.trainer``: ``trl_vllm.watch_sleep_cycles`` calls it around vLLM's ``wake_up``/``sleep`` with
 ``device_memory.process_used_reader``'s readings) and logs its ``metrics`` with each step.
 """
 

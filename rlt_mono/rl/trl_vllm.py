@@ -45,7 +45,7 @@ import trl
 import trl.trainer.callbacks
 from transformers import TrainerCallback
 
-from rlt_mono.lora import adapters_enabled
+from rlt_mono.rl.lora import adapters_enabled
 
 logger = logging.getLogger(__name__)
 
@@ -319,7 +319,7 @@ def vllm_unquantized() -> Iterator[None]:
     """While ``GRPOTrainer.__init__`` runs: TRL 1.16 starts the colocated vLLM engine in bitsandbytes 4-bit when
     the policy has 4-bit layers (``trl.generation.vllm_generation``, which asks transformers'
     ``is_bitsandbytes_available``); a QLoRA teacher's vLLM engine instead holds the merged weights in the teacher's
-    dtype (``rlt_mono.lora``), so the check is told bitsandbytes is absent. Where TRL no longer asks, nothing is
+    dtype (``rlt_mono.rl.lora``), so the check is told bitsandbytes is absent. Where TRL no longer asks, nothing is
     changed."""
     import trl.generation.vllm_generation as generation_module
 

@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import launch, lora, runtime
+from rlt_mono import launch, runtime
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import (
     dtype_name,
@@ -34,19 +34,20 @@ from rlt_mono.data.models import (
 )
 from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.data.rows import DataConfig, check_enough_rows, prepare_dataset
-from rlt_mono.grpo_config import RLTConfig
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.model import GIB, Arch
-from rlt_mono.phases import PhaseTimer
 from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.rl import lora
+from rlt_mono.rl.grpo_config import RLTConfig
+from rlt_mono.rl.phases import PhaseTimer
+from rlt_mono.rl.swapper import ModelSwapper
+from rlt_mono.rl.trainer import RLTTrainer
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.atomic_write import write_text
 from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.runs.files import RunFilesCallback
-from rlt_mono.swapper import ModelSwapper
-from rlt_mono.trainer import RLTTrainer
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlt_mono.phases import PhaseTimer
+from rlt_mono.rl.phases import PhaseTimer
 from rlt_mono.runs import lock as run_lock
 
 logger = logging.getLogger(__name__)

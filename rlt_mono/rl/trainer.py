@@ -1,6 +1,6 @@
 """``RLTTrainer``: TRL's GRPO trainer with the few hooks RLT needs, each at a TRL override point.
 
-Every private name of TRL or vLLM these hooks rely on is touched through ``rlt_mono.trl_vllm``, checked when the
+Every private name of TRL or vLLM these hooks rely on is touched through ``rlt_mono.rl.trl_vllm``, checked when the
 trainer starts (missing required ones raise; missing optional ones warn with their cost).
 
 - ``_generate`` / ``_generate_and_score_completions`` / ``training_step`` run inside the phases GENERATE,
@@ -14,7 +14,7 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 - TRL's reference-sync callback is wrapped so that the offloaded reference is swapped in for the mixup; once a
   mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
 - Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
-- A LoRA or QLoRA teacher (``peft_config``, ``rlt_mono.lora``): vLLM gets the merged weights at each sync, in
+- A LoRA or QLoRA teacher (``peft_config``, ``rlt_mono.rl.lora``): vLLM gets the merged weights at each sync, in
   the teacher's dtype; the reference is the teacher with its adapters disabled (TRL's), not a copy.
 - Data parallel (``placement=dp``): each step's log also has the slowest and fastest rank's seconds per phase
   (``dp/*``); the other phase metrics are rank 0's.
@@ -23,7 +23,7 @@ trainer starts (missing required ones raise; missing optional ones warn with the
   passes run on the actor's GPU (``overlap/*``, ``timeline/*``).
 - vLLM colocated and asleep between generations (GPU): the device memory this process holds right after each
   wake-up and each sleep joins each step's log (``memory/after_wake_gib``, ``memory/after_sleep_gib``), and a growth
-  over the first cycles beyond ``sleep_leak_warn_gib`` warns once (``rlt_mono.sleep_leak``).
+  over the first cycles beyond ``sleep_leak_warn_gib`` warns once (``rlt_mono.rl.sleep_leak``).
 - ``use_liger_kernel`` (transformers' and TRL's option: liger-kernel's fused RMSNorm, SwiGLU and rotary kernels,
   TRL keeping its own fused log-prob head): transformers patches the policy when training starts; the reference and
   the student get the same kernels here.
@@ -45,17 +45,17 @@ from transformers import TrainerCallback
 from transformers.integrations.liger import apply_liger_kernel
 from trl.models import get_act_offloading_ctx_manager
 
-from rlt_mono import dynamic_sampling, left_align, lora, trl_vllm
 from rlt_mono.config import ConfigError
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory.model import GIB
-from rlt_mono.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
+from rlt_mono.rl import dynamic_sampling, left_align, lora, trl_vllm
+from rlt_mono.rl.phases import Phase, PhaseTimer, with_throughputs
+from rlt_mono.rl.sleep_leak import SleepLeakTracker
+from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
-from rlt_mono.sleep_leak import SleepLeakTracker
-from rlt_mono.swapper import ModelSwapper
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
 
     def _watch_vllm_sleep(self) -> SleepLeakTracker | None:
         """Colocated vLLM asleep between generations on a GPU: a tracker of the device memory this process holds
-        right after each wake-up and each sleep (``rlt_mono.sleep_leak``: a leak warns once, the readings join each
+        right after each wake-up and each sleep (``rlt_mono.rl.sleep_leak``: a leak warns once, the readings join each
         step's log). None otherwise."""
         if not (self.use_vllm and self.args.vllm_mode == "colocate" and self.args.vllm_enable_sleep_mode
                 and self.accelerator.device.type == "cuda"):

@@ -3,7 +3,7 @@
 A step runs GENERATE (rollouts) -> SCORE (reference log-probs, teacher log-probs for the KL, student
 scoring) -> TRAIN (the teacher update). ``PhaseTimer`` times each phase (phases nest; a parent's time excludes
 its children's), records peak GPU memory per phase and accumulates the per-step counters other parts add
-(``generate/tokens``, ``swap/*`` from ``rlt_mono.swapper.ModelSwapper``, ...) until the trainer logs them;
+(``generate/tokens``, ``swap/*`` from ``rlt_mono.rl.swapper.ModelSwapper``, ...) until the trainer logs them;
 ``with_throughputs`` turns those into tokens/s and MFU.
 
 Two memory figures per phase: ``peak_allocated_gib``, torch's allocator peak (it counts vLLM's pool even while

@@ -53,8 +53,8 @@ class RLTConfig(trl.GRPOConfig):
     dynamic_sampling_rounds: int = field(
         default=0,
         metadata={
-            "help": "DAPO-style dynamic sampling (rlt_mono.dynamic_sampling): after a generation batch is scored, its "
-            "groups whose rewards all tie (zero advantages) are replaced by untied groups of fresh prompts, in at "
+            "help": "DAPO-style dynamic sampling (rlt_mono.rl.dynamic_sampling): after a generation batch is scored, "
+            "its groups whose rewards all tie (zero advantages) are replaced by untied groups of fresh prompts, in at "
             "most this many extra generations per batch. 0: off (tied groups are still counted, groups/tied_frac). "
             "One rank only."
         },
@@ -65,16 +65,16 @@ class RLTConfig(trl.GRPOConfig):
             "help": "With vLLM colocated and asleep between generations on a GPU: one warning once the device memory "
             "this process holds right after vLLM sleeps (or wakes) has grown by more than this many GiB over the "
             "cycles after the warm-up, i.e. vLLM's sleep mode is not giving back what it took "
-            "(rlt_mono.sleep_leak; the readings are logged as memory/after_sleep_gib, memory/after_wake_gib)."
+            "(rlt_mono.rl.sleep_leak; the readings are logged as memory/after_sleep_gib, memory/after_wake_gib)."
         },
     )
     left_align_padding: bool = field(
         default=True,
         metadata={
             "help": "Run the teacher's, the reference's and the student's padded passes without an attention mask, "
-            "each row left-aligned (rlt_mono.left_align): PyTorch's attention then takes its flash kernel instead of "
-            "the memory-efficient one. The same log-probs, to float rounding, for models with rotary positions (others "
-            "are left as they are)."
+            "each row left-aligned (rlt_mono.rl.left_align): PyTorch's attention then takes its flash kernel instead "
+            "of the memory-efficient one. The same log-probs, to float rounding, for models with rotary positions "
+            "(others are left as they are)."
         },
     )
     vllm_detokenize: bool = field(
