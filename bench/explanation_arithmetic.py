@@ -1,6 +1,6 @@
 """How often the equations written in distilled explanations are arithmetically right (a diagnostic of the study).
 
-Equations are read and checked by ``rlt_mono.arithmetic.check`` (its docstring says what counts). Usage:
+Equations are read and checked by ``rlt_mono.study.arithmetic.check`` (its docstring says what counts). Usage:
 
     python bench/explanation_arithmetic.py <distill.jsonl>[:<column>] ... --out <file.json>
 """
@@ -9,7 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlt_mono.arithmetic import check
+from rlt_mono.study.arithmetic import check
 
 
 def main() -> None:

@@ -9,7 +9,7 @@
 #       results to $OUT.
 #   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
 #       the same set-up, then bench/study_gsm.sh in the background (it outlives the command): one teacher SFT, then
-#       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study's aggregate; returns at
+#       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study.aggregate's aggregate; returns at
 #       once. Run it again on the same host to continue a study that stopped (finished stages are skipped). It
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
 #   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>

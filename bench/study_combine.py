@@ -4,9 +4,10 @@ A run of bench/study_gsm.sh may stop before every arm has run (a time limit, a l
 only in an earlier run's folders. This takes each arm from the run named for it, keeps where it came from, and
 compares arms of different runs paired over the held-out questions they share (every run draws the same held-out
 sets: data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a run the
-figures are rlt_mono.study's. An arm may also be taken a second time under a label (``rl_teacher@150=<run>``: the
-RL teachers of a run that stopped RL at 150 steps): such an entry is listed, enters the correlation, and is
-compared only with entries of the same label (``rl_teacher@best_correct - sft_teacher@best_correct``). The
+figures are rlt_mono.study.aggregate's. An arm may also be taken a second time under a label
+(``rl_teacher@150=<run>``: the RL teachers of a run that stopped RL at 150 steps): such an entry is listed, enters
+the correlation, and is compared only with entries of the same label (``rl_teacher@best_correct -
+sft_teacher@best_correct``). The
 correlation is between a teacher's mean held-out reward and the held-out accuracy of the students trained on its
 explanations: one point per seed where each seed has its own teacher (RL), one point per teacher where all seeds
 share it (the SFT teacher, scored once), per held-out set. Usage:
@@ -19,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rlt_mono.study import (
+from rlt_mono.study.aggregate import (
     HELD_OUT_SETS,
     STUDENT_ARMS,
     TEACHER_EVALS,

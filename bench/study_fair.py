@@ -58,7 +58,7 @@ from rlt_mono.runs.outputs import (
     is_number,
     read_metrics,
 )
-from rlt_mono.study import pearson
+from rlt_mono.study.aggregate import pearson
 
 logger = logging.getLogger("study_fair")
 

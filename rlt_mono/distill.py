@@ -6,14 +6,15 @@ prompt as in RL training (``rlt_mono.data.rows.render_prompts``: question + solu
 opened explanation tag) and samples ``distill.samples_per_question`` explanations, each ending at
 ``<|end_of_explanation|>`` or EOS. ``TeacherKLReward`` scores every one with the student (``student``) and the
 teacher's own log-probs (it runs the teacher itself, as it does when TRL hands none over). With
-``distill.selection: best`` the highest total is kept, with ``all`` every sample, with ``best_correct`` the highest
-total among the samples whose equations are all right (``rlt_mono.arithmetic``), or the highest total when none is.
+``distill.selection: best`` the highest total is kept, with ``all`` every sample, with ``best_correct`` the
+highest total among the samples whose equations are all right (``rlt_mono.study.arithmetic``), or the highest
+total when none is.
 
 Output, in ``<output_dir>/distill.jsonl``, one JSON line per kept explanation: ``question``, ``solution``,
 ``explanation`` (the generated text before the closing tag, exactly what the reward scored), the row's own
 ``reasoning_trace``, ``answer`` and ``template`` when it has them (the raw-trace student baseline trains on the same
 rows), ``r_ss``, ``r_kl``, ``match_penalty``, ``total``, ``matched`` (the tag was closed), ``wrong_equations`` (the
-explanation's equations that ``rlt_mono.arithmetic.check`` finds wrong), ``teacher`` (as configured) and
+explanation's equations that ``rlt_mono.study.arithmetic.check`` finds wrong), ``teacher`` (as configured) and
 ``sample_index``. This file *is* the student SFT dataset: the student SFT stage reads its ``question``, ``solution``
 and ``explanation`` columns and renders ``PromptFormat.student_completion`` itself, so no second file is written
 (filter on ``matched`` or ``total`` there if wanted).
@@ -50,7 +51,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from rlt_mono.arithmetic import check
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.explanation_sampler import (
@@ -68,6 +68,7 @@ from rlt_mono.explanation_sampler import (
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.runs.atomic_write import append_to, write_text, writing
 from rlt_mono.runs.console import terminal_shows_bars
+from rlt_mono.study.arithmetic import check
 
 logger = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rlt_mono.config import ConfigError
 from rlt_mono.errors import UserError
-from rlt_mono.eval_stats import EVAL_FILE, interval_text, read_rows
 from rlt_mono.read_source import module_constant
+from rlt_mono.study.eval_stats import EVAL_FILE, interval_text, read_rows
 
 
 def read_eval(path: Path) -> dict:

@@ -56,7 +56,6 @@ from rlt_mono.data.prompts import PromptFormat, begin_tag
 from rlt_mono.data.rows import SPLITS
 from rlt_mono.errors import UserError
 from rlt_mono.eval_compare import cell, compare_table, questions_fingerprint
-from rlt_mono.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
 from rlt_mono.explanation_sampler import (
     SamplingOptions,
     StageModels,
@@ -73,6 +72,7 @@ from rlt_mono.explanation_sampler import (
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.study.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
 
 logger = logging.getLogger(__name__)
 

@@ -57,8 +57,8 @@ best_correct']"`` (Hydra's grammar wants each quoted): bench/study_gsm.sh distil
 
 and writes ``study.json`` / ``study_table.md``: each figure per arm with its bootstrap interval, and the paired
 differences RL - SFT teacher and between students, over the same held-out questions
-(``rlt_mono.study.paired_difference``). Run it again with ``output_dir=<root>`` to continue: a stage whose output
-exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
+(``rlt_mono.study.aggregate.paired_difference``). Run it again with ``output_dir=<root>`` to continue: a stage whose
+output exists (``final/``, ``eval.json``) is skipped, a training stage with a complete checkpoint resumes from it, and
 distill skips the rows it wrote.
 
 What a continued pipeline trusts: ``pipeline.json`` records each step's resolved config as it launched it (paths
@@ -105,7 +105,7 @@ from rlt_mono.pipeline_steps import (
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.stages import STAGES
-from rlt_mono.study import write_study
+from rlt_mono.study.aggregate import write_study
 
 logger = logging.getLogger(__name__)
 

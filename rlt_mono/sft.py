@@ -45,7 +45,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
-from rlt_mono import diversity, runtime
+from rlt_mono import runtime
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import load_model, load_tokenizer, model_kwargs
 from rlt_mono.data.models import model_path as resolve_model
@@ -69,6 +69,7 @@ from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.final_model import save_final
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.stages import STAGES
+from rlt_mono.study import diversity
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class SFTStageConfig(trl.SFTConfig):
         default=16,
         metadata={
             "help": "teacher_sft: held-out prompts on which the trained teacher samples explanations, to measure "
-            "how varied it still is (rlt_mono.diversity; sft_summary.json's diversity). 0: not measured."
+            "how varied it still is (rlt_mono.study.diversity; sft_summary.json's diversity). 0: not measured."
         },
     )
     diversity_samples: int = field(
@@ -444,7 +445,7 @@ def run_sft(cfg: DictConfig) -> Path:
         # every held-out loss measured, by step (the curve early stopping reads)
         "heldout_curve": curve,
         "early_stopping": _early_stopping_summary(trainer) if trainer.args.early_stopping_patience else None,
-        # teacher_sft: how varied the trained teacher's explanations are (rlt_mono.diversity); null: not measured
+        # teacher_sft: how varied the trained teacher's explanations are (rlt_mono.study.diversity); null: not measured
         "diversity": teacher_diversity.as_dict() if teacher_diversity else None,
         "final": str(final),
     }

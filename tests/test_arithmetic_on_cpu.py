@@ -1,9 +1,9 @@
-"""rlt_mono.arithmetic (equations in an explanation, checked) and distill's selection=best_correct."""
+"""rlt_mono.study.arithmetic (equations in an explanation, checked) and distill's selection=best_correct."""
 
 import pytest
 
-from rlt_mono.arithmetic import check, evaluate
 from rlt_mono.distill import _distill_row, _select
+from rlt_mono.study.arithmetic import check, evaluate
 
 
 @pytest.mark.parametrize("text, counts", [

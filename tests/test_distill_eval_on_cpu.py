@@ -16,10 +16,10 @@ from rlt_mono.data.prompts import PromptFormat, end_tag
 from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
-from rlt_mono.eval_stats import bootstrap_interval
 from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, compare_table, main, run_eval
 from rlt_mono.explanation_sampler import TransformersGenerator
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.study.eval_stats import bootstrap_interval
 
 FMT = PromptFormat()
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,15 @@ import pytest
 
 from rlt_mono.errors import UserError
 from rlt_mono.runs.plots import trailing_mean
-from rlt_mono.study import AGGREGATE_FILES, STEP_FOLDER_NAMES, STUDY_FILE, STUDY_TABLE_FILE, aggregate, main, seed_of
+from rlt_mono.study.aggregate import (
+    AGGREGATE_FILES,
+    STEP_FOLDER_NAMES,
+    STUDY_FILE,
+    STUDY_TABLE_FILE,
+    aggregate,
+    main,
+    seed_of,
+)
 
 TEMPLATES, INSTANCES = ("t1", "t2", "t3"), ("i1", "i2")
 # arm eval step -> seed -> correctness per question (t1, t2, t3, i1, i2); None: an uncheckable answer

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from rlt_mono.config import compose
-from rlt_mono.eval_stats import summarize
 from rlt_mono.pipeline import plan
 from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
-from rlt_mono.study import STUDY_FILE, STUDY_TABLE_FILE, paired_difference, write_study
+from rlt_mono.study.aggregate import STUDY_FILE, STUDY_TABLE_FILE, paired_difference, write_study
+from rlt_mono.study.eval_stats import summarize
 
 
 def test_paired_difference_matches_questions_and_skips_missing_values():

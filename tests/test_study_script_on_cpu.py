@@ -1,7 +1,7 @@
 """bench/study_gsm.sh on the embedded tiny pair: one seed's RL chain with a second distill selection beside it.
 
 What it checks is the orchestration: which folder each pipeline writes, which teacher each distill read and with
-which selection, the links that put every step where ``rlt_mono.study`` reads it, and both aggregates.
+which selection, the links that put every step where ``rlt_mono.study.aggregate`` reads it, and both aggregates.
 """
 
 import json

@@ -1,5 +1,5 @@
 """A teacher SFT that stays a teacher: early stopping on the held-out loss, and the explanation diversity measurement
-(rlt_mono.diversity) written into sft_summary.json, with its collapse warning."""
+(rlt_mono.study.diversity) written into sft_summary.json, with its collapse warning."""
 
 import json
 import logging
@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.diversity import Diversity, collapse_problem, distinct_counts, token_entropies
 from rlt_mono.sft import SUMMARY_FILE, StageSFTTrainer, check_early_stopping, run_sft
+from rlt_mono.study.diversity import Diversity, collapse_problem, distinct_counts, token_entropies
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = ["sft.per_device_train_batch_size=8", "sft.gradient_accumulation_steps=1", "+sft.disable_tqdm=true",

@@ -41,11 +41,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono.errors import UserError
-from rlt_mono.eval_stats import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
 from rlt_mono.pipeline_steps import STEP_FOLDER_NAMES
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 from rlt_mono.runs.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
+from rlt_mono.study.eval_stats import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
 
 logger = logging.getLogger(__name__)
 

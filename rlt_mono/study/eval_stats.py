@@ -1,5 +1,5 @@
 """The eval stage's files and statistics, without torch: read by ``rlt_mono.evaluate`` (which writes them) and by
-``rlt_mono.study`` (which compares several eval runs from the pipeline process)."""
+``rlt_mono.study.aggregate`` (which compares several eval runs from the pipeline process)."""
 
 from __future__ import annotations
 
