@@ -18,7 +18,7 @@
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
 #       explanations in distilled.tgz).
 # Order: stash the stack parts, stash the model parts, then `run` as often as needed (a rerun continues where the
-# last stopped: rlt_mono.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
+# last stopped: rlt_mono.stages.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
 # so far, so a host reclaimed mid-run loses only what ran since the last one.
 # Model parts are the .gguf that `python -m rlt_mono.data.pretrained fetch <name>` caches, cut with
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel

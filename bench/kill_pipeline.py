@@ -4,7 +4,7 @@ never interrupted? (issue "Nothing lost, nothing silent")
   python bench/kill_pipeline.py --out results/kill_pipeline_cpu.json
 
 The embedded tiny pipeline (pipeline_tiny, small overrides) runs once uninterrupted; then, for each kill point, a
-second run is killed with SIGKILL (the pipeline process only: its stage child dies with it, rlt_mono.pipeline's
+second run is killed with SIGKILL (the pipeline process only: its stage child dies with it, rlt_mono.stages.pipeline's
 parent-death signal) as soon as the kill point's file appears, and the same command is run again on its folder.
 Every file of the two folders is compared: JSON/JSONL by their values, leaving out what differs by nature (times,
 speeds, memory, paths of the run folder); final/ weights tensor by tensor; other files byte for byte.

@@ -71,9 +71,9 @@ CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained
 DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
                ("rl_teacher", "worked"), ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
 _SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
-# The sentence a plain-prompt answer ends with (rlt_mono.evaluate), the markup that may open it on its line, and
+# The sentence a plain-prompt answer ends with (rlt_mono.stages.eval), the markup that may open it on its line, and
 # what a traces eval must have been run with.
-THE_ANSWER_IS = module_constant("rlt_mono.evaluate", "THE_ANSWER_IS")
+THE_ANSWER_IS = module_constant("rlt_mono.stages.eval", "THE_ANSWER_IS")
 _SENTENCE_MARKUP = re.compile(r"[ \t*#_>-]*\Z")
 TRACES_EVAL = {"eval.split": "train", "eval.student_prompt": "plain"}
 # A trace line's columns: the row's own, then the trace.
@@ -83,9 +83,9 @@ ARM_ORDER = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", 
 _STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
 # What the teachers part of bench/study_fair.sh leaves under <root>/teachers: the SFT teacher's folder, each RL
 # teacher's run folder teachers/<name>/rl (rl_s<seed>, rl_answer_s<seed>), each distill's folder and its log.
-SFT_SUMMARY_FILE = module_constant("rlt_mono.sft", "SUMMARY_FILE")
-DISTILL_FILE = module_constant("rlt_mono.distill", "DISTILL_FILE")
-# The line a distill logs when it ends (rlt_mono.distill): questions written, where, and its phases' seconds.
+SFT_SUMMARY_FILE = module_constant("rlt_mono.stages.sft", "SUMMARY_FILE")
+DISTILL_FILE = module_constant("rlt_mono.stages.distill", "DISTILL_FILE")
+# The line a distill logs when it ends (rlt_mono.stages.distill): questions written, where, and its phases' seconds.
 _DISTILL_DONE = re.compile(r"distill: wrote \d+ questions to .+ \((?P<phases>[^()]*)\)\s*$")
 _PHASE_SECONDS = re.compile(r"^phase/(?P<phase>[^/]+)/seconds$")
 TEACHERS_FILE = "teachers.json"

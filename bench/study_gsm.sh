@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The "Does it teach?" study on GSM-Symbolic (cfgs/run_cfg/study_gsm_symbolic.yaml) over several seeds on one GPU,
-# resumable: run it again on the same <root> and every finished stage is skipped (rlt_mono.pipeline).
+# resumable: run it again on the same <root> and every finished stage is skipped (rlt_mono.stages.pipeline).
 #   bash bench/study_gsm.sh <root> <seeds, e.g. 0,1,2> [control workers, default 2; 0: the RL chains only]
 # Environment:
 #   STUDY_CONFIG     another pipeline run config (the tests run it on the embedded tiny pair)

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = [sys.executable, "-m", "rlt_mono.cli"]
 FIT = [sys.executable, "-m", "rlt_mono.memory.planner"]
-EVALUATE = [sys.executable, "-m", "rlt_mono.evaluate"]
+EVALUATE = [sys.executable, "-m", "rlt_mono.stages.eval"]
 LIMIT_S = 240
 
 

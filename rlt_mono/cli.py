@@ -28,11 +28,11 @@ from rlt_mono import config_check, launch, runtime
 from rlt_mono.config import ConfigError, available_run_configs, compose, config_groups, default_cache_dir
 from rlt_mono.errors import UserError
 from rlt_mono.memory.planner import MODES as MEMORY_MODES
-from rlt_mono.pipeline_steps import pipeline_options
 from rlt_mono.placement import PlacementError, gpus_to_expose
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
 from rlt_mono.stages import STAGES
+from rlt_mono.stages.pipeline_steps import pipeline_options
 
 logger = logging.getLogger("rlt_mono")
 
@@ -205,7 +205,7 @@ def check_run_keys(cfg) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
     ``seed``, ``memory`` one of ``rlt_mono.memory.planner.MODES``, ``resume_from_checkpoint`` only for the stages that
     resume from a checkpoint, no LoRA option for a stage that trains nothing (``rlt_mono.stages``), and no root key
-    that cfgs/train.yaml does not declare, the pipeline's settings typed (``rlt_mono.pipeline_steps``)."""
+    that cfgs/train.yaml does not declare, the pipeline's settings typed (``rlt_mono.stages.pipeline_steps``)."""
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):
             raise UserError(f"{key} is not set: the run config sets it (or add {key}=... to the command)")

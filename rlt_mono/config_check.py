@@ -49,11 +49,11 @@ logger = logging.getLogger(__name__)
 # The config groups built into a dataclass, as "module:Class" (read with ast, never imported here).
 GROUP_CLASSES = {
     "trainer": "rlt_mono.rl.grpo_config:RLTConfig",
-    "sft": "rlt_mono.sft:SFTStageConfig",
+    "sft": "rlt_mono.stages.sft:SFTStageConfig",
     "data": "rlt_mono.data.rows:DataConfig",
     "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
-    "distill": "rlt_mono.distill:DistillConfig",
-    "eval": "rlt_mono.evaluate:EvalConfig",
+    "distill": "rlt_mono.stages.distill:DistillConfig",
+    "eval": "rlt_mono.stages.eval:EvalConfig",
 }
 # How many close names an unknown key is answered with.
 SUGGESTIONS = 3
@@ -127,7 +127,7 @@ def _reductions() -> tuple[str, ...]:
 
 
 def _sampling_rules() -> dict[str, Rule]:
-    """``SamplingOptions`` (rlt_mono.explanation_sampler), shared by the distill and eval groups."""
+    """``SamplingOptions`` (rlt_mono.stages.sampler), shared by the distill and eval groups."""
     return {
         "temperature": at_least(0, " (0: greedy)"),
         "top_p": Rule(lambda v: 0 < v <= 1, "in (0, 1]"),
@@ -192,12 +192,12 @@ def rules() -> dict[str, dict[str, Rule]]:
         "distill": {
             **_sampling_rules(),
             "samples_per_question": at_least(1),
-            **one_of_constant("selection", "rlt_mono.distill", "SELECTIONS"),
+            **one_of_constant("selection", "rlt_mono.stages.distill", "SELECTIONS"),
         },
         "eval": {
             **_sampling_rules(),
             **one_of_constant("split", "rlt_mono.data.rows", "SPLITS"),
-            **one_of_constant("student_prompt", "rlt_mono.evaluate", "STUDENT_PROMPTS"),
+            **one_of_constant("student_prompt", "rlt_mono.stages.eval", "STUDENT_PROMPTS"),
             "student_max_new_tokens": at_least(1),
             "bootstrap_resamples": at_least(1),
             "confidence": Rule(lambda v: 0 < v < 1, "in (0, 1)"),
@@ -352,7 +352,7 @@ def check_lora_rank(model: DictConfig) -> None:
     """``model.lora_r`` no larger than the teacher's hidden size when this process can read it
     (``teacher_hidden_size``), in the words of ``rlt_mono.rl.lora.check_rank_fits``, which checks it again from the
     teacher's config before its weights load. LoRA is the RL stage's option: ``rlt_mono.cli`` refuses it for a stage
-    that trains nothing, ``rlt_mono.sft`` for the SFT stages."""
+    that trains nothing, ``rlt_mono.stages.sft`` for the SFT stages."""
     rank = model.get("lora_r")
     if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
         return  # no adapters, or a value rlt_mono.rl.lora.lora_rank refuses in its own words

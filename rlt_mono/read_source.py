@@ -2,8 +2,8 @@
 dataclass's fields (inherited ones included) with their annotations.
 
 What for: a module that imports torch or TRL holds a constant or a dataclass a quick command needs (the config
-check of ``rlt_mono.config_check``, ``compare`` in ``rlt_mono.eval_compare``); reading its source with ``ast`` takes
-milliseconds, importing it seconds. A package is located with ``importlib.util.find_spec`` of its top-level name,
+check of ``rlt_mono.config_check``, ``compare`` in ``rlt_mono.stages.eval_compare``); reading its source with ``ast``
+takes milliseconds, importing it seconds. A package is located with ``importlib.util.find_spec`` of its top-level name,
 which does not run it; a class is followed through the ``from ... import`` statements of the modules that re-export
 it (a lazy package's ``if TYPE_CHECKING:`` imports included), as TRL's and transformers' configs are.
 """

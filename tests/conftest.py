@@ -7,7 +7,7 @@ import tempfile
 import pytest
 import torch
 
-from rlt_mono import pipeline
+from rlt_mono.stages import pipeline
 
 
 def pytest_configure(config):

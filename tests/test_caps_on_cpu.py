@@ -18,8 +18,8 @@ from rlt_mono.data.rows import (
     sample_rows,
     validate_rows,
 )
-from rlt_mono.evaluate import PLAIN_REQUEST, EvalConfig, answer_record, student_question
-from rlt_mono.sft import build_sft_dataset, load_sft_rows
+from rlt_mono.stages.eval import PLAIN_REQUEST, EvalConfig, answer_record, student_question
+from rlt_mono.stages.sft import build_sft_dataset, load_sft_rows
 
 GOOD = {"question": "What is 2 + 3?", "solution": "The answer is 5."}
 

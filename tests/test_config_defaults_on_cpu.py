@@ -15,11 +15,11 @@ from omegaconf import OmegaConf
 
 from rlt_mono.config import CONFIG_DIR, compose
 from rlt_mono.data.rows import DataConfig
-from rlt_mono.distill import DistillConfig
-from rlt_mono.evaluate import EvalConfig
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rl.grpo_config import RLTConfig
-from rlt_mono.sft import SFTStageConfig
+from rlt_mono.stages.distill import DistillConfig
+from rlt_mono.stages.eval import EvalConfig
+from rlt_mono.stages.sft import SFTStageConfig
 
 # group -> (its dataclass, the TRL class it extends or None)
 GROUPS = {

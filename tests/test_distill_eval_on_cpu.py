@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data.prompts import PromptFormat, end_tag
 from rlt_mono.data.rows import DataConfig, load_split
-from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
-from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, compare_table, main, run_eval
-from rlt_mono.explanation_sampler import TransformersGenerator
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
+from rlt_mono.stages.distill import DISTILL_FILE, run_distill
+from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, compare_table, main, run_eval
+from rlt_mono.stages.sampler import TransformersGenerator
 from rlt_mono.study.eval_stats import bootstrap_interval
 
 FMT = PromptFormat()
@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # `python -c`, it needs no `__main__` guard: vLLM's spawned engine process re-runs only a main module with a file.
 RECORD_VLLM_CALLS = """
 import json, os, sys
-from rlt_mono.explanation_sampler import VLLMGenerator
+from rlt_mono.stages.sampler import VLLMGenerator
 from rlt_mono.cli import main
 
 generate = VLLMGenerator.generate

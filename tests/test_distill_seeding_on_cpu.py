@@ -1,4 +1,4 @@
-"""A question's samples depend on the run's seed and the question only (``rlt_mono.explanation_sampler.prompt_seed``): a
+"""A question's samples depend on the run's seed and the question only (``rlt_mono.stages.sampler.prompt_seed``): a
 distill run that crashed and is run again writes what an uninterrupted run writes, whatever the batches."""
 
 import json
@@ -9,9 +9,9 @@ import types
 import pytest
 
 from rlt_mono.config import compose
-from rlt_mono.distill import DISTILL_FILE, run_distill
-from rlt_mono.explanation_sampler import VLLMGenerator, prompt_seed
 from rlt_mono.runs import lock as run_lock
+from rlt_mono.stages.distill import DISTILL_FILE, run_distill
+from rlt_mono.stages.sampler import VLLMGenerator, prompt_seed
 
 # Every sample written (selection=all), so every sample of every question is compared.
 OVERRIDES = ["data.max_rows=6", "distill.selection=all", "distill.samples_per_question=2", "distill.max_new_tokens=24"]

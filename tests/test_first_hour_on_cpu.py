@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from rlt_mono import config_check
 from rlt_mono.config import ConfigError, compose, instantiate
-from rlt_mono.sft import heldout_loss_text
+from rlt_mono.stages.sft import heldout_loss_text
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "trl", "datasets")
@@ -170,7 +170,7 @@ def _group_check(group: str, values: dict, tmp_path: Path) -> None:
     if group in ("trainer", "sft"):
         values = {**values, "output_dir": str(tmp_path)}
     if group == "sft" and values.get("early_stopping_patience"):
-        from rlt_mono.sft import check_early_stopping
+        from rlt_mono.stages.sft import check_early_stopping
 
         check_early_stopping(values)
     instantiate(getattr(importlib.import_module(module), name), values, group)
@@ -216,10 +216,12 @@ def test_an_sft_run_into_a_file_has_no_bar_and_one_line_per_step(tmp_path):
     assert "\r" not in text and "\x1b[" not in text
     assert not [bar for bar in LIBRARY_BARS if bar in text]
     assert "{'" not in text  # no metrics dict
-    steps = re.findall(r"rlt_mono\.console: step (\d)/2 \| loss \d\.\d+ \| lr \d\.\de[-+]\d\d \| [\d.]+ s/step\n", text)
+    steps = re.findall(r"rlt_mono\.runs\.console: step (\d)/2 \| loss \d\.\d+ \| lr \d\.\de[-+]\d\d \| [\d.]+ s/step\n",
+                       text)
     assert steps == ["1", "2"]
-    assert re.search(r"rlt_mono\.console: step 0/2 \| held-out loss \d\.\d+\n", text)
-    assert re.search(r"rlt_mono\.console: done: step 2/2 in [\d.]+ s \([\d.]+ s/step\) \| mean loss .* \| outputs in ",
+    assert re.search(r"rlt_mono\.runs\.console: step 0/2 \| held-out loss \d\.\d+\n", text)
+    assert re.search(r"rlt_mono\.runs\.console: done: step 2/2 in [\d.]+ s \([\d.]+ s/step\) \| mean loss .* "
+                     r"\| outputs in ",
                      text)
     assert re.search(r"teacher_sft done: 2 steps, held-out loss \d\.\d{1,4} -> \d\.\d{1,4}; model in ", text)
 
@@ -284,8 +286,8 @@ def test_compare_imports_nothing_heavy(tmp_path):
         (tmp_path / name / "eval.json").write_text(json.dumps({
             "teacher": name, "student": "s", "questions": 4, "questions_sha256": "same",
             "metrics": {"student/accuracy": {"mean": mean, "low": 0.0, "high": 1.0, "n": 4, "too_few": True}}}))
-    script = ("import runpy, sys\nsys.argv = ['rlt_mono.evaluate', 'compare', *sys.argv[1:]]\n"
-              "try:\n    runpy.run_module('rlt_mono.evaluate', run_name='__main__')\n"
+    script = ("import runpy, sys\nsys.argv = ['rlt_mono.stages.eval', 'compare', *sys.argv[1:]]\n"
+              "try:\n    runpy.run_module('rlt_mono.stages.eval', run_name='__main__')\n"
               f"finally:\n    print(sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "a"), str(tmp_path / "b" / "eval.json")],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -293,6 +295,6 @@ def test_compare_imports_nothing_heavy(tmp_path):
     assert ("| student/accuracy | 0.250 [0.000, 1.000] (too few rows) (n=4) | 0.500 [0.000, 1.000] (too few rows) "
             "(n=4) |") in result.stdout
     assert result.stdout.startswith(f"| | {tmp_path / 'a'} | {tmp_path / 'b'} |")
-    plain = subprocess.run([sys.executable, "-m", "rlt_mono.evaluate", "compare", str(tmp_path / "a"),
+    plain = subprocess.run([sys.executable, "-m", "rlt_mono.stages.eval", "compare", str(tmp_path / "a"),
                             str(tmp_path / "nope.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert plain.returncode == 2 and plain.stderr.startswith(f"error: {tmp_path / 'nope.json'}: no such file")

@@ -10,8 +10,8 @@ import pytest
 from rlt_mono.config import default_cache_dir
 from rlt_mono.data import gsm_symbolic
 from rlt_mono.data.rows import DataConfig, DataConfigError, load_split
-from rlt_mono.evaluate import summarize_records
-from rlt_mono.sft import load_sft_rows
+from rlt_mono.stages.eval import summarize_records
+from rlt_mono.stages.sft import load_sft_rows
 
 HELD_OUT_TEMPLATES = [0, 11, 19, 29, 40, 48, 56, 67, 80, 91]
 # cfgs/data/gsm_symbolic.yaml's: every 5th of the 78 templates, the first 15

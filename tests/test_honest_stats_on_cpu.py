@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rlt_mono.evaluate import EVAL_FILE, ROWS_FILE, compare_table, main, questions_fingerprint, warn_too_few
+from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, compare_table, main, questions_fingerprint, warn_too_few
 from rlt_mono.study.eval_stats import MIN_ROWS_FOR_INTERVAL, summarize
 
 EXPECTED = 'an eval.json (a JSON object whose "metrics" map each figure to its "mean", "low", "high", "n")'
@@ -22,7 +22,7 @@ def test_the_eval_warns_once_naming_each_figure_on_too_few_rows(caplog):
     summary = {"metrics": {"student/accuracy": summarize([1.0], 0.95, 10, 0),
                            "teacher/reward": summarize([-1.0] * MIN_ROWS_FOR_INTERVAL, 0.95, 10, 0)},
                "by_heldout": {"templates": {"metrics": {"student/accuracy": summarize([1.0, 0.0], 0.95, 10, 0)}}}}
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.eval"):
         warn_too_few(summary)
     assert [r.getMessage() for r in caplog.records] == [
         "eval: student/accuracy (n=1), student/accuracy [templates] (n=2) rest on fewer than 30 questions: their "

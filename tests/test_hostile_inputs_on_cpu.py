@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlt_mono import cli, explanation_sampler, runtime
+from rlt_mono import cli, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data import pretrained
 from rlt_mono.errors import UserError
@@ -23,6 +23,7 @@ from rlt_mono.rl import build
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
 from rlt_mono.runs.atomic_write import DiskError
+from rlt_mono.stages import sampler as explanation_sampler
 
 
 class Stop(Exception):
@@ -82,9 +83,9 @@ def test_a_converted_model_cut_short_is_converted_again_and_a_cut_gguf_is_one_li
 # ---- 2. sft.eos_token outside the vocabulary -------------------------------------------------------------------
 def test_an_eos_token_outside_the_vocabulary_is_one_line_naming_the_key(tmp_path, monkeypatch):
     from rlt_mono.data.models import model_path
-    from rlt_mono.sft import build_sft
+    from rlt_mono.stages.sft import build_sft
 
-    monkeypatch.setattr("rlt_mono.sft.load_model", _no_model_load)
+    monkeypatch.setattr("rlt_mono.stages.sft.load_model", _no_model_load)
     cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "sft.eos_token='<|no_such_token|>'"])
     with pytest.raises(ConfigError) as err:
         build_sft(cfg)
@@ -139,12 +140,12 @@ def test_a_lock_path_that_is_a_folder_is_one_line(tmp_path, monkeypatch):
 
 # ---- 6. liger-kernel without the package -----------------------------------------------------------------------
 def test_sft_liger_kernel_without_the_package_or_a_gpu_is_one_line(tmp_path, monkeypatch):
-    from rlt_mono.sft import build_sft
+    from rlt_mono.stages.sft import build_sft
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel"
                         else real_find_spec(name, *a))  # as on a machine without liger-kernel
-    monkeypatch.setattr("rlt_mono.sft.load_model", _no_model_load)
+    monkeypatch.setattr("rlt_mono.stages.sft.load_model", _no_model_load)
     cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "+sft.use_liger_kernel=true"])
     with pytest.raises(ConfigError) as err:
         build.check_gpu_kernels(cfg, on_gpu=True)
@@ -193,7 +194,7 @@ def _checkpoint(run: Path, step: int, stage: str | None) -> Path:
 
 
 def test_teacher_sft_refuses_to_resume_a_checkpoint_of_the_rl_stage(tmp_path):
-    from rlt_mono.sft import build_sft, run_sft
+    from rlt_mono.stages.sft import build_sft, run_sft
 
     rl_checkpoint = _checkpoint(tmp_path / "rl", 4, "teacher_rlt")
     legacy = _checkpoint(tmp_path / "old_rl", 4, None)  # saved before manifests named their stage
@@ -217,9 +218,9 @@ def test_teacher_sft_refuses_to_resume_a_checkpoint_of_the_rl_stage(tmp_path):
 
 # ---- 9. options the stage does not read ------------------------------------------------------------------------
 def test_options_a_stage_does_not_read_are_named_in_one_warning_each(tmp_path, monkeypatch, caplog):
-    from rlt_mono.sft import build_sft
+    from rlt_mono.stages.sft import build_sft
 
-    monkeypatch.setattr("rlt_mono.sft.load_model", _no_model_load)
+    monkeypatch.setattr("rlt_mono.stages.sft.load_model", _no_model_load)
     with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.build"), pytest.raises(Stop):
         build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'sft'}", "memory=auto",
                                           "placement=student_gpu"]))
@@ -263,14 +264,14 @@ def test_a_full_disk_before_the_first_checkpoint_does_not_advise_a_resume(tmp_pa
 
 # ---- 11. an eval with nothing to check the answers against ------------------------------------------------------
 def test_an_eval_without_answers_says_why_the_accuracy_is_not_measured(tmp_path, monkeypatch, caplog, tokenizer):
-    from rlt_mono.evaluate import EVAL_FILE, run_eval
+    from rlt_mono.stages.eval import EVAL_FILE, run_eval
 
     rows = [{"question": f"Is {i} nice?", "solution": "It depends."} for i in range(3)]  # no answer column
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(explanation_sampler.TransformersGenerator, "generate", lambda self, prompt_ids, n, t: [
         [tokenizer("<|begin_of_solution|>Yes.<|end_of_solution|>")["input_ids"]] for _ in prompt_ids])
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.evaluate"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.eval"):
         run_eval(compose("eval", ["size=tiny", f"output_dir={tmp_path / 'out'}", "model.model_name_or_path=null",
                                   "data=custom", f"data.source={data}", "data.eval_rows=3"]))
     assert json.loads((tmp_path / "out" / EVAL_FILE).read_text())["metrics"]["student/accuracy"]["n"] == 0

@@ -134,3 +134,12 @@ def test_the_command_line_modules_import_no_torch():
              "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_package_top_holds_at_most_ten_modules():
+    """The package's top keeps the entry points and the bottom floor (cli, launch, config, errors, ...); everything
+    else lives in a folder named by its layer (data/, memory/, runs/, rl/, rewards/, stages/, study/)."""
+    top = sorted(path.name for path in ROOT.glob("*.py") if path.name != "__init__.py")
+    assert len(top) <= 10, f"{len(top)} modules at rlt_mono's top (at most 10; move the rest into a folder): {top}"
+    folders = sorted(path.parent.name for path in ROOT.glob("*/__init__.py"))
+    assert {"data", "memory", "rl", "rewards", "runs", "stages", "study"} <= set(folders), folders

@@ -13,7 +13,7 @@ from rlt_mono.data.models import resolve_model_path
 from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.rl.lora import lora_rank
-from rlt_mono.sft import _usable_rows, build_sft
+from rlt_mono.stages.sft import _usable_rows, build_sft
 
 
 @pytest.mark.parametrize("override, says", [
@@ -34,7 +34,7 @@ def test_every_row_longer_than_max_length_says_raise_it_before_the_model_loads(t
     def no_model_load(*args, **kwargs):
         raise AssertionError("the model loaded before the rows were checked")
 
-    monkeypatch.setattr("rlt_mono.sft.load_model", no_model_load)
+    monkeypatch.setattr("rlt_mono.stages.sft.load_model", no_model_load)
     cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'run'}", "sft.max_length=4", "data.max_rows=8"])
     with pytest.raises(UserError, match=r"^every one of the 8 train rows is longer than sft.max_length=4 tokens "
                                           r"before its completion starts: raise sft.max_length$"):
@@ -68,7 +68,7 @@ def test_distilled_rows_trained_on_reasoning_trace_are_warned_about(tmp_path, ca
     source = tmp_path / "distill.jsonl"
     rows = [{"question": "1+1?", "solution": "The answer is 2", "reasoning_trace": "r", "explanation": "e"}]
     source.write_text(json.dumps(rows[0]) + "\n")
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sft"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.sft"):
         kept, _ = _usable_rows(rows, DataConfig(source=str(source)), "student_sft", "reasoning_trace")
     assert len(kept) == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -80,12 +80,12 @@ def test_a_row_of_a_megabyte_is_dropped_or_cut_without_tokenizing_it(tokenizer, 
     """A runaway: a 1 MB question in a row used to be tokenized for minutes. Its prompt is certainly over
     max_length tokens (more characters than max_length times the longest vocabulary entry): dropped, counted; a
     1 MB explanation is cut to that bound before tokenizing."""
-    from rlt_mono.sft import build_sft_dataset
+    from rlt_mono.stages.sft import build_sft_dataset
 
     normal = {"question": "What is 2 + 3?", "solution": "The answer is 5.", "reasoning_trace": "2 + 3 = 5."}
     huge_question = {**normal, "question": "How many? " * 100_000}
     huge_trace = {**normal, "reasoning_trace": "1 + 1 = 2. " * 100_000}
-    with caplog.at_level(logging.WARNING, logger="rlt_mono.sft"):
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.sft"):
         dataset = build_sft_dataset([normal, huge_question, huge_trace], tokenizer, "teacher_sft", "reasoning_trace",
                                     max_length=64)
     assert len(dataset) == 2

@@ -11,8 +11,8 @@ from omegaconf import OmegaConf
 
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.data.rows import DataConfig, load_split
-from rlt_mono.evaluate import ROWS_FILE, run_eval
-from rlt_mono.sft import build_sft_dataset, load_sft_rows
+from rlt_mono.stages.eval import ROWS_FILE, run_eval
+from rlt_mono.stages.sft import build_sft_dataset, load_sft_rows
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "study_fair.py"
 TINY = ["size=tiny", "model.model_name_or_path=null", "eval.student_max_new_tokens=4", "data.embedded_rows=40",

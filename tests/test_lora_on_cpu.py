@@ -61,7 +61,7 @@ def test_disabled_adapters_are_seen_and_merge_to_the_base(teacher):
 
 def test_rl_stage_with_a_lora_teacher_trains_adapters_and_saves_the_merged_teacher(tmp_path):
     from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
-    from rlt_mono.teacher_rlt import run_teacher_rlt
+    from rlt_mono.stages.teacher_rlt import run_teacher_rlt
 
     out = tmp_path / "run"
     cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1",

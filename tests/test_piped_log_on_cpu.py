@@ -22,7 +22,7 @@ def test_rl_run_into_a_pipe_logs_one_line_per_step(tmp_path):
     output = _piped_run("demo_tiny", f"output_dir={tmp_path}", "trainer.max_steps=2")
     lines = output.split("\n")
     assert not [line for line in lines if "\r" in line]
-    steps = [re.fullmatch(r"\S+ \S+ INFO rlt_mono\.console: step (\d+)/2 \| reward .* s/step .*", line)
+    steps = [re.fullmatch(r"\S+ \S+ INFO rlt_mono\.runs\.console: step (\d+)/2 \| reward .* s/step .*", line)
              for line in lines]
     assert [int(match[1]) for match in steps if match] == [1, 2]
     assert len([line for line in lines if re.search(r"\bstep \d+/2\b", line)]) == 3  # the 2 steps and "done: step 2/2"
@@ -35,7 +35,8 @@ def test_sft_run_into_a_pipe_logs_one_line_per_step(tmp_path):
     assert "\r" not in output
     lines = output.split("\n")
     # the compact line, not transformers' PrinterCallback dict
-    steps = [re.fullmatch(r"\S+ \S+ INFO rlt_mono\.console: step (\d+)/2 \| loss \S+ \| lr \S+ \| \S+ s/step", line)
+    steps = [re.fullmatch(r"\S+ \S+ INFO rlt_mono\.runs\.console: step (\d+)/2 \| loss \S+ \| lr \S+ \| \S+ s/step",
+                          line)
              for line in lines]
     assert [int(match[1]) for match in steps if match] == [1, 2]
     assert not [line for line in lines if "{'" in line]

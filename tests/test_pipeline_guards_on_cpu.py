@@ -1,4 +1,4 @@
-"""What a continued pipeline trusts (rlt_mono.pipeline): a step ran with other settings is refused with the keys
+"""What a continued pipeline trusts (rlt_mono.stages.pipeline): a step ran with other settings is refused with the keys
 named (or run again, with what reads it, on rerun_changed=true); a moved folder continues; a folder of another
 kind of run is refused; a stage dies with its pipeline, even one killed with SIGKILL."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlt_mono import pipeline
 from rlt_mono.config import compose
 from rlt_mono.errors import UserError
-from rlt_mono.pipeline_steps import STEPS
+from rlt_mono.stages import pipeline
+from rlt_mono.stages.pipeline_steps import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def test_a_moved_pipeline_folder_continues_and_another_kind_of_run_is_refused(tm
 
 PARENT = """
 import sys
-from rlt_mono.pipeline import run_stage
+from rlt_mono.stages.pipeline import run_stage
 stage = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
 run_stage([sys.executable, "-c", stage, sys.argv[1]], ".")
 """

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.pipeline import plan
-from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
+from rlt_mono.stages.pipeline import plan
+from rlt_mono.stages.pipeline_steps import STEPS, STUDY_STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 # A stage's own overrides, from the command line: a Hydra list of quoted strings.
@@ -96,7 +96,7 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
 
 
 def test_steps_launches_only_the_named_steps(tmp_path, monkeypatch):
-    import rlt_mono.pipeline as pipeline
+    import rlt_mono.stages.pipeline as pipeline
 
     launched = []
 

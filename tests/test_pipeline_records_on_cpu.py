@@ -1,4 +1,4 @@
-"""A pipeline folder holds no path of where it was (rlt_mono.pipeline): its stages run in it and record paths
+"""A pipeline folder holds no path of where it was (rlt_mono.stages.pipeline): its stages run in it and record paths
 relative to it, so a copy continues as the original would have, after a kill -9 too, and ends with the files of an
 uninterrupted run. The pipeline's settings (cfgs/train.yaml: study, steps, rerun_changed, keep_checkpoints) are
 typed: a wrong one is one line and exit code 2, one a single stage ignores is a warning naming it."""
@@ -17,11 +17,12 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from rlt_mono import cli, pipeline
+from rlt_mono import cli
 from rlt_mono.config import CONFIG_DIR, compose
 from rlt_mono.errors import UserError
-from rlt_mono.pipeline_steps import STEPS, PipelineOptions, pipeline_options
 from rlt_mono.runs.checkpoints import MANIFEST
+from rlt_mono.stages import pipeline
+from rlt_mono.stages.pipeline_steps import STEPS, PipelineOptions, pipeline_options
 
 ROOT = Path(__file__).resolve().parent.parent
 # The smallest stages the other pipeline tests run; distill writes one question at a time, so a kill can land
@@ -193,9 +194,9 @@ def test_a_wrong_pipeline_setting_is_one_line_and_exit_2_before_anything_is_writ
 def test_a_pipeline_setting_given_to_a_single_stage_is_a_warning_naming_it(stage, override, warning, caplog):
     def warnings(overrides: list[str]) -> list[str]:
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="rlt_mono.pipeline_steps"):
+        with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.pipeline_steps"):
             cli.check_run_keys(compose(stage, ["size=tiny", *overrides]))
-        return [r.getMessage() for r in caplog.records if r.name == "rlt_mono.pipeline_steps"]
+        return [r.getMessage() for r in caplog.records if r.name == "rlt_mono.stages.pipeline_steps"]
 
     assert warnings([override]) == [warning]
     assert warnings([]) == []
@@ -253,7 +254,7 @@ def test_stages_get_paths_in_the_pipeline_folder_relative_and_a_launch_relative_
 
 
 def test_distill_continues_a_folder_whose_record_names_the_same_teacher_absolute(tmp_path, monkeypatch):
-    from rlt_mono.explanation_sampler import check_resume_matches
+    from rlt_mono.stages.sampler import check_resume_matches
 
     (tmp_path / "2_teacher_rlt" / "final").mkdir(parents=True)
     (tmp_path / "other").mkdir()

@@ -177,7 +177,7 @@ def test_a_run_that_stops_before_writing_leaves_no_empty_folder(tmp_path, monkey
 def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkeypatch):
     from rlt_mono.errors import UserError
     from rlt_mono.rl.trainer import RLTTrainer
-    from rlt_mono.teacher_rlt import run_teacher_rlt
+    from rlt_mono.stages.teacher_rlt import run_teacher_rlt
 
     save = RLTTrainer._save_optimizer_and_scheduler
 
@@ -228,7 +228,7 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tm
     from safetensors.torch import load_file
 
     from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
-    from rlt_mono.teacher_rlt import run_teacher_rlt
+    from rlt_mono.stages.teacher_rlt import run_teacher_rlt
 
     out = tmp_path / "run"
     overrides = [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1", "trainer.plot_metrics=false",

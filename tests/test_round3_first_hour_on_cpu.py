@@ -71,14 +71,14 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     # what another callback logs at the end of training, before this one closes the bar (the reward plot)
     logging.getLogger("rlt_mono.runs.plots").info("wrote /runs/a/reward_components.png")
     callback.on_train_end(args, state, control)
-    logging.getLogger("rlt_mono.teacher_rlt").info("final teacher saved to /runs/a/final")
+    logging.getLogger("rlt_mono.stages.teacher_rlt").info("final teacher saved to /runs/a/final")
     text = stderr.getvalue()
     assert not GLUED.search(text), text
     assert "to its file only" not in text and own_file.stream.getvalue() == "to its file only\n"
     # each line starts on a cleared line (the bar wiped with \r), the bar drawn again under it
     assert re.search(r"\r *\rdone: step 2/2 in 3\.0 s \(1\.5 s/step\) \| outputs in /runs/a\n\r100%\|", text), text
-    assert re.search(r"\r *\rINFO rlt_mono\.plots: wrote /runs/a/reward_components\.png\n\r100%\|", text), text
-    assert re.search(r"\] *\nINFO rlt_mono\.teacher_rlt: final teacher saved to /runs/a/final\n$", text), text
+    assert re.search(r"\r *\rINFO rlt_mono\.runs\.plots: wrote /runs/a/reward_components\.png\n\r100%\|", text), text
+    assert re.search(r"\] *\nINFO rlt_mono\.stages\.teacher_rlt: final teacher saved to /runs/a/final\n$", text), text
     assert logging.getLogger().handlers == handlers and not list(console.OPEN_BARS)
 
 
@@ -139,8 +139,9 @@ def test_the_demo_in_a_terminal_shows_one_clean_bar(tmp_path):
     assert process.wait(timeout=60) == 0, text[-3000:]
     assert {total for _, total in re.findall(r"\d+%\|[^|]*\| *(\d+)/(\d+) \[", text)} == {"2"}, text
     assert not GLUED.search(text), text[-3000:]
-    assert re.search(r"\r *\r[\d-]+ [\d:,]+ INFO rlt_mono\.plots: wrote .*reward_components\.png\r\n\r100%\|", text)
-    assert re.search(r"\] *\r\n[\d-]+ [\d:,]+ INFO rlt_mono\.teacher_rlt: final teacher saved to ", text)
+    assert re.search(r"\r *\r[\d-]+ [\d:,]+ INFO rlt_mono\.runs\.plots: wrote .*reward_components\.png\r\n\r100%\|",
+                     text)
+    assert re.search(r"\] *\r\n[\d-]+ [\d:,]+ INFO rlt_mono\.stages\.teacher_rlt: final teacher saved to ", text)
 
 
 # ---- 2. mistakes that answer in under 2 s, one line, before torch loads ------------------------------------------
@@ -225,7 +226,7 @@ def test_a_misspelt_pipeline_step_is_answered_with_the_close_name(tmp_path):
 
 
 def test_a_study_step_without_study_and_a_name_far_from_any_are_one_line_each():
-    from rlt_mono.pipeline_steps import PipelineOptions
+    from rlt_mono.stages.pipeline_steps import PipelineOptions
 
     for steps, line in ((["eval_sft_teacher"], "steps: eval_sft_teacher is a step of study=true: add study=true, or "
                                                "leave it out of steps"),

@@ -12,11 +12,11 @@ from transformers import Qwen2ForCausalLM
 
 from rlt_mono import cli
 from rlt_mono.config import compose
-from rlt_mono.distill import DISTILL_FILE, run_distill
 from rlt_mono.errors import UserError
-from rlt_mono.evaluate import ROWS_FILE
-from rlt_mono.explanation_sampler import SeededSampling, load_stage_models
 from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.stages.distill import DISTILL_FILE, run_distill
+from rlt_mono.stages.eval import ROWS_FILE
+from rlt_mono.stages.sampler import SeededSampling, load_stage_models
 
 SHORT = {"question": "What is 4 + 1?", "solution": "4 + 1 = 5. The answer is 5."}
 # Under the 65,536 characters every stage refuses on length alone: only the prompt's token budget catches it.
@@ -34,7 +34,7 @@ def _no_model_loads(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model loaded before the rows were checked against the prompt budget")
 
-    monkeypatch.setattr("rlt_mono.explanation_sampler.load_model", refuse)
+    monkeypatch.setattr("rlt_mono.stages.sampler.load_model", refuse)
 
 
 def _cli(capsys, *argv):

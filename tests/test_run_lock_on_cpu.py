@@ -103,7 +103,7 @@ def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_la
 
 
 # ---- distill.jsonl: keyed by question ----------------------------------------------------------------------
-APPEND = ("import sys, time\nfrom pathlib import Path\nfrom rlt_mono.distill import DistillFile\n"
+APPEND = ("import sys, time\nfrom pathlib import Path\nfrom rlt_mono.stages.distill import DistillFile\n"
           "out = DistillFile(Path(sys.argv[1]), then='resume')\n"
           "while not Path(sys.argv[2]).exists():\n    time.sleep(0.01)\n"
           "for i in range(100):\n"
@@ -115,7 +115,7 @@ def _questions(path: Path) -> list[str]:
 
 
 def test_two_writers_of_one_distill_file_never_write_a_question_twice(tmp_path):
-    from rlt_mono.distill import DistillFile
+    from rlt_mono.stages.distill import DistillFile
 
     path, go = tmp_path / "distill.jsonl", tmp_path / "go"
     writers = [subprocess.Popen([sys.executable, "-c", APPEND, str(path), str(go)], cwd=ROOT) for _ in range(2)]

@@ -1,6 +1,6 @@
-"""The SFT stage (rlt_mono.sft) on CPU with the embedded tiny pair: the loss covers exactly what the model writes,
-SFT lowers the held-out explanation loss, the final model loads and differs from the start, a run resumes, and bad
-inputs stop with one-line errors."""
+"""The SFT stage (rlt_mono.stages.sft) on CPU with the embedded tiny pair: the loss covers exactly what the model
+writes, SFT lowers the held-out explanation loss, the final model loads and differs from the start, a run resumes, and
+bad inputs stop with one-line errors."""
 
 import dataclasses
 import itertools
@@ -18,7 +18,7 @@ from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.errors import UserError
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
-from rlt_mono.sft import (
+from rlt_mono.stages.sft import (
     SUMMARY_FILE,
     SFTStageConfig,
     build_sft,
@@ -160,7 +160,7 @@ def test_bad_inputs_stop_with_one_line_errors(tmp_path, tiny_pair):
         (compose("teacher_sft", ["size=tiny", "+sft.max_stepz=3"]),
          r"unknown key sft.max_stepz: did you mean sft.max_steps"),
         (compose("teacher_sft", ["size=tiny", "stage=teacher_stf"]),
-         "stage='teacher_stf': rlt_mono.sft runs student_sft or teacher_sft"),
+         "stage='teacher_stf': rlt_mono.stages.sft runs student_sft or teacher_sft"),
     ]
     empty = _rows_file(tmp_path, [{"question": QUESTION, "solution": SOLUTION, "explanation": "x"},
                                   {"question": QUESTION, "solution": SOLUTION, "explanation": " "}])

@@ -29,8 +29,8 @@ RL = ["student=smollm2_135m_instruct", "model.gguf_file=null", "model.dtype=floa
 def test_smollm2_sft_then_two_rl_steps(tmp_path):
     from safetensors.torch import load_file
 
-    from rlt_mono.sft import run_sft
-    from rlt_mono.teacher_rlt import run_teacher_rlt
+    from rlt_mono.stages.sft import run_sft
+    from rlt_mono.stages.teacher_rlt import run_teacher_rlt
 
     torch.set_num_threads(1)
     sft_dir = run_sft(compose("teacher_sft", [*SFT, f"output_dir={tmp_path / 'sft'}"]))

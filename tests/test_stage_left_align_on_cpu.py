@@ -7,10 +7,11 @@ import json
 import pytest
 import torch
 
-from rlt_mono import distill, evaluate
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.distill import DISTILL_FILE, run_distill
-from rlt_mono.evaluate import ROWS_FILE, run_eval
+from rlt_mono.stages import distill
+from rlt_mono.stages import eval as evaluate
+from rlt_mono.stages.distill import DISTILL_FILE, run_distill
+from rlt_mono.stages.eval import ROWS_FILE, run_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

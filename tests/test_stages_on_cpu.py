@@ -1,5 +1,6 @@
-"""The stage registry (``rlt_mono.stages``): one module per stage, named as the stage, each declaring a ``Stage``
-whose run function resolves; reading the registry imports no heavy library."""
+"""The stage registry (``rlt_mono.stages``): each stage's code is a module of ``rlt_mono/stages/`` named as the stage
+(the two SFT stages share ``sft``), its ``Stage`` declared in the registry with a run function that resolves; reading
+the registry imports no heavy library."""
 
 import subprocess
 import sys
@@ -12,9 +13,12 @@ from rlt_mono.stages import STAGES, Stage
 STAGES_DIR = Path(__file__).resolve().parents[1] / "rlt_mono" / "stages"
 
 
-def test_each_stage_module_declares_the_stage_it_is_named_after():
-    modules = sorted(path.stem for path in STAGES_DIR.glob("*.py") if path.stem not in ("__init__", "base"))
-    assert modules == sorted(STAGES)
+def test_each_stage_runs_the_module_of_the_stages_folder_named_after_it():
+    runs = {name: stage.run.partition(":")[0] for name, stage in STAGES.items()}
+    assert runs == {"teacher_sft": "rlt_mono.stages.sft", "teacher_rlt": "rlt_mono.stages.teacher_rlt",
+                    "distill": "rlt_mono.stages.distill", "student_sft": "rlt_mono.stages.sft",
+                    "eval": "rlt_mono.stages.eval", "pipeline": "rlt_mono.stages.pipeline"}
+    assert all((STAGES_DIR / f"{module.rpartition('.')[2]}.py").is_file() for module in runs.values())
     assert all(name == stage.name for name, stage in STAGES.items())
 
 
@@ -37,13 +41,13 @@ def test_distill_and_eval_check_their_options_without_loading_a_model():
 
 def test_a_stage_declaration_is_checked():
     with pytest.raises(ValueError, match="module:function"):
-        Stage(name="x", run="rlt_mono.sft")
-    with pytest.raises(ValueError, match=r"check='rlt_mono.distill' is not 'module:function'"):
-        Stage(name="x", run="rlt_mono.distill:run_distill", check="rlt_mono.distill")
+        Stage(name="x", run="rlt_mono.stages.sft")
+    with pytest.raises(ValueError, match=r"check='rlt_mono.stages.distill' is not 'module:function'"):
+        Stage(name="x", run="rlt_mono.stages.distill:run_distill", check="rlt_mono.stages.distill")
     with pytest.raises(ValueError, match="trains='student' is not in model_groups"):
-        Stage(name="x", run="rlt_mono.sft:run_sft", config_groups=("model", "data"), trains="student")
+        Stage(name="x", run="rlt_mono.stages.sft:run_sft", config_groups=("model", "data"), trains="student")
     with pytest.raises(ValueError, match="data_parallel needs a model it trains"):
-        Stage(name="x", run="rlt_mono.distill:run_distill", config_groups=("model", "data"), data_parallel=True)
+        Stage(name="x", run="rlt_mono.stages.distill:run_distill", config_groups=("model", "data"), data_parallel=True)
 
 
 def test_placement_dp_runs_exactly_the_stages_declared_data_parallel():

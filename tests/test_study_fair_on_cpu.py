@@ -258,8 +258,8 @@ def _teachers_root(root: Path) -> None:
                                                    for i, total in enumerate([-3.0, -4.0, -6.5])))
     (root / "logs").mkdir()
     (root / "logs" / "distill_rl_s0.log").write_text(
-        "2026-11-27 19:48:00,000 INFO rlt_mono.distill: distill: 0 already written, 3 to explain\n"
-        f"2026-11-27 19:48:01,443 INFO rlt_mono.distill: distill: wrote 3 questions to {distill}/distill.jsonl "
+        "2026-11-27 19:48:00,000 INFO rlt_mono.stages.distill: distill: 0 already written, 3 to explain\n"
+        f"2026-11-27 19:48:01,443 INFO rlt_mono.stages.distill: distill: wrote 3 questions to {distill}/distill.jsonl "
         "(phase/generate/seconds 2.0, phase/score/seconds 5.3)\n")
 
 

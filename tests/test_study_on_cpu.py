@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from rlt_mono.config import compose
-from rlt_mono.pipeline import plan
-from rlt_mono.pipeline_steps import STEPS, STUDY_STEPS
+from rlt_mono.stages.pipeline import plan
+from rlt_mono.stages.pipeline_steps import STEPS, STUDY_STEPS
 from rlt_mono.study.aggregate import STUDY_FILE, STUDY_TABLE_FILE, paired_difference, write_study
 from rlt_mono.study.eval_stats import summarize
 
@@ -91,7 +91,7 @@ def test_a_study_pipeline_wires_each_control_to_its_source(tmp_path):
 
 
 def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_the_figure(tmp_path):
-    from rlt_mono.evaluate import check_answer, main
+    from rlt_mono.stages.eval import check_answer, main
 
     row = {"question": "q", "solution": "The answer is 51.", "answer": "51"}
     # Qwen2.5-Coder-0.5B-Instruct's own answer to a held-out question (GPU eval, 2026-11-22), shortened

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.sft import SUMMARY_FILE, StageSFTTrainer, check_early_stopping, run_sft
+from rlt_mono.stages.sft import SUMMARY_FILE, StageSFTTrainer, check_early_stopping, run_sft
 from rlt_mono.study.diversity import Diversity, collapse_problem, distinct_counts, token_entropies
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,7 +73,7 @@ def test_sft_stops_on_a_rising_heldout_loss_and_keeps_the_best_checkpoint(tmp_pa
     original_prediction_step = StageSFTTrainer.prediction_step
     monkeypatch.setattr(StageSFTTrainer, "prediction_step", prediction_step)
     out = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="rlt_mono.sft"):
+    with caplog.at_level(logging.INFO, logger="rlt_mono.stages.sft"):
         run_sft(compose("teacher_sft", ["size=tiny", f"output_dir={out}", "model.model_name_or_path=embedded:student",
                                         "sft.max_steps=12", "sft.eval_strategy=steps", "sft.eval_steps=1",
                                         "sft.save_steps=1", "sft.save_total_limit=1",
@@ -105,12 +105,12 @@ def test_a_sharded_teacher_is_not_sampled_and_the_log_says_why(monkeypatch, capl
     # stopped teacher_sft after training with "aten.embedding.default got mixed torch.Tensor and DTensor".
     from types import SimpleNamespace
 
-    from rlt_mono import sft
+    from rlt_mono.stages import sft
 
     sampled = []
     monkeypatch.setattr(sft.diversity, "measure", lambda *a, **k: sampled.append(a))
     trainer = SimpleNamespace(args=SimpleNamespace(), is_fsdp_enabled=True)
-    with caplog.at_level(logging.INFO, logger="rlt_mono.sft"):
+    with caplog.at_level(logging.INFO, logger="rlt_mono.stages.sft"):
         assert sft._diversity(SimpleNamespace(trainer=trainer, diversity_prompts=["q"])) is None
     assert sampled == []
     assert any("not measured on a sharded teacher (placement.strategy=fsdp2)" in r.getMessage()

@@ -1,7 +1,7 @@
 """Models by config group: the folder a ``model`` or ``student`` group names, and its tokenizer, config and weights.
 
-Shared by every stage that loads a model (``rlt_mono.rl.build``, ``rlt_mono.sft``, ``rlt_mono.explanation_sampler``) and
-by the data-parallel launcher (``rlt_mono.launch``), which makes each model's folder once before its ranks start.
+Shared by every stage that loads a model (``rlt_mono.rl.build``, ``rlt_mono.stages.sft``, ``rlt_mono.stages.sampler``)
+and by the data-parallel launcher (``rlt_mono.launch``), which makes each model's folder once before its ranks start.
 A name resolves to a local folder or a hub id: ``embedded:teacher`` / ``embedded:student`` to the tiny pair built
 locally (``rlt_mono.data.embedded``), a ``gguf_file`` to its dequantized folder (``rlt_mono.data.pretrained``). Each
 mistake (no such folder, a run folder instead of its ``final/``, a model that cannot be loaded) is a one-line

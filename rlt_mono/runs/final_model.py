@@ -1,7 +1,7 @@
 """The model a training stage leaves in ``<output_dir>/final``: written aside, renamed once complete.
 
-The RL stage (``rlt_mono.teacher_rlt``) and the SFT stages (``rlt_mono.sft``) end here. A LoRA teacher is saved
-merged, a plain model that distill, eval and the next stage load like any other, with its adapter alone in
+The RL stage (``rlt_mono.stages.teacher_rlt``) and the SFT stages (``rlt_mono.stages.sft``) end here. A LoRA teacher is
+saved merged, a plain model that distill, eval and the next stage load like any other, with its adapter alone in
 ``final/adapter`` (``rlt_mono.rl.lora``). A sharded teacher (``placement.strategy=fsdp2``) trains float32 master
 weights (accelerate upcasts them under ``bf16``); ``final/`` holds them in the dtype the run loaded the model in,
 as a ``ddp`` run's. Kept apart from ``rlt_mono.runs.checkpoints``, which imports no torch.

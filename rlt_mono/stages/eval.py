@@ -1,16 +1,366 @@
-"""Stage ``eval``: held-out accuracy of a student, and of a teacher through the frozen student (``eval.json``).
+"""The eval stage (``stage: eval``) and ``compare``: how good a teacher's explanations and a student are.
 
-Its run is ``rlt_mono.evaluate`` (which also holds ``python -m rlt_mono.evaluate compare|rescore``). Run config:
-cfgs/run_cfg/eval.yaml. It keeps no checkpoints: run again with the same output_dir, it redoes its results.
-The module is named as the stage; it shadows the builtin only as ``rlt_mono.stages.eval``.
+On the held-out rows (``eval.split=eval``), for the teacher ``model.model_name_or_path`` and the student
+``student.model_name_or_path`` (any checkpoints, e.g. a teacher_rlt run's ``final/`` and a student SFT run's):
+
+- teacher half (skipped with ``model.model_name_or_path=null``): one explanation per question, sampled as in
+  distill, scored by ``TeacherKLReward``: the mean reward and each component (``r_ss``, ``r_kl``,
+  ``match_penalty``), the unmatched fraction (explanation tag never closed), and the student's per-token
+  log-prob of the solution given the question and that explanation (temperature 1, mean over the solution's
+  tokens; the reward's ``r_ss`` uses the reward's temperature instead);
+- student half (``eval.student_accuracy``): the student answers from the question alone (its chat with system
+  and user turns only, greedy); a row is checkable when it has an ``answer`` column or its solution says "The
+  answer is N". math-verify parses and compares the answers (``check_answer``): the student's stated answer (after
+  its last "The answer is", the format student SFT teaches; else its solution section; else its whole output,
+  where math-verify takes a ``\boxed{}`` first). An output with no answer math-verify can parse counts as wrong
+  and is counted apart (``student/unparsed_frac``).
+
+``eval.split=train`` runs the student half alone on the training questions instead: the right answers of a larger
+model asked with ``eval.student_prompt=plain`` are the larger-model traces of the fair study (bench/study_fair.py
+traces).
+
+Each figure is a mean over questions with a percentile-bootstrap interval (``eval.confidence``, resampling
+questions ``eval.bootstrap_resamples`` times with the run's seed). Output: ``eval.json`` (the figures) and
+``eval_rows.jsonl`` (one line per question: explanation, reward components, the student's answer).
+
+Run::
+
+    ./launch_mono.sh cfgs/run_cfg/eval.yaml model.model_name_or_path=<teacher> student.model_name_or_path=<student>
+    python -m rlt_mono.stages.eval compare outputs/eval/a/eval.json outputs/eval/b/eval.json   # one markdown table
 """
 
-from rlt_mono.stages.base import Stage
+from __future__ import annotations
 
-STAGE = Stage(
-    name="eval",
-    run="rlt_mono.evaluate:run_eval",
-    config_groups=("model", "student", "data", "reward", "placement", "logging", "eval"),
-    reads_data=True,
-    check="rlt_mono.evaluate:check_options",
+import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["compare"]:
+    # compare reads JSON files: it answers before this module's imports load torch and transformers (seconds)
+    from rlt_mono.stages.eval_compare import main as compare_main
+
+    sys.exit(compare_main(sys.argv[2:]))
+
+import argparse
+import importlib.util
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.data.prompts import PromptFormat, begin_tag
+from rlt_mono.data.rows import SPLITS
+from rlt_mono.errors import UserError
+from rlt_mono.rewards import TeacherRewardConfig
+from rlt_mono.rewards.log_probs import range_log_probs
+from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.stages import eval_compare
+from rlt_mono.stages.eval_compare import cell, compare_table, questions_fingerprint
+from rlt_mono.stages.sampler import (
+    SamplingOptions,
+    StageModels,
+    check_resume_matches,
+    explain,
+    load_stage_models,
+    open_generator,
+    prompt_budget,
+    stage_output_dir,
+    stage_rows,
+    teacher_budget,
+    teacher_prompts,
 )
+from rlt_mono.study.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
+
+logger = logging.getLogger(__name__)
+
+# Row fields averaged over questions -> the metric they are reported as.
+METRICS = {
+    "total": "teacher/reward",
+    "r_ss": "teacher/r_ss",
+    "r_kl": "teacher/r_kl",
+    "match_penalty": "teacher/match_penalty",
+    "unmatched": "teacher/unmatched_frac",
+    "solution_log_prob": "student/solution_log_prob",
+    "correct": "student/accuracy",
+    "unparsed": "student/unparsed_frac",
+    "capped": "student/capped_frac",
+}
+# eval.student_prompt: the student chat (system prompt + question, the format student SFT teaches) or a plain
+# request for steps (an untrained instruct model's own way of answering).
+STUDENT_PROMPTS = ("student", "plain")
+PLAIN_REQUEST = "\n\nSolve this step by step. End with one line: The answer is <the number>."
+# Where a stated answer starts: the sentence the embedded and GSM-Symbolic solutions end with.
+THE_ANSWER_IS = "The answer is"
+# A full stop that ends a sentence (not the point of 3.5), or a line break.
+_SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
+
+
+@dataclass
+class EvalConfig(SamplingOptions):
+    """The ``eval`` config group (``cfgs/eval/default.yaml`` documents each field)."""
+
+    split: str = "eval"
+    student_accuracy: bool = True
+    student_prompt: str = "student"
+    student_max_new_tokens: int = 4096
+    bootstrap_resamples: int = 2000
+    confidence: float = 0.95
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {self.split!r}")
+        if self.student_prompt not in STUDENT_PROMPTS:
+            raise ValueError(f"student_prompt must be one of {list(STUDENT_PROMPTS)}, got {self.student_prompt!r}")
+        if self.student_max_new_tokens < 1:
+            raise ValueError(f"student_max_new_tokens must be >= 1, got {self.student_max_new_tokens}")
+        if self.bootstrap_resamples < 1:
+            raise ValueError(f"bootstrap_resamples must be >= 1, got {self.bootstrap_resamples}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+
+
+# ---- statistics and answer checks -------------------------------------------------------------------------
+def stated_answer(text: str) -> str:
+    """The part of a text that states its answer: after its last "The answer is", else after its last solution
+    tag, else all of it (math-verify then prefers a ``\\boxed{}``, an instruct model's own way)."""
+    if THE_ANSWER_IS in text:  # that sentence only: up to the first full stop that ends it, or the line's end
+        return _SENTENCE_END.split(text.rsplit(THE_ANSWER_IS, 1)[1].lstrip(), maxsplit=1)[0]
+    return text.rsplit(begin_tag("solution"), 1)[-1]
+
+
+def check_answer(row: dict, student_output: str) -> tuple[bool | None, bool]:
+    """``(correct, parsed)``: whether the student's output answers ``row`` correctly (None when the row has no
+    checkable answer) and whether math-verify found an answer in it at all (an unparsed answer is wrong)."""
+    from math_verify import parse, verify
+
+    said = parse(stated_answer(student_output))
+    if row.get("answer"):  # LaTeX-delimited, so that math-verify reads the whole expression, not its first number
+        gold = parse(row["answer"] if "$" in row["answer"] else f"${row['answer']}$")
+    elif THE_ANSWER_IS in row["solution"]:
+        gold = parse(stated_answer(row["solution"]))
+    else:
+        return None, bool(said)
+    return bool(gold) and bool(said) and bool(verify(gold, said)), bool(said)
+
+
+# ---- the two halves ---------------------------------------------------------------------------------------
+def teacher_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
+    """Per row: one teacher explanation with its reward components and the student's solution log-prob."""
+    _, prompt_ids = teacher_prompts(models, rows)
+    generator = open_generator(models, "teacher", options, cfg, max_new_tokens=options.max_new_tokens,
+                               max_prompt_tokens=max(len(ids) for ids in prompt_ids),
+                               stop_strings=(models.prompt_format.explanation_end,))
+    records = []
+    try:
+        for first in range(0, len(rows), options.rows_per_batch):
+            batch = rows[first : first + options.rows_per_batch]
+            scored = [per_row[0] for per_row in explain(models, generator, batch, 1, options.temperature)]
+            log_probs = solution_log_probs(models, batch, [s["completion_ids"] for s in scored])
+            records += [
+                {"explanation": s["explanation"], **{k: s[k] for k in ("r_ss", "r_kl", "match_penalty", "total")},
+                 "unmatched": s["unmatched"], "solution_log_prob": lp}
+                for s, lp in zip(scored, log_probs)
+            ]
+            logger.info("eval: teacher explained %d of %d questions", len(records), len(rows))
+    finally:
+        generator.close()
+    return records
+
+
+def solution_log_probs(models: StageModels, rows: list[dict], completion_ids: list[list[int]]) -> list[float]:
+    """Mean over solution tokens of log p_student(token | question, explanation, earlier tokens), temperature 1,
+    the explanation being the reward's (same alignment: the teacher's ids up to the closing tag)."""
+    samples = models.reward.align([r["question"] for r in rows], [r["solution"] for r in rows], completion_ids)
+    with models.swapper.resident(models.student):
+        per_token = range_log_probs(models.student, [s.student_ids for s in samples],
+                                    [s.solution_span for s in samples], temperature=1.0,
+                                    micro_batch_size=models.reward.config.micro_batch_size,
+                                    pad_token_id=models.reward.pad_token_id)  # B tensors (S_i,)
+    return [float(lp.mean()) for lp in per_token]
+
+
+def student_half(models: StageModels, options: EvalConfig, cfg: DictConfig, rows: list[dict]) -> list[dict]:
+    """Per row: the student's greedy answer from the question alone and whether it is right (None: not checkable)."""
+    tokenizer = models.student_tokenizer
+    prompt_ids = [tokenizer(p)["input_ids"] for p in student_prompts(tokenizer, models.prompt_format, options, rows)]
+    generator = open_generator(models, "student", options, cfg, max_new_tokens=options.student_max_new_tokens,
+                               max_prompt_tokens=max(len(ids) for ids in prompt_ids))
+    try:
+        outputs = [per_prompt[0] for per_prompt in generator.generate(prompt_ids, 1, 0.0)]
+    finally:
+        generator.close()
+    texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
+    return [answer_record(row, text, len(ids) >= options.student_max_new_tokens)
+            for row, text, ids in zip(rows, texts, outputs, strict=True)]
+
+
+def student_prompts(tokenizer, prompt_format: PromptFormat, options: EvalConfig, rows: list[dict]) -> list[str]:
+    """Each row's student prompt (``student_question``), rendered with the student's chat template up to its
+    answer."""
+    return [tokenizer.apply_chat_template(student_question(prompt_format, options, row["question"]), tokenize=False,
+                                          add_generation_prompt=True) for row in rows]
+
+
+def student_question(prompt_format: PromptFormat, options: EvalConfig, question: str) -> list[dict[str, str]]:
+    """The messages a student answers (``eval.student_prompt``): the student chat without its assistant turn
+    (system + user), or the question with a plain request for steps and a stated answer."""
+    if options.student_prompt == "plain":
+        return [{"role": "user", "content": question + PLAIN_REQUEST}]
+    return prompt_format.student_messages(question, "", "")[:2]
+
+
+def answer_record(row: dict, student_output: str, capped: bool = False) -> dict:
+    """The student half's fields of one eval row: its output, whether it is right, whether it parsed, whether it
+    stopped at eval.student_max_new_tokens."""
+    correct, parsed = check_answer(row, student_output)
+    return {"student_output": student_output, "correct": correct, "unparsed": None if correct is None else not parsed,
+            "capped": capped}
+
+
+def summarize_records(records: list[dict], confidence: float, resamples: int, seed: int) -> dict:
+    """``{"metrics": ...}``: every figure of ``METRICS`` the rows carry, as ``summarize`` gives it; with
+    ``"by_heldout": {set: metrics}`` beside it when rows say which held-out set they are in (``heldout``:
+    held-out instances of the training templates, held-out templates)."""
+    def figures(subset: list[dict]) -> dict:
+        return {name: summarize([float(r[field]) for r in subset if r.get(field) is not None], confidence,
+                                resamples, seed)
+                for field, name in METRICS.items() if any(field in r for r in subset)}
+
+    summary = {"metrics": figures(records)}
+    sets = sorted({r["heldout"] for r in records if r.get("heldout")})
+    if sets:
+        summary["by_heldout"] = {name: {"questions": sum(r.get("heldout") == name for r in records),
+                                        "metrics": figures([r for r in records if r.get("heldout") == name])}
+                                 for name in sets}
+    return summary
+
+
+def warn_too_few(summary: dict) -> None:
+    """One warning naming every figure of ``summarize_records``' output whose interval rests on too few rows."""
+    sets = {"": summary["metrics"], **{f" [{name}]": held["metrics"]
+                                       for name, held in summary.get("by_heldout", {}).items()}}
+    few = [f"{name}{label} (n={figure['n']})" for label, metrics in sets.items()
+           for name, figure in metrics.items() if figure["too_few"]]
+    if few:
+        logger.warning("eval: %s rest on fewer than %d questions: their intervals are not to be trusted (marked "
+                       "too_few in %s); evaluate more held-out rows", ", ".join(few), MIN_ROWS_FOR_INTERVAL, EVAL_FILE)
+
+
+# ---- the stage --------------------------------------------------------------------------------------------
+def check_options(cfg: DictConfig) -> tuple[EvalConfig, TeacherRewardConfig]:
+    """The stage's options and the reward's, checked before anything loads (also by the pipeline, when it plans)."""
+    options = instantiate(EvalConfig, cfg.eval, "eval")
+    reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+    if cfg.model.model_name_or_path is None and not options.student_accuracy:
+        raise ConfigError("model.model_name_or_path=null and eval.student_accuracy=false leave nothing to evaluate: "
+                          "set a teacher, or eval.student_accuracy=true")
+    if options.split == "train" and cfg.model.model_name_or_path is not None:
+        raise ConfigError("eval.split=train asks the student the training questions; the teacher half is for held-out "
+                          "questions: set model.model_name_or_path=null, or eval.split=eval")
+    if options.student_accuracy and importlib.util.find_spec("math_verify") is None:
+        raise UserError("the held-out rows' answers are checked with math-verify, which is not installed: "
+                        "pip install math-verify, or set eval.student_accuracy=false")
+    return options, reward_config
+
+
+def run_eval(cfg: DictConfig) -> Path:
+    """Evaluate the configured teacher and student on the rows of ``eval.split`` (the held-out rows, or the training
+    rows for the student alone); returns ``output_dir`` (``eval.json``)."""
+    options, reward_config = check_options(cfg)
+    with_teacher = cfg.model.model_name_or_path is not None
+    # Each prompt must leave room for what is generated after it in its model's context, as in the RL stage.
+    budgets = [teacher_budget(cfg, "eval.max_new_tokens")] if with_teacher else []
+    if options.student_accuracy:
+        prompt_format = PromptFormat()
+        budgets.append(prompt_budget(cfg, "student", "student prompt", "eval.student_max_new_tokens",
+                                     lambda tokenizer, rows: student_prompts(tokenizer, prompt_format, options, rows)))
+    rows, source = stage_rows(cfg, options.split, budgets)
+    output_dir = stage_output_dir(cfg)
+    check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
+    write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    logger.info("eval: %d questions (%s) -> %s", len(rows), source, output_dir)
+    torch.manual_seed(cfg.seed)
+    models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher,
+                               left_align_padding=options.left_align_padding)
+    records = [{k: row[k] for k in ("question", "solution", "answer", "heldout", "template") if k in row}
+               for row in rows]
+    try:
+        if with_teacher:
+            for record, teacher_record in zip(records, teacher_half(models, options, cfg, rows)):
+                record.update(teacher_record)
+        if options.student_accuracy:
+            for record, student_record in zip(records, student_half(models, options, cfg, rows)):
+                record.update(student_record)
+    except torch.OutOfMemoryError as err:
+        raise UserError("out of GPU memory: lower reward.micro_batch_size, eval.rows_per_batch or "
+                        "eval.vllm_gpu_memory_utilization") from err
+    if options.student_accuracy and not any(record["correct"] is not None for record in records):
+        logger.warning("eval: student/accuracy is not measured (n=0): no held-out row of data.source=%s has an answer "
+                       "to check the student's against (an answer column, or a solution stating '%s ...'); add an "
+                       "answer column, or set eval.student_accuracy=false", cfg.data.source, THE_ANSWER_IS)
+    result = {
+        "teacher": cfg.model.model_name_or_path,
+        "student": cfg.student.model_name_or_path,
+        "rows": source,
+        "questions": len(rows),
+        "questions_sha256": questions_fingerprint([row["question"] for row in rows]),
+        "confidence": options.confidence,
+        "seed": cfg.seed,
+        **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
+    }
+    warn_too_few(result)
+    write_text(output_dir / ROWS_FILE, "".join(json.dumps(record) + "\n" for record in records))
+    eval_path = output_dir / EVAL_FILE
+    write_json(eval_path, result, indent=2)
+    logger.info("eval: wrote %s\n%s", eval_path, compare_table([eval_path]))
+    return output_dir
+
+
+def rescore(folder: Path, resamples: int = 2000) -> dict:
+    """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
+    answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
+    new figure. Nothing is generated again."""
+    for name in (ROWS_FILE, EVAL_FILE):
+        if not (folder / name).is_file():
+            raise UserError(f"{folder}: no {name} here; pass an eval run folder (with {EVAL_FILE} and {ROWS_FILE})")
+    rows = read_rows(folder)
+    if not any("student_output" in r for r in rows):
+        raise UserError(f"{folder / ROWS_FILE} holds no student answers to rescore (eval.student_accuracy was false)")
+    for row in rows:
+        if "student_output" in row:
+            row.update(answer_record(row, row["student_output"], row.get("capped", False)))
+    result = json.loads((folder / EVAL_FILE).read_text())
+    result.update(summarize_records(rows, result["confidence"], resamples, result["seed"]))
+    result["rescored"] = True
+    write_text(folder / ROWS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_json(folder / EVAL_FILE, result, indent=2)
+    return result["metrics"][METRICS["correct"]]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rlt_mono.stages.eval compare a/eval.json b/eval.json ...``: the table on stdout;
+    ``python -m rlt_mono.stages.eval rescore <eval folder> ...``: check stored student answers again."""
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.stages.eval", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    eval_compare.add_arguments(commands.add_parser("compare", help="one markdown table of several eval.json side by "
+                                                   "side (rlt_mono.stages.eval_compare)"))
+    again = commands.add_parser("rescore", help="check the stored student answers of eval folders again")
+    again.add_argument("folders", nargs="+", help="eval run folders (with eval.json and eval_rows.jsonl)")
+    args = parser.parse_args(argv)
+    if args.command == "rescore":
+        try:
+            for folder in args.folders:
+                sys.stdout.write(f"{folder}: student/accuracy {cell(rescore(Path(folder)))}\n")
+        except UserError as err:
+            sys.stderr.write(f"error: {err}\n")
+            return err.exit_code
+        return 0
+    return eval_compare.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

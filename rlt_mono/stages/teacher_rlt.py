@@ -1,17 +1,50 @@
-"""Stage ``teacher_rlt``: GRPO on the teacher with the RLT reward.
+"""The RL stage: GRPO on the teacher with the RLT reward (``stage: teacher_rlt``).
 
-Its run is ``rlt_mono.teacher_rlt`` (the trainer: ``rlt_mono.rl.build``, ``rlt_mono.rl.trainer``). Run config:
-cfgs/run_cfg/teacher_rlt_mono.yaml (demo_tiny on the CPU).
+``run_teacher_rlt(cfg)`` builds the trainer (``rlt_mono.rl.build``), trains or resumes, and saves the teacher
+atomically in ``<output_dir>/final``. Failures a user can act on (a full disk, a card out of memory, Ctrl-C, a
+run that could not make its steps) become one-line ``UserError``s that say where the last good checkpoint is.
 """
 
-from rlt_mono.stages.base import Stage
+from __future__ import annotations
 
-STAGE = Stage(
-    name="teacher_rlt",
-    run="rlt_mono.teacher_rlt:run_teacher_rlt",
-    config_groups=("model", "student", "data", "reward", "trainer", "placement", "logging"),
-    trains="model",
-    keeps_checkpoints=True,
-    reads_data=True,
-    data_parallel=True,
-)
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlt_mono.errors import UserError
+from rlt_mono.rl.build import build_trainer
+from rlt_mono.runs import checkpoints
+from rlt_mono.runs.final_model import save_final
+from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
+from rlt_mono.runs.readme import launch_command, write_run_readme
+
+logger = logging.getLogger(__name__)
+
+MEMORY_HINT = ("trainer.per_device_train_batch_size (raise gradient_accumulation_steps to keep completions per "
+               "step), trainer.max_completion_length, trainer.vllm_gpu_memory_utilization or reward.micro_batch_size")
+
+
+def run_teacher_rlt(cfg: DictConfig) -> Path:
+    """Train the teacher a run config describes; returns the run folder (the teacher is in ``final/``)."""
+    trainer = build_trainer(cfg)
+    output_dir = Path(trainer.args.output_dir)
+    resume = trainer.resume_checkpoint
+    with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
+        if resume is not None and checkpoints.saved_step(resume) == trainer.args.max_steps:
+            # Stopped after the last checkpoint, before final/: nothing left to train, only the teacher to restore.
+            logger.info("%s holds the last step (%d): saving the final teacher from it", resume, trainer.args.max_steps)
+            trainer._load_from_checkpoint(resume)
+        else:
+            trainer.train(resume_from_checkpoint=resume)
+            if trainer.state.global_step < trainer.args.max_steps:
+                raise UserError(
+                    f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data "
+                    "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
+                )
+        final = save_final(trainer, output_dir)
+    if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
+        write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
+                         read_metrics(output_dir / METRICS_FILE), command=launch_command())
+    logger.info("final teacher saved to %s", final)
+    return output_dir

@@ -1,6 +1,6 @@
 """The "Does it teach?" study: does RL make the teacher's explanations better than its SFT warm-up's?
 
-A pipeline with ``study: true`` (``rlt_mono.pipeline``) evaluates, on the same held-out questions:
+A pipeline with ``study: true`` (``rlt_mono.stages.pipeline``) evaluates, on the same held-out questions:
 
 - two teachers, each writing one explanation per question, scored by the frozen student the RL reward used: the
   SFT-only teacher (``eval_sft_teacher``) and the RL teacher (``eval_teacher``);
@@ -15,7 +15,7 @@ the per-question differences, with a percentile-bootstrap interval from resampli
 correlated across questions (the same hard questions are hard for both).
 
 ``aggregate`` does the study over seeds, one study pipeline folder per seed (its numbered step folders as
-``rlt_mono.pipeline`` names them, ``step_folders``): each held-out set (templates, instances) apart, a question's
+``rlt_mono.stages.pipeline`` names them, ``step_folders``): each held-out set (templates, instances) apart, a question's
 figure is first averaged over the seeds that answered it, then the figure is the mean over questions with a
 bootstrap interval over questions, beside each seed's own figure and their spread; paired differences average each
 question's difference over seeds. It also correlates each teacher's reward with its student's accuracy, sums up the
@@ -41,17 +41,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono.errors import UserError
-from rlt_mono.pipeline_steps import STEP_FOLDER_NAMES
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 from rlt_mono.runs.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
+from rlt_mono.stages.pipeline_steps import STEP_FOLDER_NAMES
 from rlt_mono.study.eval_stats import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
 
 logger = logging.getLogger(__name__)
 
 STUDY_FILE = "study.json"
 STUDY_TABLE_FILE = "study_table.md"
-SFT_SUMMARY_FILE = "sft_summary.json"  # rlt_mono.sft.SUMMARY_FILE
+SFT_SUMMARY_FILE = "sft_summary.json"  # rlt_mono.stages.sft.SUMMARY_FILE
 
 # The teachers' figures: per-question field of eval_rows.jsonl -> the metric name of eval.json.
 TEACHER_FIGURES = {

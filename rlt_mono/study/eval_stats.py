@@ -1,4 +1,4 @@
-"""The eval stage's files and statistics, without torch: read by ``rlt_mono.evaluate`` (which writes them) and by
+"""The eval stage's files and statistics, without torch: read by ``rlt_mono.stages.eval`` (which writes them) and by
 ``rlt_mono.study.aggregate`` (which compares several eval runs from the pipeline process)."""
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ from rlt_mono.study import diversity
 logger = logging.getLogger(__name__)
 
 # The stages this module runs (rlt_mono.stages declares each: the config group of the model it trains).
-SFT_STAGES = tuple(name for name, stage in STAGES.items() if stage.run == "rlt_mono.sft:run_sft")
+SFT_STAGES = tuple(name for name, stage in STAGES.items() if stage.run == "rlt_mono.stages.sft:run_sft")
 SUMMARY_FILE = "sft_summary.json"
 # data.py's column for an SFT target: the stage's explanation column is validated under this name.
 TARGET_COLUMN = "reasoning_trace"
@@ -303,7 +303,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     """
     stage = cfg.get("stage")
     if stage not in SFT_STAGES:
-        raise UserError(f"stage={stage!r}: rlt_mono.sft runs {' or '.join(sorted(SFT_STAGES))}")
+        raise UserError(f"stage={stage!r}: rlt_mono.stages.sft runs {' or '.join(sorted(SFT_STAGES))}")
     resuming = cfg.resume_from_checkpoint not in (None, False)
     output_dir = checkpoints.resolve_output_dir(cfg.output_dir, cfg.run_dir, resuming=resuming,
                                                 resume_from_checkpoint=cfg.resume_from_checkpoint)

@@ -1,7 +1,7 @@
-"""``python -m rlt_mono.evaluate compare a/eval.json b/eval.json ...``: several eval runs side by side, one markdown
+"""``python -m rlt_mono.stages.eval compare a/eval.json b/eval.json ...``: several eval runs side by side, one markdown
 table, without torch (it reads JSON files, so it answers in about a second).
 
-``rlt_mono.evaluate`` writes the ``eval.json`` files and hands its ``compare`` command to ``main`` here before it
+``rlt_mono.stages.eval`` writes the ``eval.json`` files and hands its ``compare`` command to ``main`` here before it
 imports anything heavy; ``compare_table`` is also the table the eval stage logs and the pipeline writes. Evals over
 different held-out questions are refused unless ``--allow-different-questions`` (the table then says so).
 """
@@ -60,7 +60,7 @@ def held_out_fingerprint(path: Path, result: dict) -> str | None:
 
 def compare_table(paths: list[str | Path], allow_different_questions: bool = False) -> str:
     """One markdown table of several ``eval.json``: a column per file (named by its folder), a row per figure (in
-    the order of ``rlt_mono.evaluate.METRICS``, then any other a file holds), each cell ``mean [low, high]``; "—"
+    the order of ``rlt_mono.stages.eval.METRICS``, then any other a file holds), each cell ``mean [low, high]``; "—"
     where a file lacks the figure. Evals over
     different held-out sets are refused (``ConfigError``) unless ``allow_different_questions``, when the table opens
     with a warning."""
@@ -77,7 +77,7 @@ def compare_table(paths: list[str | Path], allow_different_questions: bool = Fal
                         "comparable question for question.**\n")
     for key in ("teacher", "student", "questions"):
         lines.append(f"| {key} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |")
-    known = module_constant("rlt_mono.evaluate", "METRICS").values()  # read from the source: evaluate imports torch
+    known = module_constant("rlt_mono.stages.eval", "METRICS").values()  # read from the source: evaluate imports torch
     held = list(dict.fromkeys(name for r in results for name in r["metrics"]))
     metric_names = [name for name in known if name in held] + [name for name in held if name not in known]
     for name in metric_names:
@@ -98,7 +98,7 @@ def cell(metric: dict | None) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``compare``'s arguments (on its own parser here, and on ``rlt_mono.evaluate``'s subcommand)."""
+    """``compare``'s arguments (on its own parser here, and on ``rlt_mono.stages.eval``'s subcommand)."""
     parser.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
     parser.add_argument("--allow-different-questions", action="store_true",
                         help="compare evals over different held-out sets (the table then says so)")
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.evaluate compare ...`` (``argv``: what follows ``compare``)."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.evaluate compare",
+    """``python -m rlt_mono.stages.eval compare ...`` (``argv``: what follows ``compare``)."""
+    parser = argparse.ArgumentParser(prog="python -m rlt_mono.stages.eval compare",
                                      description="one markdown table of several eval.json side by side")
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -1,6 +1,6 @@
 """A teacher explains rows, with vLLM or ``transformers``, and the RLT reward scores each explanation.
 
-The half that the distill stage (``rlt_mono.distill``) and the eval stage (``rlt_mono.evaluate``) share:
+The half that the distill stage (``rlt_mono.stages.distill``) and the eval stage (``rlt_mono.stages.eval``) share:
 
 - ``load_stage_models``: the student, and the teacher with its ``TeacherKLReward``, where the resolved
   ``Placement`` puts them (on a GPU both wait in CPU memory and are swapped in for their passes by the

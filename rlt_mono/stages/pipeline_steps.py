@@ -1,5 +1,5 @@
-"""The pipeline's steps and their folders: what ``rlt_mono.pipeline`` runs and ``rlt_mono.study.aggregate`` reads;
-and the pipeline's own settings (``PipelineOptions``), which ``rlt_mono.cli`` checks for every run.
+"""The pipeline's steps and their folders: what ``rlt_mono.stages.pipeline`` runs and ``rlt_mono.study.aggregate``
+reads; and the pipeline's own settings (``PipelineOptions``), which ``rlt_mono.cli`` checks for every run.
 
 A floor below both, so that neither imports the other's module for its names.
 """
