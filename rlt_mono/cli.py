@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if code != 0:  # a run that stopped before writing anything leaves no empty folder
         close_training_bar()
         for folder in checkpoints.remove_unused_run_dirs():
-            logger.info("removed the empty run folder %s", folder)
+            logger.debug("removed the empty run folder %s", folder)  # the error line stays the last
     else:
         close_process_group()
     if message:  # last, so that the error line ends the output
