@@ -37,7 +37,7 @@ def _state(step: int, max_steps: int) -> TrainerState:
     return state
 
 
-def _fake_terminal(monkeypatch) -> io.StringIO:
+def _fake_terminal(monkeypatch, request) -> io.StringIO:
     """stderr a terminal that keeps what is written, with the root logger's console handler on it (as
     ``logging.basicConfig`` leaves it in ``rlt_mono.cli``)."""
     stderr = io.StringIO()
@@ -47,13 +47,17 @@ def _fake_terminal(monkeypatch) -> io.StringIO:
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [*root.handlers, handler])
-    monkeypatch.setattr(root, "level", logging.INFO)
+    # setLevel, not the bare attribute: each logger caches whether a level is on, and only setLevel clears that
+    # cache (a logger that found INFO off earlier in this process would drop the INFO lines)
+    level = root.level
+    root.setLevel(logging.INFO)
+    request.addfinalizer(lambda: root.setLevel(level))
     return stderr
 
 
 # ---- 1. one clean bar in a terminal, the log lines above it ------------------------------------------------------
-def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
-    stderr = _fake_terminal(monkeypatch)
+def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch, request):
+    stderr = _fake_terminal(monkeypatch, request)
     handlers = list(logging.getLogger().handlers)
     callback = console.CompactProgressCallback()
     args = SimpleNamespace(disable_tqdm=False, output_dir="/runs/a")
@@ -82,8 +86,8 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch):
     assert logging.getLogger().handlers == handlers and not list(console.OPEN_BARS)
 
 
-def test_a_run_stopped_in_training_closes_its_bar_before_the_error_line(monkeypatch):
-    stderr = _fake_terminal(monkeypatch)
+def test_a_run_stopped_in_training_closes_its_bar_before_the_error_line(monkeypatch, request):
+    stderr = _fake_terminal(monkeypatch, request)
     handlers = list(logging.getLogger().handlers)
     callback = console.CompactProgressCallback()
     callback.on_train_begin(SimpleNamespace(disable_tqdm=False, output_dir="/runs/b"), _state(0, 4), TrainerControl())
