@@ -10,4 +10,4 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}"
-RLT_MONO_PROG="$0" exec "${PYTHON:-python3}" -m rlt_mono.cli "$@"
+RLT_MONO_PROG="$0" exec "${PYTHON:-python3}" -m rlt_mono "$@"

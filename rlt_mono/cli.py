@@ -6,7 +6,7 @@ torch, transformers or TRL (``rlt_mono.config_check``), so a mistake in a config
 about a second; then it exposes the GPUs the placement uses and runs the config's ``stage``. An error the user can fix
 (``rlt_mono.errors.UserError``) ends the process with one line on stderr saying what to do, the last line written,
 and exit code 2; anything else is a bug: a one-line summary, then the traceback, exit code 1. Off a terminal (a log
-file, a pipe) the libraries draw no progress bars (``quiet_progress_bars``).
+file, a pipe) the libraries draw no progress bars (``rlt_mono.runtime.quiet_progress_bars``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,6 @@ logger = logging.getLogger("rlt_mono")
 
 # launch_mono.sh sets it to its own name as typed ($0), for the help and hints (program_name).
 PROG_ENV = "RLT_MONO_PROG"
-# Environment switches of the libraries' progress bars (huggingface_hub's downloads, and transformers' loading and
-# saving bars, which follow it; datasets' map; every tqdm bar), set off a terminal for this process and its children.
-PROGRESS_BAR_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
-                         "TQDM_DISABLE": "1"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +89,7 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
             return 0, ""
         check_run_keys(cfg)
         config_check.check_config(cfg, args.overrides)
-        quiet_progress_bars()
+        runtime.quiet_progress_bars()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
             args.overrides.append("placement=split")
@@ -126,11 +122,13 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
 
 def program_name() -> str:
     """The command as the user typed it, for the help and hints: ``launch_mono.sh``'s own name (``PROG_ENV``),
-    ``rlt-mono`` (the console command), else ``python -m rlt_mono.cli``."""
+    ``rlt-mono`` (the console command), else ``python -m rlt_mono`` or ``python -m rlt_mono.cli``."""
     if os.environ.get(PROG_ENV):
         return os.environ[PROG_ENV]
-    name = Path(sys.argv[0]).name
-    return "python -m rlt_mono.cli" if name in ("cli.py", "__main__.py", "-c", "") else name
+    path = Path(sys.argv[0])
+    if path.name == "__main__.py" and path.parent.name == "rlt_mono":
+        return "python -m rlt_mono"
+    return "python -m rlt_mono.cli" if path.name in ("cli.py", "__main__.py", "-c", "") else path.name
 
 
 def check_run_config_name(config: str, prog: str) -> None:
@@ -175,15 +173,6 @@ def _dataclass_fields(dotted: str) -> list[str]:
     if group not in config_check.GROUP_CLASSES or "." in rest:
         return []
     return list(config_check.dataclass_fields(config_check.GROUP_CLASSES[group]) or ())
-
-
-def quiet_progress_bars() -> None:
-    """Off a terminal (stderr a file or a pipe) switch off the libraries' progress bars before they load, for this
-    process and the processes it starts (a pipeline's stages, data-parallel ranks): each redraw of a bar is ``\\r``
-    plus the whole bar, glued to the log lines written under it. A value the user exported is kept."""
-    if not sys.stderr.isatty():
-        for name, value in PROGRESS_BAR_SWITCHES.items():
-            os.environ.setdefault(name, value)
 
 
 def hold_run_folder(cfg) -> None:

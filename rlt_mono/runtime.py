@@ -11,9 +11,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from omegaconf import DictConfig
 
+# Environment switches of the libraries' progress bars (huggingface_hub's downloads, and transformers' loading and
+# saving bars, which follow it; datasets' map; every tqdm bar), set off a terminal for this process and its children.
+PROGRESS_BAR_SWITCHES = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+                         "TQDM_DISABLE": "1"}
 # Set in every rank's environment: the process runs its stage instead of launching ranks.
 LAUNCHED_ENV = "RLT_MONO_LAUNCHED"
 
@@ -58,3 +63,13 @@ def usable_gpus(cfg: DictConfig, gpus_present: int) -> int:
     """The GPUs a ``placement=dp`` run's ranks use on this machine: none with the training group's ``use_cpu``
     (CPU ranks), else every one present."""
     return 0 if training_group(cfg).get("use_cpu", False) else gpus_present
+
+
+def quiet_progress_bars() -> None:
+    """Off a terminal (stderr a file or a pipe) switch off the libraries' progress bars, for the processes this one
+    starts (a pipeline's stages, data-parallel ranks) and, when called before tqdm loads (``python -m rlt_mono``,
+    ``rlt-mono``), for this one: tqdm reads its ``TQDM_*`` switches once, as it loads. Each redraw of a bar is
+    ``\\r`` plus the whole bar, glued to the log lines written under it. A value the user exported is kept."""
+    if not sys.stderr.isatty():
+        for name, value in PROGRESS_BAR_SWITCHES.items():
+            os.environ.setdefault(name, value)

@@ -227,7 +227,7 @@ def test_an_sft_run_into_a_file_has_no_bar_and_one_line_per_step(tmp_path):
 
 
 def test_an_sft_run_in_a_terminal_draws_one_bar(tmp_path):
-    from rlt_mono.cli import PROGRESS_BAR_SWITCHES
+    from rlt_mono.runtime import PROGRESS_BAR_SWITCHES
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))

@@ -117,10 +117,31 @@ def test_off_a_terminal_there_is_no_bar_and_the_handlers_stay(monkeypatch, caplo
     assert stderr.getvalue() == "" and [r.getMessage() for r in caplog.records] == ["step 1/1 | loss 0.5 | 0.25 s/step"]
 
 
+@pytest.mark.parametrize("entry, bar", [("rlt_mono.__main__", False), ("rlt_mono.cli", True)])
+def test_off_a_terminal_the_entry_switches_tqdm_off_before_it_loads(entry, bar):
+    """A bar drawn in the command's own process (transformers' GGUF conversion, a download) stays out of a log:
+    ``python -m rlt_mono`` and ``rlt-mono`` (rlt_mono/__main__.py) set the switches before tqdm loads, which reads
+    them once, as it loads. Importing rlt_mono.cli first loads tqdm before its main can set them: the bar is drawn."""
+    from rlt_mono.runtime import PROGRESS_BAR_SWITCHES
+
+    env = {name: value for name, value in os.environ.items() if name not in PROGRESS_BAR_SWITCHES}
+    probe = (f"import {entry}, sys\nassert 'tqdm' in sys.modules\n"
+             "from tqdm.auto import tqdm\nfor _ in tqdm(range(3), desc='Converting GGUF'): pass\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert ("Converting GGUF" in done.stderr) == bar, done.stderr
+
+
+def test_the_launcher_and_the_console_command_go_through_the_entry_that_switches_bars_off():
+    assert 'exec "${PYTHON:-python3}" -m rlt_mono "$@"' in (ROOT / "launch_mono.sh").read_text()
+    assert 'rlt-mono = "rlt_mono.__main__:main"' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_the_demo_in_a_terminal_shows_one_clean_bar(tmp_path):
     """The RL demo in a pseudo-terminal: the reward plot's line, logged at the end of training while the bar is
     still open, is written above the bar, not glued to its last redraw."""
-    from rlt_mono.cli import PROGRESS_BAR_SWITCHES
+    from rlt_mono.runtime import PROGRESS_BAR_SWITCHES
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
