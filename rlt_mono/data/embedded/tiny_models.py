@@ -24,13 +24,11 @@ Usage::
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.metadata
 import json
 import logging
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -44,6 +42,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from rlt_mono.config import default_cache_dir
 from rlt_mono.data.embedded.dataset import generate_rows, write_jsonl
 from rlt_mono.data.prompts import ALL_TAGS, PromptFormat
+from rlt_mono.runs.atomic_write import publish
+from rlt_mono.runs.lock import exclusive
 
 if TYPE_CHECKING:
     import torch
@@ -290,8 +290,7 @@ def build_tiny_pair(cache_dir: str | Path | None = None, seed: int = 0, warmup_s
         return pair
 
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with open(cache_dir / f"{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with exclusive(cache_dir / f"{final.name}.lock"):
         if (final / "COMPLETE").is_file():  # another process built it while we waited
             return pair
         if final.exists():  # only reachable if the folder was tampered with; never trust it
@@ -309,7 +308,7 @@ def build_tiny_pair(cache_dir: str | Path | None = None, seed: int = 0, warmup_s
             _build_into(staging, seed, warmup_steps)
             (staging / "COMPLETE").write_text(json.dumps({"format_version": FORMAT_VERSION, "seed": seed}))
             staging.chmod(0o755)  # mkdtemp makes it owner-only
-            os.replace(staging, final)
+            publish(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
