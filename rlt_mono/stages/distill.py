@@ -21,12 +21,13 @@ and ``explanation`` columns and renders ``PromptFormat.student_completion`` itse
 
 Rows are generated, scored and appended in batches of ``distill.rows_per_batch`` (flushed and synced each
 time). Run again with the same ``output_dir`` to resume: a truncated last line is dropped and questions already
-written are skipped. A question's samples are seeded by ``seed`` and the question alone
-(``rlt_mono.stages.sampler.prompt_seed``), and a crash loses whole batches, so a resumed run writes the lines of an
-uninterrupted one. Resumed with another ``rows_per_batch``, it writes the same explanations, but where the padding
-to other batches' widths moves the logits in their last digits enough to flip a near-tie of a sampled token; and a
-question scored beside other questions can get scores that differ in the last digits (the reward pads its
-micro-batches to other widths), which may change the best of near-tied samples. Appends are keyed by question
+written are skipped; a file that holds every row already ends the run at once, before any model loads. A
+question's samples are seeded by ``seed`` and the question alone (``rlt_mono.stages.sampler.prompt_seed``), and a
+crash loses whole batches, so a resumed run writes the lines of an uninterrupted one. Resumed with another
+``rows_per_batch``, it writes the same explanations, but where the padding to other batches' widths moves the logits
+in their last digits enough to flip a near-tie of a sampled token; and a question scored beside other questions can
+get scores that differ in the last digits (the reward pads its micro-batches to other widths), which may change the
+best of near-tied samples. Appends are keyed by question
 (``DistillFile``): each batch first reads what is in the file (under a lock of the file) and writes only the
 questions not there yet, so no path writes a question twice.
 Generation uses vLLM on a GPU (asleep while the reward's models score) and
@@ -40,7 +41,6 @@ Run::
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 from collections import Counter
@@ -56,6 +56,7 @@ from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.runs.atomic_write import append_to, write_text, writing
 from rlt_mono.runs.console import terminal_shows_bars
+from rlt_mono.runs.lock import exclusive
 from rlt_mono.stages.sampler import (
     SamplingOptions,
     check_resume_matches,
@@ -139,8 +140,7 @@ class DistillFile:
     def append(self, rows: list[dict]) -> int:
         """Append ``rows`` (every row of a question at once) but those of questions already in the file; returns
         how many questions were written."""
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        try:
+        with exclusive(self.file):
             self._read_new_lines()
             new = [row for row in rows if row_key(row) not in self.keys]
             data = "".join(json.dumps(row) + "\n" for row in new).encode()
@@ -150,8 +150,6 @@ class DistillFile:
             keys = {row_key(row) for row in new}
             self.keys |= keys
             return len(keys)
-        finally:
-            fcntl.flock(self.file, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self.file.close()
@@ -187,9 +185,14 @@ def run_distill(cfg: DictConfig) -> Path:
     # Settings that change the rows must match the rows already written (none yet: any settings do).
     check_resume_matches(output_dir, cfg, RESUME_KEYS if out_path.exists() else ())
     per_question = options.samples_per_question if options.selection == "all" else 1
+    done = completed_keys(out_path, per_question)
+    if done:  # a file written to the end says so before the teacher's tokenizer (or a GGUF conversion) loads
+        every_row, _ = stage_rows(cfg, "train")
+        if all(row_key(row) in done for row in every_row):
+            logger.info("distill: all %d rows already written in %s; nothing to do", len(every_row), out_path)
+            return output_dir
     # The teacher prompts must leave room for distill.max_new_tokens in the teacher's context, as in the RL stage.
     rows, source = stage_rows(cfg, "train", [teacher_budget(cfg, "distill.max_new_tokens")])
-    done = completed_keys(out_path, per_question)
     todo = [row for row in rows if row_key(row) not in done]
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("distill: %s; %d already written, %d to explain (%d samples each, keep %s) -> %s",

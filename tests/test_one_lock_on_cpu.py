@@ -1,0 +1,224 @@
+"""One file lock (rlt_mono.runs.lock.exclusive) and one rename into place (rlt_mono.runs.atomic_write.publish) for
+the whole package: no other module takes an flock or renames a file into place itself; a second holder of the lock
+waits for the first, a killed holder's lock is free; a published file is the old one or all of the new; a distill
+run whose file holds every row loads no model."""
+
+import ast
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from rlt_mono.config import compose
+from rlt_mono.data.rows import DataConfig, load_split
+from rlt_mono.runs import lock as run_lock
+from rlt_mono.runs.atomic_write import publish
+from rlt_mono.stages import distill
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rlt_mono"
+LOCKS = "rlt_mono/runs/lock.py"
+RENAMES = "rlt_mono/runs/atomic_write.py"
+# Renames outside atomic_write.py, each for a reason of its own:
+OTHER_RENAMES = {
+    # a finished checkpoint folder replaces an older folder of the same step (removed first), and its manifest is
+    # written beside and renamed over: a checkpoint's own publish, with the free-space checks around it
+    "rlt_mono/runs/checkpoints.py",
+    # a whole run folder moved aside (rerun_changed): a move of a finished folder, nothing staged to hide
+    "rlt_mono/stages/pipeline.py",
+    # README.md written beside and renamed over
+    "rlt_mono/runs/readme.py",
+    # a safetensors file cast to the loaded dtype, written beside and renamed over the file still mapped
+    "rlt_mono/runs/final_model.py",
+}
+HOLD = ("import sys\nfrom rlt_mono.runs.lock import exclusive\nwith exclusive(sys.argv[1]):\n"
+        "    print('held', flush=True)\n    sys.stdin.readline()\n")
+
+
+def _calls(path: Path):
+    """Every call in ``path`` with its dotted name (``os.replace``, ``tmp.replace``, ``fcntl.flock``) and node."""
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Call):
+            yield ast.unparse(node.func), node
+
+
+def _modules():
+    return {str(path.relative_to(ROOT)): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_only_the_lock_module_takes_a_file_lock():
+    found = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imports = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+        imports += [f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module for alias in node.names]
+        found += [f"{name}: imports {target}" for target in imports
+                  if target.split(".")[0] == "filelock" or target in ("fcntl.flock", "fcntl.lockf")]
+        found += [f"{name}:{node.lineno}: {func}()" for func, node in _calls(path)
+                  if func.rpartition(".")[2] in ("flock", "lockf")]
+    outside = [line for line in found if not line.startswith(LOCKS)]
+    assert not outside, "file locks outside rlt_mono/runs/lock.py (use its exclusive):\n" + "\n".join(outside)
+    assert any(line.startswith(LOCKS) for line in found), "the walk found the lock module's flock"
+
+
+def _renames(path: Path) -> list[str]:
+    """Calls that rename a file: os.replace / os.rename / shutil.move, ``x.rename(y)``, and ``x.replace(y)`` with
+    one argument (a Path's; a str's takes two, dataclasses.replace is named)."""
+    found = []
+    for func, node in _calls(path):
+        method = func.rpartition(".")[2]
+        if (func in ("os.replace", "os.rename", "os.renames", "shutil.move") or method == "rename"
+                or (method == "replace" and "." in func and func != "dataclasses.replace"
+                    and len(node.args) == 1 and not node.keywords)):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {func}()")
+    return found
+
+
+def test_only_atomic_write_renames_files_into_place():
+    found = {name: _renames(path) for name, path in _modules().items()}
+    assert found[RENAMES], "the walk found atomic_write's rename"
+    outside = [line for name, lines in found.items() if name != RENAMES and name not in OTHER_RENAMES
+               for line in lines]
+    assert not outside, "renames outside rlt_mono/runs/atomic_write.py (use its publish):\n" + "\n".join(outside)
+
+
+# ---- exclusive -------------------------------------------------------------------------------------------------
+def _holder(path: Path) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], cwd=ROOT, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "held"
+    return process
+
+
+def test_a_second_holder_waits_for_the_first_and_a_killed_holders_lock_is_free(tmp_path):
+    path = tmp_path / "entry.lock"
+    holder = _holder(path)
+    order, told = [], []
+    try:
+        def release_later():
+            order.append("released")
+            holder.stdin.write("go\n")
+            holder.stdin.flush()
+
+        timer = threading.Timer(1.0, release_later)
+        timer.start()
+        with run_lock.exclusive(path, waiting=told.append):
+            order.append("entered")
+        timer.join()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert order == ["released", "entered"]
+    assert told == [None]  # told once; this holder wrote no record
+
+    holder = _holder(path)
+    holder.send_signal(signal.SIGKILL)  # killed while holding: the kernel lets go
+    holder.wait()
+    told.clear()
+    started = time.monotonic()
+    with run_lock.exclusive(path, waiting=told.append):
+        assert not told and time.monotonic() - started < 5
+
+
+def test_an_open_file_is_locked_for_the_block_and_left_open(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("a\n")
+    other = os.open(path, os.O_RDONLY)  # another open file of the same path: its lock conflicts with ours
+    try:
+        with open(path, "ab+") as file:
+            with run_lock.exclusive(file):
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert not file.closed
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+            fcntl.flock(other, fcntl.LOCK_UN)
+            file.write(b"b\n")
+    finally:
+        os.close(other)
+    assert path.read_text() == "a\nb\n"
+
+
+# ---- publish ---------------------------------------------------------------------------------------------------
+PUBLISH_LOOP = ("import sys\nfrom pathlib import Path\nfrom rlt_mono.runs.atomic_write import publish\n"
+                "final = Path(sys.argv[1])\nprint('writing', flush=True)\nfor i in range(100000):\n"
+                "    staging = final.with_name(f'.{final.name}.{i}')\n"
+                "    staging.write_bytes(b'AB'[i % 2:i % 2 + 1] * (200000 + 100000 * (i % 2)))\n"
+                "    publish(staging, final)\n")
+
+
+def _whole(data: bytes) -> bool:
+    return data in (b"A" * 200000, b"B" * 300000)
+
+
+def test_a_published_file_is_the_old_or_all_of_the_new_even_when_killed(tmp_path):
+    final = tmp_path / "model.bin"
+    final.write_bytes(b"A" * 200000)
+    writer = subprocess.Popen([sys.executable, "-c", PUBLISH_LOOP, str(final)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        seen = set()
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:  # a reader beside the writer never sees a part of a file
+            data = final.read_bytes()
+            assert _whole(data), f"a read saw {len(data)} bytes"
+            seen.add(data[:1])
+        writer.send_signal(signal.SIGKILL)  # killed wherever it is: mid-write, mid-rename
+        writer.wait()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert seen == {b"A", b"B"}, "the reader saw both versions"
+    assert _whole(final.read_bytes())
+
+
+def test_a_published_folder_appears_whole_and_never_replaces_a_full_one(tmp_path):
+    staging, final = tmp_path / ".pair-x", tmp_path / "pair"
+    (staging / "teacher").mkdir(parents=True)
+    (staging / "teacher" / "config.json").write_text("{}")
+    (staging / "COMPLETE").write_text("1")
+    publish(staging, final)
+    assert not staging.exists()
+    assert sorted(str(p.relative_to(final)) for p in final.rglob("*")) == ["COMPLETE", "teacher", "teacher/config.json"]
+
+    staging.mkdir()
+    (staging / "COMPLETE").write_text("2")
+    with pytest.raises(OSError):  # a complete folder stays as it is: the caller removes it first
+        publish(staging, final)
+    assert (final / "COMPLETE").read_text() == "1" and (staging / "COMPLETE").read_text() == "2"
+
+
+# ---- distill with nothing left ---------------------------------------------------------------------------------
+def test_distill_with_every_row_written_loads_no_model_and_leaves_the_file(tmp_path, monkeypatch, caplog):
+    cfg = compose("distill", ["size=tiny", f"output_dir={tmp_path}", "data.max_rows=3"])
+    rows = load_split(DataConfig(**OmegaConf.to_container(cfg.data, resolve=True)), cfg.seed, "train")
+    path = tmp_path / distill.DISTILL_FILE
+    path.write_text("".join(json.dumps({"question": r["question"], "solution": r["solution"], "explanation": "e"})
+                            + "\n" for r in rows))
+    OmegaConf.save(cfg, tmp_path / "config.yaml")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()}
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model (or its tokenizer) was loaded")
+
+    monkeypatch.setattr(distill, "load_stage_models", no_model)
+    monkeypatch.setattr(distill, "teacher_budget", no_model)
+    monkeypatch.setattr(distill, "open_generator", no_model)
+    with caplog.at_level("INFO", logger="rlt_mono.stages.distill"):
+        assert distill.run_distill(cfg) == tmp_path
+    assert f"distill: all {len(rows)} rows already written in {path}; nothing to do" in caplog.messages
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.iterdir()} == before
+
+    # One question missing: the run goes on to the models (here: the refusing stand-in).
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(AssertionError, match="was loaded"):
+        distill.run_distill(cfg)
