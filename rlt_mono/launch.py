@@ -282,7 +282,8 @@ def check_strategy(cfg: DictConfig, gpus: int) -> None:
 
 
 # placement=dp's own keys and their unset values (cfgs/placement/_base.yaml): another placement ignores them.
-DP_KEYS = {"strategy": "ddp", "num_processes": None, "num_machines": 1}
+DP_KEYS = {"strategy": "ddp", "num_processes": None, "num_machines": 1, "machine_rank": 0, "main_process_ip": None,
+           "main_process_port": None}
 
 
 def check_dp_keys_unused(cfg: DictConfig) -> None:

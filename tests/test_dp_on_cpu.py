@@ -93,6 +93,11 @@ def test_dp_keys_under_another_placement_are_an_error_not_ignored():
     with pytest.raises(ConfigError, match="placement.num_processes=2, placement.num_machines=2: .* leave them out"):
         launch.check_dp_keys_unused(compose("demo_tiny", ["placement=student_gpu", "placement.num_processes=2",
                                                           "placement.num_machines=2"]))
+    with pytest.raises(ConfigError, match=r"^placement.main_process_port=29600: placement=dp's .* leave it out$"):
+        launch.check_dp_keys_unused(compose("demo_tiny", ["placement.main_process_port=29600"]))
+    with pytest.raises(ConfigError, match=r"^placement.machine_rank=1, placement.main_process_ip=10.0.0.1: "):
+        launch.check_dp_keys_unused(compose("demo_tiny", ["placement.machine_rank=1",
+                                                          "placement.main_process_ip=10.0.0.1"]))
     launch.check_dp_keys_unused(compose("demo_tiny", ["placement.strategy=ddp"]))  # the unset values pass
 
 
