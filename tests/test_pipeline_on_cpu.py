@@ -72,6 +72,8 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
     assert "teacher/reward" not in student_eval["metrics"]
     table = (out / "eval_table.md").read_text()
     assert "| teacher/reward |" in table and "| student/accuracy |" in table
+    # the columns are the step folders, so a copied or moved pipeline's table reads the same
+    assert table.startswith("| | 5_eval_teacher | 6_eval_student |\n") and str(out) not in table, table
     summary = json.loads((out / "pipeline.json").read_text())["stages"]
     steps = [*STEPS, *STUDY_STEPS]
     assert list(summary) == steps and all(summary[s]["seconds"] > 0 for s in steps)

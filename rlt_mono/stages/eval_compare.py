@@ -58,14 +58,16 @@ def held_out_fingerprint(path: Path, result: dict) -> str | None:
         return None
 
 
-def compare_table(paths: list[str | Path], allow_different_questions: bool = False) -> str:
-    """One markdown table of several ``eval.json``: a column per file (named by its folder), a row per figure (in
+def compare_table(paths: list[str | Path], allow_different_questions: bool = False,
+                  names: list[str] | None = None) -> str:
+    """One markdown table of several ``eval.json``: a column per file (named ``names``, else by its folder as
+    given), a row per figure (in
     the order of ``rlt_mono.stages.eval.METRICS``, then any other a file holds), each cell ``mean [low, high]``; "—"
     where a file lacks the figure. Evals over
     different held-out sets are refused (``ConfigError``) unless ``allow_different_questions``, when the table opens
     with a warning."""
     results = [read_eval(Path(path)) for path in paths]
-    names = [str(Path(p).parent) if Path(p).name == EVAL_FILE else str(p) for p in paths]
+    names = names or [str(Path(p).parent) if Path(p).name == EVAL_FILE else str(p) for p in paths]
     # An eval with neither the stored fingerprint nor its rows cannot be checked: it is compared as it is.
     differ = len({held_out_fingerprint(Path(path), r) for path, r in zip(paths, results)} - {None}) > 1
     if differ and not allow_different_questions:

@@ -480,7 +480,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
     if not all(path.is_file() for path in evals):  # steps=[...] stopped before the evaluations
         logger.info("pipeline done: %s (no %s: eval_teacher and eval_student have not both run)", root, TABLE_FILE)
         return root
-    table = compare_table(evals)
+    table = compare_table(evals, names=[path.parent.name for path in evals])  # the step folders: no absolute path
     write_text(root / TABLE_FILE, table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
     if options.study:
