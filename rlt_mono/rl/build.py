@@ -76,7 +76,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
     data_config = instantiate(DataConfig, cfg.data, "data")
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint, args.max_steps,
-                                                   world_size=runtime.world_size(), stage=cfg.stage)
+                                                   world_size=runtime.world_size(), stage=cfg.stage,
+                                                   trains="model")
     if main_process:
         checkpoints.remove_stale_staging(output_dir)
     set_wandb_env(cfg.logging, args.report_to)

@@ -25,7 +25,6 @@ from rlt_mono import runtime
 from rlt_mono.config import ConfigError
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.runs.atomic_write import check_free_space, write_error
-from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
@@ -305,8 +304,10 @@ def newest_complete_checkpoint(output_dir: str | Path) -> Path:
 
 
 def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: int, world_size: int = 1,
-                   stage: str | None = None) -> str | None:
-    """The verified checkpoint folder a run of ``stage`` resumes from, or None for a fresh run.
+                   stage: str | None = None, trains: str | None = None) -> str | None:
+    """The verified checkpoint folder a run of ``stage`` resumes from, or None for a fresh run; ``trains`` is the
+    config group of the model ``stage`` trains (its ``Stage.trains``), named in the refusal of another stage's
+    checkpoint.
 
     ``resume_from_checkpoint`` is null/false, true (the newest complete checkpoint in ``output_dir``) or a
     checkpoint folder. Raises ``CheckpointError`` for an incomplete checkpoint, one another stage wrote
@@ -332,7 +333,7 @@ def resolve_resume(output_dir: str | Path, resume_from_checkpoint, max_steps: in
         raise CheckpointError(
             f"{checkpoint} was saved by stage {written_by}, not {stage}: a checkpoint resumes only the stage that "
             f"saved it; to train {stage} from that run's model, leave resume_from_checkpoint unset and set "
-            f"{STAGES[stage].trains}.model_name_or_path={checkpoint.parent / 'final'}"
+            f"{trains}.model_name_or_path={checkpoint.parent / 'final'}"
         )
     saved_ranks = saved_world_size(checkpoint)
     if saved_ranks != world_size:

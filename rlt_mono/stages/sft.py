@@ -326,7 +326,8 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize,
-                                                   world_size=runtime.world_size(), stage=stage)
+                                                   world_size=runtime.world_size(), stage=stage,
+                                                   trains=STAGES[stage].trains)
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
