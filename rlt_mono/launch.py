@@ -54,7 +54,7 @@ from rlt_mono.data.models import load_config, model_path
 from rlt_mono.errors import UserError
 from rlt_mono.memory import model as memory
 from rlt_mono.memory import planner as memory_planner
-from rlt_mono.placement import PlacementError, check_main_process_port
+from rlt_mono.placement import PlacementError, check_main_process_port, check_strategy
 from rlt_mono.runs.checkpoints import resolve_output_dir
 from rlt_mono.stages import STAGES
 
@@ -204,15 +204,6 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
                       strategy=p.strategy, gpus=gpus)
 
 
-# trainer.optim values (transformers' OptimizerNames) served by bitsandbytes: its kernels update plain tensors, not
-# FSDP2's sharded DTensor weights (seen on an H100 run: "bitsandbytes.optimizer_update_32bit ... does not have
-# a sharding strategy registered").
-BITSANDBYTES_OPTIMIZERS = frozenset({
-    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
-    "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit",
-    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw_8bit", "galore_adamw_8bit_layerwise"})
-
-
 def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) -> str:
     """What this machine's GPU ranks of the RL stage hold in CPU memory (``memory.host_memory_terms``: each rank its
     own offloaded reference and student, its teacher aside, a sharded teacher's whole copies while loading), as a
@@ -260,25 +251,6 @@ def available_host_memory() -> int | None:
     except OSError:
         return None
     return None
-
-
-def check_strategy(cfg: DictConfig, gpus: int) -> None:
-    """What ``placement.strategy`` cannot run with, as a one-line ``ConfigError`` (checked by the launcher and,
-    for a rank started without it such as a benchmark's, when the trainer is built)."""
-    if cfg.placement.strategy != "fsdp2":
-        return
-    if gpus == 0:
-        raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
-                          "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
-    if cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
-        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
-                          "its adapters, small enough to replicate; use placement.strategy=ddp")
-    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
-    optim = str(runtime.training_group(cfg).get("optim", ""))
-    if optim in BITSANDBYTES_OPTIMIZERS:
-        raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
-                          f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
-                          "them) or use placement.strategy=ddp")
 
 
 # placement=dp's own keys and their unset values (cfgs/placement/_base.yaml): another placement ignores them.

@@ -1,6 +1,7 @@
 """Placement as data: which device each role of an RLT step lives on and which engine rolls out, validated
 before any model loads. The one source of where a role runs: build, the trainer and the distill/eval stages
-read it from here.
+read it from here (``resolve_placement_for``: a run's ``placement`` group on the GPUs its process sees), and of
+what ``placement.strategy`` cannot run with (``check_strategy``: the launcher and the RL build).
 
 Roles (verl's split placement, brought to one host): ACTOR (the teacher being trained), ROLLOUT (the engine
 that samples the teacher's completions: vLLM colocated with the actor, or ``transformers`` ``generate`` on the
@@ -28,7 +29,15 @@ With no GPU every role is on the CPU (the embedded demo; ``dp`` then runs CPU ra
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
+
+from omegaconf import DictConfig
+
+from rlt_mono import runtime
+from rlt_mono.config import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 class Role(enum.Enum):
@@ -122,6 +131,23 @@ def resolve_placement(
     return Placement(resolved, devices, frozenset(offloaded), engine)
 
 
+def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> Placement:
+    """The ``placement`` group resolved for the GPUs this process sees (none when ``use_cpu`` or without CUDA),
+    logged as a table; an impossible one is a ``ConfigError``. What the RL build and the distill and eval stages
+    place their roles by."""
+    import torch  # here: rlt_mono.cli imports this module, and its --help needs no torch
+
+    gpu_count = 0 if use_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
+    try:
+        placement = resolve_placement(placement_cfg.mode, gpu_count, offload_reference=placement_cfg.offload_reference,
+                                      offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout,
+                                      local_rank=runtime.local_rank())
+    except PlacementError as err:
+        raise ConfigError(str(err)) from err
+    logger.info("\n%s", placement.table())
+    return placement
+
+
 def _rollout_engine(choice: str, gpu_count: int) -> str:
     if choice not in ROLLOUTS:
         raise PlacementError(f"placement.rollout must be auto, vllm or transformers, got {choice!r}")
@@ -162,3 +188,31 @@ def gpus_to_expose(mode: str, gpus_present: int, processes: int | None = None) -
     if mode == "dp":
         return min(gpus_present, processes or gpus_present)
     return min(gpus_present, 2 if mode == "student_gpu" else 1)
+
+
+# trainer.optim values (transformers' OptimizerNames) served by bitsandbytes: its kernels update plain tensors, not
+# FSDP2's sharded DTensor weights (seen on an H100 run: "bitsandbytes.optimizer_update_32bit ... does not have
+# a sharding strategy registered").
+BITSANDBYTES_OPTIMIZERS = frozenset({
+    "adamw_bnb_8bit", "adamw_8bit", "ademamix", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
+    "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw_8bit", "galore_adamw_8bit_layerwise"})
+
+
+def check_strategy(cfg: DictConfig, gpus: int) -> None:
+    """What ``placement.strategy`` cannot run with, as a one-line ``ConfigError`` (checked by the launcher and,
+    for a rank started without it such as a benchmark's, when the trainer is built)."""
+    if cfg.placement.strategy != "fsdp2":
+        return
+    if gpus == 0:
+        raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
+                          "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
+    if cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
+        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
+                          "its adapters, small enough to replicate; use placement.strategy=ddp")
+    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
+    optim = str(runtime.training_group(cfg).get("optim", ""))
+    if optim in BITSANDBYTES_OPTIMIZERS:
+        raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
+                          f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
+                          "them) or use placement.strategy=ddp")

@@ -3,9 +3,9 @@
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
 model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded
-by ``rlt_mono.data.models``; ``resolve_placement_for`` (distill, eval), ``set_wandb_env`` and ``check_gpu_kernels``
-(SFT) and ``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the trainer releases what it
-holds itself (``RLTTrainer.release``).
+by ``rlt_mono.data.models`` and placed by ``rlt_mono.placement.resolve_placement_for``; ``set_wandb_env`` and
+``check_gpu_kernels`` (SFT) and ``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the
+trainer releases what it holds itself (``RLTTrainer.release``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from accelerate.utils import gather_object
 from omegaconf import DictConfig, OmegaConf
 from peft.utils.error import NoMatchingPeftModuleError
 
-from rlt_mono import launch, runtime
+from rlt_mono import runtime
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import (
     dtype_name,
@@ -37,7 +37,7 @@ from rlt_mono.data.rows import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.model import GIB, Arch
-from rlt_mono.placement import Placement, PlacementError, Role, resolve_placement
+from rlt_mono.placement import Placement, Role, check_strategy, resolve_placement_for
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.rl import lora
 from rlt_mono.rl.grpo_config import RLTConfig
@@ -67,7 +67,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     on_gpu = placement.device(Role.ACTOR).startswith("cuda")
     check_gpu_kernels(cfg, on_gpu)
     if placement.mode == "dp":
-        launch.check_strategy(cfg, gpus=int(on_gpu))
+        check_strategy(cfg, gpus=int(on_gpu))
     if on_gpu:
         # Before the trainer's config picks its device: without these variables transformers counts every visible
         # GPU as nn.DataParallel's (student_gpu sees two), which TRL refuses; a dp rank keeps its launcher's values.
@@ -215,20 +215,6 @@ def release_trainer(trainer: RLTTrainer) -> None:
     """Free what a trainer holds so the next build in the same process fits (an alias of ``RLTTrainer.release``
     for notebooks)."""
     trainer.release()
-
-
-def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> Placement:
-    """The ``placement`` group resolved for the GPUs this process sees (none when ``use_cpu`` or without CUDA),
-    logged as a table; an impossible one is a ``ConfigError``."""
-    gpu_count = 0 if use_cpu or not torch.cuda.is_available() else torch.cuda.device_count()
-    try:
-        placement = resolve_placement(placement_cfg.mode, gpu_count, offload_reference=placement_cfg.offload_reference,
-                                      offload_student=placement_cfg.offload_student, rollout=placement_cfg.rollout,
-                                      local_rank=runtime.local_rank())
-    except PlacementError as err:
-        raise ConfigError(str(err)) from err
-    logger.info("\n%s", placement.table())
-    return placement
 
 
 # What every rank of a data-parallel run must share: each rank plans its own GPU (memory=auto), and ranks that
