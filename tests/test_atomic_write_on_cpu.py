@@ -12,8 +12,8 @@ import torch
 from rlt_mono.runs import atomic_write, checkpoints
 from rlt_mono.runs.atomic_write import DiskError
 from rlt_mono.runs.files import RunFilesCallback
-from rlt_mono.runs.final_model import save_final
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
+from rlt_mono.stages.final_model import save_final
 
 
 def test_a_full_disk_keeps_the_previous_file_whole_and_says_the_space(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from rlt_mono.runs.final_model import FINAL_DIR, save_final
+from rlt_mono.stages.final_model import FINAL_DIR, save_final
 
 
 def _float32_model() -> LlamaForCausalLM:

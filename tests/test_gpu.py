@@ -323,8 +323,8 @@ def test_qlora_teacher_trains_adapters_and_vllm_generates_from_the_merged_weight
 
     from rlt_mono import build_trainer, compose, release_trainer
     from rlt_mono.rl import lora
-    from rlt_mono.runs.final_model import save_final
     from rlt_mono.runs.outputs import read_metrics
+    from rlt_mono.stages.final_model import save_final
 
     cfg = compose("demo_tiny", [f"output_dir={tmp_path}", *_vllm_pair(bf16_pair), "trainer.learning_rate=5e-3",
                                 "model.lora_r=8", "model.load_in_4bit=true"])

@@ -37,7 +37,7 @@ OTHER_RENAMES = {
     # README.md written beside and renamed over
     "rlt_mono/runs/readme.py",
     # a safetensors file cast to the loaded dtype, written beside and renamed over the file still mapped
-    "rlt_mono/runs/final_model.py",
+    "rlt_mono/stages/final_model.py",
 }
 HOLD = ("import sys\nfrom rlt_mono.runs.lock import exclusive\nwith exclusive(sys.argv[1]):\n"
         "    print('held', flush=True)\n    sys.stdin.readline()\n")

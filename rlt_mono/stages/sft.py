@@ -66,9 +66,9 @@ from rlt_mono.rl.build import check_gpu_kernels, set_wandb_env, warn_unused_opti
 from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.files import RunFilesCallback
-from rlt_mono.runs.final_model import save_final
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
 from rlt_mono.stages import STAGES
+from rlt_mono.stages.final_model import save_final
 from rlt_mono.study import diversity
 
 logger = logging.getLogger(__name__)

@@ -15,9 +15,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlt_mono.errors import UserError
 from rlt_mono.rl.build import build_trainer
 from rlt_mono.runs import checkpoints
-from rlt_mono.runs.final_model import save_final
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 from rlt_mono.runs.readme import launch_command, write_run_readme
+from rlt_mono.stages.final_model import save_final
 
 logger = logging.getLogger(__name__)
 

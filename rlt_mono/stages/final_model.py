@@ -1,10 +1,12 @@
 """The model a training stage leaves in ``<output_dir>/final``: written aside, renamed once complete.
 
-The RL stage (``rlt_mono.stages.teacher_rlt``) and the SFT stages (``rlt_mono.stages.sft``) end here. A LoRA teacher is
-saved merged, a plain model that distill, eval and the next stage load like any other, with its adapter alone in
-``final/adapter`` (``rlt_mono.rl.lora``). A sharded teacher (``placement.strategy=fsdp2``) trains float32 master
-weights (accelerate upcasts them under ``bf16``); ``final/`` holds them in the dtype the run loaded the model in,
-as a ``ddp`` run's. Kept apart from ``rlt_mono.runs.checkpoints``, which imports no torch.
+The end the training stages share: the RL stage (``rlt_mono.stages.teacher_rlt``) and the SFT stages
+(``rlt_mono.stages.sft``) end here. A LoRA teacher is saved merged, a plain model that distill, eval and the next
+stage load like any other, with its adapter alone in ``final/adapter`` (``rlt_mono.rl.lora``). A sharded teacher
+(``placement.strategy=fsdp2``) trains float32 master weights (accelerate upcasts them under ``bf16``); ``final/``
+holds them in the dtype the run loaded the model in, as a ``ddp`` run's. It sits with the stages, above
+``rlt_mono.rl`` and the registry ``STAGES`` it reads; ``rlt_mono.runs.checkpoints`` (staging and publishing, no
+torch) stays below both.
 """
 
 from __future__ import annotations
