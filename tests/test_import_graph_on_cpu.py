@@ -1,4 +1,4 @@
-"""rlt_mono's modules import each other in floors, never in circles, and every such import is in plain sight.
+"""rlt_mono's modules import each other in layers, never in circles, and every such import is in plain sight.
 
 The graph is read from the source with ``ast`` (nothing is imported): an edge ``a -> b`` for each ``import b``
 or ``from b import name`` in module ``a``, at module level or inside a function, ``from package import name``
@@ -6,15 +6,50 @@ pointing at the submodule when ``name`` is one, relative imports resolved. A cyc
 its modules in order; an rlt_mono import inside a function (which would hide an edge until the function runs)
 fails the second. Third-party imports may sit inside functions (torch, transformers and vllm are imported where
 they are needed, so ``python -m rlt_mono.cli --help`` stays quick: the third test).
+
+The layers (``LAYERS``; docs/METHOD.md, "Layers"), bottom to top; a module imports modules of its own layer and
+of those below, never of one above (the layer test names each such import ``a -> b (layer x imports layer y)``):
+
+- foundation: errors, config, runtime, read_source and the package's own ``__init__``: what any module may use.
+- runs: ``runs/``, a run's folder: checkpoints, files written whole, locks, outputs, console, plots, README; it
+  knows no model, dataset or stage (``data/`` writes its downloads with its locks and atomic writes).
+- data: ``data/``, ``memory/``, ``placement``: models and rows by config group, the memory a run needs, where each
+  role runs.
+- rewards: ``rewards/``, the RLT reward: alignment, log-probs, its maths.
+- rl: ``rl/``, the GRPO trainer and its wiring (build, trainer, vLLM adapter, swapper, LoRA).
+- declarations: ``stages/__init__`` (the registry ``STAGES``), ``stages/base`` (``Stage``) and
+  ``stages/pipeline_steps`` (the pipeline's steps and folders): light declarations, placed below the study, which
+  reads the steps' folders, and above ``rl/``: the RL build, checkpoints and the layers below are handed a stage's
+  facts (the group it trains) by their callers.
+- study: ``study/``, statistics over runs' outputs (intervals, the study over seeds, diversity, arithmetic).
+- stages: ``stages/``, each stage's code and the parts stages share (sampler, final_model, eval_compare).
+- entry: launch, config_check, cli, ``__main__``: the command line and the data-parallel launcher.
+
+Each module also imports its package's ``__init__`` (Python runs it first), so that edge is checked too: the
+declarations' folder ``stages/`` keeps its ``__init__`` in the lower layer.
 """
 
 import ast
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 PACKAGE = "rlt_mono"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+# Bottom to top (the module docstring says what each holds). An entry is a module's file under rlt_mono/ without
+# ".py" ("stages/base"), or a folder ("runs/": every module under it); a module's own file entry wins over its folder.
+LAYERS = (
+    ("foundation", ("__init__", "errors", "config", "runtime", "read_source")),
+    ("runs", ("runs/",)),
+    ("data", ("data/", "memory/", "placement")),
+    ("rewards", ("rewards/",)),
+    ("rl", ("rl/",)),
+    ("declarations", ("stages/__init__", "stages/base", "stages/pipeline_steps")),
+    ("study", ("study/",)),
+    ("stages", ("stages/",)),
+    ("entry", ("launch", "config_check", "cli", "__main__")),
+)
 
 
 def module_files() -> dict[str, Path]:
@@ -110,6 +145,31 @@ def _cycle_in(graph: dict[str, set[str]], component: set[str]) -> list[str]:
     raise AssertionError(f"no cycle through {start}")  # a strongly connected component always has one
 
 
+def layer_of(path: Path) -> int | None:
+    """The index in ``LAYERS`` of the module in file ``path``: its file's entry, else its deepest folder's."""
+    name = path.relative_to(ROOT).with_suffix("").as_posix()
+    entries = {entry: i for i, (_, layer) in enumerate(LAYERS) for entry in layer}
+    folders = [name[:end + 1] for end in range(len(name)) if name[end] == "/"]
+    for entry in (name, *reversed(folders)):
+        if entry in entries:
+            return entries[entry]
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]], layer: Callable[[str], int]) -> list[str]:
+    """Each import in ``graph`` of a module of a higher layer (``layer``: a module's index in ``LAYERS``), and each
+    module's own package when that is higher (Python runs a package's ``__init__`` before any of its modules), as
+    ``a -> b (layer x imports layer y)``."""
+    found = []
+    for name in sorted(graph):
+        package = name.rpartition(".")[0]
+        for target in sorted(graph[name] | ({package} if package else set())):
+            if layer(target) > layer(name):
+                found.append(f"{name} -> {target} (layer {LAYERS[layer(name)][0]} imports layer "
+                             f"{LAYERS[layer(target)][0]})")
+    return found
+
+
 def test_the_import_graph_has_no_cycles():
     graph = import_graph()
     assert len(graph) > 40 and graph[f"{PACKAGE}.cli"], "the walk found the package's modules and their imports"
@@ -134,6 +194,31 @@ def test_the_command_line_modules_import_no_torch():
              "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_every_module_has_a_layer_and_every_layer_entry_a_module():
+    modules = module_files()
+    unplaced = sorted(name for name, path in modules.items() if layer_of(path) is None)
+    assert not unplaced, f"modules in no layer (add each to LAYERS in {Path(__file__).name}): {unplaced}"
+    entries = [entry for _, layer in LAYERS for entry in layer]
+    assert len(entries) == len(set(entries)), f"an entry in two layers: {sorted(entries)}"
+    stale = [entry for entry in entries if not (ROOT / entry).is_dir() and not (ROOT / f"{entry}.py").is_file()]
+    assert not stale, f"LAYERS names what rlt_mono does not hold: {stale}"
+
+
+def test_no_module_imports_a_module_of_a_higher_layer():
+    modules = module_files()
+    upward = upward_imports(import_graph(), lambda name: layer_of(modules[name]))
+    assert not upward, ("imports of a higher layer (move what the lower module needs down, or have its caller hand "
+                        "it over):\n" + "\n".join(upward))
+    # the check itself, on a made-up graph: an import of a higher layer, and a package whose __init__ is higher
+    index = {name: i for i, (name, _) in enumerate(LAYERS)}
+    layers = {"p": index["foundation"], "p.runs": index["entry"], "p.runs.checkpoints": index["runs"],
+              "p.stages": index["declarations"], "p.errors": index["foundation"]}
+    assert upward_imports({"p.runs.checkpoints": {"p.stages", "p.errors"}}, layers.__getitem__) == [
+        "p.runs.checkpoints -> p.runs (layer runs imports layer entry)",
+        "p.runs.checkpoints -> p.stages (layer runs imports layer declarations)",
+    ]
 
 
 def test_the_package_top_holds_at_most_ten_modules():

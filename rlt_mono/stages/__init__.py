@@ -4,7 +4,8 @@ Each stage's code is a module here, named as the stage (``teacher_rlt``, ``disti
 two SFT stages share ``sft``); its declaration below (``rlt_mono.stages.base.Stage``) names its run function as a
 "module:function" string, the models it loads and trains, whether it keeps checkpoints and reads the dataset.
 Declarations import nothing heavy, so ``python -m rlt_mono.cli --help`` and config errors stay quick: a stage's
-code is imported only when it runs (``Stage.load``).
+code is imported only when it runs (``Stage.load``). This file, ``base`` and ``pipeline_steps`` are the layer of
+declarations, below ``rlt_mono.study`` and the stages' code (the layers: ``tests/test_import_graph_on_cpu.py``).
 
 A new stage: its module here, its declaration in ``STAGES``, and a run config (cfgs/run_cfg/) naming it.
 """
