@@ -29,6 +29,10 @@ from rlt_mono.runs.atomic_write import check_free_space, write_error
 logger = logging.getLogger(__name__)
 
 MANIFEST = "rlt_mono_checkpoint.json"
+# The running totals a trainer keeps in memory only, saved beside each checkpoint so that a resumed run reports what
+# the uninterrupted one would: the training loss summed over the steps so far (transformers' final train_loss is
+# that sum over the steps, and restarts at 0 in a resumed process), and TRL's SFT token count (num_tokens).
+COUNTERS = "rlt_mono_counters.json"
 STAGING_PREFIX = ".partial-"
 TRAINER_STATE = "trainer_state.json"
 # What a resume needs beyond the weights: without them transformers continues silently with a fresh
@@ -378,6 +382,8 @@ class VerifiedCheckpoints:
         import torch
         from transformers.trainer_pt_utils import safe_globals
 
+        if checkpoint is not None:  # transformers calls this once a resumed run has set its totals to 0
+            self._restore_counters(Path(checkpoint))
         if checkpoint is None or not torch.cuda.is_available():
             return super()._load_rng_state(checkpoint)
         path = Path(checkpoint) / rng_files(self.args.world_size)[self.args.process_index]
@@ -392,6 +398,26 @@ class VerifiedCheckpoints:
         torch.random.set_rng_state(state["cpu"])
         logger.warning("%s holds no CUDA RNG state (saved without CUDA): the CUDA RNG is not restored, so sampling "
                        "after this resume differs from the uninterrupted run's", path)
+
+    def _save_counters(self, folder: Path) -> None:
+        """Write ``COUNTERS`` into a checkpoint being saved: the loss summed so far (what transformers has folded
+        into its total at the logged steps, and what it has gathered since) and, for TRL's SFT trainer, the tokens
+        trained on."""
+        counters = {"loss_sum": self._total_loss_scalar + self._tr_loss.item()}
+        if hasattr(self, "_total_train_tokens"):
+            counters["num_tokens"] = self._total_train_tokens
+        (folder / COUNTERS).write_text(json.dumps(counters) + "\n")
+
+    def _restore_counters(self, checkpoint: Path) -> None:
+        """Set the running totals from a resumed checkpoint's ``COUNTERS`` (a checkpoint saved without them keeps
+        transformers' restart at 0)."""
+        path = checkpoint / COUNTERS
+        if not path.is_file():
+            return
+        counters = json.loads(path.read_text())
+        self._total_loss_scalar = counters["loss_sum"]
+        if "num_tokens" in counters and hasattr(self, "_total_train_tokens"):
+            self._total_train_tokens = counters["num_tokens"]
 
     def save_extra_checkpoint_files(self, folder: Path) -> None:
         """Files a subclass adds to each checkpoint (written first, into the staging folder). Called on every
@@ -415,6 +441,8 @@ class VerifiedCheckpoints:
             shutil.rmtree(staging_root, ignore_errors=True)
             staging.mkdir(parents=True)
         self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            self._save_counters(staging)
         self.save_extra_checkpoint_files(staging)
         self._staging_root = str(staging_root)
         try:
