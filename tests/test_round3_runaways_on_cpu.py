@@ -8,10 +8,11 @@ import time
 
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from rlt_mono import cli
 from rlt_mono.config import compose
+from rlt_mono.data.rows import _prompts_over_budget
 from rlt_mono.errors import UserError
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.stages.distill import DISTILL_FILE, run_distill
@@ -157,3 +158,14 @@ def test_distill_samples_a_batch_of_prompts_a_call_and_a_rerun_writes_the_same_l
     assert first == again
     lines = [json.loads(line) for line in first.splitlines()]
     assert len(lines) == 16 and len({line["explanation"] for line in lines}) > 8  # samples of a prompt differ
+
+
+def test_a_row_counted_in_tokens_over_the_tokenizer_maximum_leaves_no_transformers_line(tiny_pair, caplog):
+    """A prompt whose length in characters cannot settle the budget is tokenized; one over the tokenizer's
+    ``model_max_length`` made transformers log its own "Token indices sequence length" line before rlt_mono's."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair.student_path, model_max_length=8)
+    prompt = "What is 2 + 3? Think of apples and pears. " * 2
+    with caplog.at_level(logging.WARNING):
+        over = _prompts_over_budget([prompt], tokenizer, 12)
+    assert list(over) == [0] and over[0].endswith(" tokens") and not over[0].startswith("at least")
+    assert not [r for r in caplog.records if "Token indices" in r.getMessage()], caplog.text

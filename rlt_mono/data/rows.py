@@ -470,7 +470,8 @@ def _prompts_over_budget(prompts: list[str], tokenizer: PreTrainedTokenizerBase,
         else:
             unsure.append(position)
     if unsure:
-        counts = [len(ids) for ids in tokenizer([prompts[p] for p in unsure])["input_ids"]]
+        # verbose=False: transformers' own line about a sequence over model_max_length would come before ours
+        counts = [len(ids) for ids in tokenizer([prompts[p] for p in unsure], verbose=False)["input_ids"]]
         over |= {p: f"{n:,} tokens" for p, n in zip(unsure, counts, strict=True) if n > limit}
     return over
 
