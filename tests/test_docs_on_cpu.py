@@ -60,7 +60,7 @@ def test_no_page_points_into_the_old_results_folder():
 def test_the_package_declares_the_readme_installs():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert {"cpu", "gpu", "dev"} <= set(project["optional-dependencies"])
-    assert project["scripts"]["rlt-mono"] == "rlt_mono.cli:main"
+    assert project["scripts"]["rlt-mono"] == "rlt_mono.__main__:main"
     for command in _commands(README.read_text()):
         for extras in re.findall(r'pip install (?:-q )?-e "\.\[([\w,]+)\]"', command):
             assert set(extras.split(",")) <= set(project["optional-dependencies"])
