@@ -3,22 +3,32 @@
 The Hydra tree in ``cfgs/`` has one group per concern (model, student, data, reward, trainer, placement,
 logging, ...), whose options are deltas over the group's ``_base.yaml`` where it has one. The root
 ``cfgs/train.yaml`` picks one option per group and holds the run-level keys (stage, run_name, seed, output_dir,
-run_dir, resume_from_checkpoint); a run config in ``cfgs/run_cfg/`` starts from it and states what its run changes.
+run_dir, resume_from_checkpoint); a run config in ``cfgs/run_cfg/`` starts from it and states what its run changes,
+among it its stage's own group (trainer, sft, distill or eval; null in the root) as the option for the run's size
+(``- override /trainer: size/${size}``, ``cfgs/trainer/size/<size>.yaml``).
 ``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.cli``) and by notebooks, so
 both see the same configuration; ``instantiate`` turns one group into its dataclass with one-line errors.
+
+A group built into a dataclass (``GROUP_CLASSES``) has its defaults in that dataclass only: they are read from its
+source and stored in Hydra's ConfigStore as ``<group>/_dataclass`` (``register_group_defaults``), the node the
+group's YAML files start from (``defaults: [_dataclass, _self_]``), which then set only what differs.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
 import difflib
+import functools
 import os
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.errors import UserError
+from rlt_mono.read_source import module_file
 
 # The configs: inside the package when it is installed from a wheel (setup.py copies cfgs/ there), else the
 # checkout's cfgs/ beside rlt_mono/ (an editable install, or running from the repository).
@@ -31,6 +41,21 @@ if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.m
 
 # Folders of cfgs/ that are no config group: the run configs, and accelerate's configs for placement=dp.
 NOT_GROUPS = ("run_cfg", "accelerate")
+# The config groups built into a dataclass, as "module:Class" (read from the source, never imported here).
+GROUP_CLASSES = {
+    "trainer": "rlt_mono.rl.grpo_config:RLTConfig",
+    "sft": "rlt_mono.stages.sft:SFTStageConfig",
+    "data": "rlt_mono.data.rows:DataConfig",
+    "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
+    "distill": "rlt_mono.stages.distill:DistillConfig",
+    "eval": "rlt_mono.stages.eval:EvalConfig",
+}
+# The ConfigStore node of each of those groups that holds its dataclass's defaults.
+DATACLASS_NODE = "_dataclass"
+# Fields the config tree leaves unset (???) whatever their dataclass default: each option of the group names its own
+# value, or leaves it to the command line (data=custom), which a default beneath it would fill (OmegaConf never
+# merges ??? over a value).
+LEFT_TO_OPTIONS = {"data": ("source",)}
 
 
 def default_cache_dir() -> Path:
@@ -74,6 +99,75 @@ def config_groups() -> dict[str, list[str]]:
     }
 
 
+@functools.cache
+def dataclass_defaults(reference: str) -> dict[str, Any]:
+    """The fields rlt_mono declares in the dataclass ``"module:Class"`` and in its rlt_mono bases, each with its
+    default (``"???"`` where it has none), read from the sources with ``ast``. A library base's fields
+    (``trl.GRPOConfig``'s) are left out: they keep the library's defaults, and a group's YAML names those it sets.
+    The dict is shared: read it, never change it."""
+    module, _, name = reference.partition(":")
+    path = module_file(module)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None:
+        raise ValueError(f"{path} defines no class {name}")
+    values: dict[str, Any] = {}
+    for base in reversed(node.bases):  # dataclasses collect fields over the MRO from its end
+        home = _rlt_mono_module(base, tree, module)
+        if home is not None:
+            values.update(dataclass_defaults(f"{home}:{base.id}"))
+    for statement in node.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
+                and not any(word in ast.unparse(statement.annotation) for word in ("ClassVar", "KW_ONLY")):
+            try:
+                values[statement.target.id] = _field_default(statement.value)
+            except ValueError as err:
+                raise ValueError(f"{reference}.{statement.target.id}: its default is no literal ({err})") from err
+    return values
+
+
+def _rlt_mono_module(base: ast.expr, tree: ast.Module, module: str) -> str | None:
+    """The rlt_mono module that defines the base class ``base`` of a class in ``module`` (source ``tree``); None for
+    a library's class (``trl.GRPOConfig``)."""
+    if not isinstance(base, ast.Name):
+        return None
+    if any(isinstance(n, ast.ClassDef) and n.name == base.id for n in tree.body):
+        return module
+    for statement in ast.walk(tree):
+        if isinstance(statement, ast.ImportFrom) and any(alias.name == base.id for alias in statement.names):
+            return statement.module if (statement.module or "").startswith("rlt_mono") else None
+    return None
+
+
+def _field_default(value: ast.expr | None) -> Any:
+    """A field's default from its source: ``= literal``, ``field(default=literal)``, ``field(default_factory=list)``
+    or ``field(default_factory=lambda: literal)``; ``"???"`` (OmegaConf's unset) for none."""
+    if not (isinstance(value, ast.Call) and ast.unparse(value.func) in ("field", "dataclasses.field")):
+        return "???" if value is None else ast.literal_eval(value)
+    given = {keyword.arg: keyword.value for keyword in value.keywords}
+    factory = given.get("default_factory")
+    if "default" in given:
+        return ast.literal_eval(given["default"])
+    if isinstance(factory, ast.Lambda):
+        return ast.literal_eval(factory.body)
+    if isinstance(factory, ast.Name) and factory.id in ("list", "dict"):
+        return [] if factory.id == "list" else {}
+    if factory is None:
+        return "???"
+    raise ValueError(ast.unparse(factory))
+
+
+@functools.cache
+def register_group_defaults() -> None:
+    """Store each ``GROUP_CLASSES`` group's dataclass defaults in Hydra's ConfigStore as ``<group>/_dataclass``.
+    ``compose`` calls it; so must any other use of Hydra's compose on ``CONFIG_DIR``."""
+    from hydra.core.config_store import ConfigStore
+
+    for group, reference in GROUP_CLASSES.items():
+        node = {**dataclass_defaults(reference), **dict.fromkeys(LEFT_TO_OPTIONS.get(group, ()), "???")}
+        ConfigStore.instance().store(group=group, name=DATACLASS_NODE, node=node)
+
+
 def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose a run config with Hydra overrides, e.g. ``compose("demo_tiny", ["trainer.max_steps=2"])``.
 
@@ -86,6 +180,7 @@ def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, .
     from omegaconf.errors import OmegaConfBaseException
 
     config_name = resolve_run_config(name_or_path)
+    register_group_defaults()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))

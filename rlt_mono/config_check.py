@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono import runtime
-from rlt_mono.config import CONFIG_DIR, ConfigError, config_groups
+from rlt_mono.config import GROUP_CLASSES, ConfigError, config_groups, dataclass_defaults
 from rlt_mono.placement import MODES as PLACEMENT_MODES
 from rlt_mono.placement import ROLLOUTS
 from rlt_mono.read_source import dataclass_fields, module_constant
@@ -46,15 +46,6 @@ from rlt_mono.stages import STAGES
 
 logger = logging.getLogger(__name__)
 
-# The config groups built into a dataclass, as "module:Class" (read with ast, never imported here).
-GROUP_CLASSES = {
-    "trainer": "rlt_mono.rl.grpo_config:RLTConfig",
-    "sft": "rlt_mono.stages.sft:SFTStageConfig",
-    "data": "rlt_mono.data.rows:DataConfig",
-    "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
-    "distill": "rlt_mono.stages.distill:DistillConfig",
-    "eval": "rlt_mono.stages.eval:EvalConfig",
-}
 # How many close names an unknown key is answered with.
 SUGGESTIONS = 3
 # A plain annotation's type -> what the message says a value must be.
@@ -339,11 +330,11 @@ SOURCE_KEYS = {"gsm_items_per_template": "gsm_symbolic", "gsm_solution": "gsm_sy
 
 def warn_unread_data_keys(data: DictConfig, overrides: Iterable[str] = ()) -> None:
     """A warning naming each ``SOURCE_KEYS`` key set for a run whose ``data.source`` does not read it: given on the
-    command line (``overrides``), or away from its default (``cfgs/data/_base.yaml``, ``DataConfig``'s)."""
+    command line (``overrides``), or away from its default (``DataConfig``'s)."""
     given = {o.lstrip("+~").partition("=")[0] for o in overrides}
-    defaults = OmegaConf.load(CONFIG_DIR / "data" / "_base.yaml")
+    defaults = dataclass_defaults(GROUP_CLASSES["data"])
     for key, source in SOURCE_KEYS.items():
-        if key in data and data.source != source and (f"data.{key}" in given or data[key] != defaults.get(key)):
+        if key in data and data.source != source and (f"data.{key}" in given or data[key] != defaults[key]):
             logger.warning("data.%s=%s is ignored: only data.source=%s reads it, and this run's data.source is %s",
                            key, data[key], source, data.source)
 

@@ -3,8 +3,6 @@
 import json
 import socket
 import time
-from dataclasses import MISSING as MISSING_FIELD
-from dataclasses import fields
 
 import datasets
 import httpx
@@ -12,11 +10,10 @@ import pytest
 from huggingface_hub import constants as hub_constants
 from omegaconf import OmegaConf
 
-from rlt_mono.config import compose, config_groups
+from rlt_mono.config import compose
 from rlt_mono.data import sources as data_sources
 from rlt_mono.data.prompts import PromptFormat, begin_tag
 from rlt_mono.data.rows import (
-    MISSING,
     BadRowError,
     DataConfig,
     DataConfigError,
@@ -368,31 +365,3 @@ def test_champ_wheel_is_checked_and_download_failures_are_one_line(tmp_path, mon
         data_sources.champ_wheel(tmp_path)
     assert str(err.value).startswith("data.source=champ: could not download champ-dataset==0.0.0 from PyPI (")
     assert "pip download --no-deps champ-dataset==0.0.0 -d" in str(err.value) and "\n" not in str(err.value)
-
-
-# ---- configs ----------------------------------------------------------------------------------------------
-
-
-# What each option sets besides the dataclass defaults: the source, and how its rows map.
-DATA_OPTIONS = {
-    "embedded": {"source": "embedded"},
-    "champ": {"source": "champ", "embedded_rows": 0},
-    "custom": {"source": MISSING, "embedded_rows": 0},
-    "bespoke_stratos": {"source": "bespokelabs/Bespoke-Stratos-17k", "row_format": "stratos", "embedded_rows": 0},
-    "gsm_symbolic": {"source": "gsm_symbolic", "embedded_rows": 0, "seed": 0, "eval_rows": 1000,
-                     "gsm_items_per_template": 100,
-                     "heldout_templates": [0, 8, 13, 18, 23, 30, 38, 43, 48, 53, 58, 66, 71, 81, 88],
-                     "heldout_template_rows": 1000},
-}
-
-
-def test_every_data_option_is_tested():
-    assert sorted(DATA_OPTIONS) == config_groups()["data"]
-
-
-@pytest.mark.parametrize("option", sorted(DATA_OPTIONS))
-def test_data_option_composes_to_the_dataclass_defaults_but_what_it_sets(option):
-    composed = compose("demo_tiny", [f"data={option}"]).data
-    values = OmegaConf.to_container(composed)  # ??? stays the string "???"
-    defaults = {f.name: f.default_factory() if f.default is MISSING_FIELD else f.default for f in fields(DataConfig)}
-    assert values == {**defaults, **DATA_OPTIONS[option]}

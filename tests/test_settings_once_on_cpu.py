@@ -8,7 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from rlt_mono.config import CONFIG_DIR
+from rlt_mono.config import CONFIG_DIR, register_group_defaults
 from rlt_mono.memory import model as memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.model import QWEN25_ARCHS, Arch, Settings
@@ -57,7 +57,9 @@ PLACEMENT_VARIATIONS = {
 
 
 def compose_rl(*overrides: str):
-    """``run_cfg/teacher_rlt_mono`` composed by Hydra's own compose API."""
+    """``run_cfg/teacher_rlt_mono`` composed by Hydra's own compose API (after the groups' dataclass defaults are in
+    its ConfigStore, as ``rlt_mono.config.compose`` puts them)."""
+    register_group_defaults()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config_name="run_cfg/teacher_rlt_mono", overrides=list(overrides))
 
