@@ -125,10 +125,22 @@ def test_each_run_composes_the_groups_its_stage_reads(name):
 def test_the_root_leaves_stage_and_run_name_to_the_run_configs():
     root = compose(str(ROOT_CONFIG))
     assert OmegaConf.is_missing(root, "stage") and OmegaConf.is_missing(root, "run_name")
-    assert set(root) == {"model", "student", "data", "reward", "placement", "logging",
-                         "trainer", "sft", "distill", "eval",  # each stage's own group, picked by size=full
+    assert set(root) == {"model", "student", "data", "reward", "placement", "logging",  # no stage's own group
                          "stage", "run_name", "seed", "output_dir", "run_dir", "resume_from_checkpoint", "memory",
                          "study", "steps", "rerun_changed", "keep_checkpoints"}  # the pipeline's settings
+
+
+# Each stage's own group: null in the root; the stage's run config picks its option for the size.
+STAGE_GROUPS = ("trainer", "sft", "distill", "eval")
+
+
+@pytest.mark.parametrize("name", available_run_configs())
+def test_a_run_config_picks_its_stage_group_for_the_size_and_drops_no_other(name):
+    defaults = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "run_cfg" / f"{name}.yaml").defaults)
+    entries = [next(iter(entry.items())) for entry in defaults if isinstance(entry, dict)]
+    assert not [key for key, value in entries if key.removeprefix("override /") in STAGE_GROUPS and value is None]
+    picked = {key.removeprefix("override /") for key, value in entries if value == "size/${size}"}
+    assert picked == set(STAGE_GROUPS) & set(STAGES[compose(name).stage].config_groups)
 
 
 # The run config of each stage; the size group sizes it (cfgs/size/).
@@ -180,7 +192,8 @@ def test_each_model_is_described_once():
 
 @pytest.mark.parametrize("group", sorted(p.parent.name for p in CONFIG_DIR.glob("*/_base.yaml")))
 def test_group_options_are_deltas_over_their_base(group):
-    """Every option starts from _base.yaml (hidden from the options) and sets every key the base leaves ???."""
+    """Every option starts from _base.yaml (hidden from the options) and sets every key the base leaves ??? (but
+    data=custom's data.source, which the command line sets)."""
     host = {"sft": ["teacher_sft", "size=tiny"]}.get(group, ["demo_tiny"])
     base = compose(host[0], [*host[1:], f"{group}=_base"])[group]  # with what it defers to (model: student/_base)
     required = {key for key in base if OmegaConf.is_missing(base, key)}
@@ -190,7 +203,8 @@ def test_group_options_are_deltas_over_their_base(group):
         assert defaults in (["_base", "_self_"], ["_base", f"/student/{option}@_here_", "_self_"]), option
         composed = compose(host[0], [*host[1:], f"{group}={option}"])[group]
         assert list(composed)[:len(base)] == list(base), option  # the base's keys, in its order
-        assert not [key for key in required if OmegaConf.is_missing(composed, key)], option
+        left = [key for key in required if OmegaConf.is_missing(composed, key)]
+        assert left == (["source"] if (group, option) == ("data", "custom") else []), option  # custom: the command's
 
 
 def test_run_dir_is_a_new_folder_per_run_name_and_start_time():
