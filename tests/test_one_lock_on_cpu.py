@@ -29,15 +29,11 @@ LOCKS = "rlt_mono/runs/lock.py"
 RENAMES = "rlt_mono/runs/atomic_write.py"
 # Renames outside atomic_write.py, each for a reason of its own:
 OTHER_RENAMES = {
-    # a finished checkpoint folder replaces an older folder of the same step (removed first), and its manifest is
-    # written beside and renamed over: a checkpoint's own publish, with the free-space checks around it
+    # a checkpoint's manifest, written beside and renamed over once every file is synced; its disk errors are the
+    # checkpoint save's own (write_error), not atomic_write's
     "rlt_mono/runs/checkpoints.py",
     # a whole run folder moved aside (rerun_changed): a move of a finished folder, nothing staged to hide
     "rlt_mono/stages/pipeline.py",
-    # README.md written beside and renamed over
-    "rlt_mono/runs/readme.py",
-    # a safetensors file cast to the loaded dtype, written beside and renamed over the file still mapped
-    "rlt_mono/stages/final_model.py",
 }
 HOLD = ("import sys\nfrom rlt_mono.runs.lock import exclusive\nwith exclusive(sys.argv[1]):\n"
         "    print('held', flush=True)\n    sys.stdin.readline()\n")

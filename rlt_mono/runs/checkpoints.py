@@ -24,6 +24,7 @@ from pathlib import Path
 from rlt_mono import runtime
 from rlt_mono.config import ConfigError
 from rlt_mono.errors import RunInterrupted, UserError
+from rlt_mono.runs import atomic_write
 from rlt_mono.runs.atomic_write import check_free_space, write_error
 
 logger = logging.getLogger(__name__)
@@ -202,12 +203,7 @@ def publish(staging: str | Path, final: str | Path) -> None:
     staging, final = Path(staging), Path(final)
     if final.exists():
         shutil.rmtree(final)
-    staging.rename(final)
-    fd = os.open(final.parent, os.O_RDONLY)
-    try:  # the rename itself is durable once the parent folder is synced
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write.publish(staging, final)
 
 
 def remove_stale_staging(output_dir: str | Path) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from rlt_mono.runs.atomic_write import write_text
 from rlt_mono.runs.outputs import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -194,9 +195,7 @@ def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[M
     ]
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / README_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines))
-    tmp.replace(path)
+    write_text(path, "\n".join(lines))
     return path
 
 

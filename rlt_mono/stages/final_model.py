@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from rlt_mono.rl import lora
+from rlt_mono.runs import atomic_write
 from rlt_mono.runs.atomic_write import check_free_space, write_text
 from rlt_mono.runs.checkpoints import STAGING_PREFIX, how_to_continue, publish
 from rlt_mono.stages import STAGES
@@ -80,7 +81,7 @@ def cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:
             # Written beside and renamed over: the tensors read may still be mapped from the old file.
             aside = path.with_name(f".{path.name}.tmp")
             save_file(cast, aside, metadata={"format": "pt"})  # transformers' loader requires the format
-            aside.replace(path)
+            atomic_write.publish(aside, path)
             changed += differ
     dtype_name = str(dtype).removeprefix("torch.")
     config = json.loads((folder / "config.json").read_text())
