@@ -2,16 +2,15 @@
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from rlt_mono.config import compose
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.maths import kl_estimate, masked_reduce, normalize, teacher_reward_terms
 
-REWARD_YAML = Path(__file__).resolve().parent.parent / "cfgs" / "reward" / "rlt.yaml"
 VALUES = torch.tensor([[4.0, 1.0, 3.0, 2.0], [5.0, 9.0, 9.0, 9.0], [7.0, 7.0, 7.0, 7.0]])
 MASK = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
 
@@ -161,9 +160,9 @@ def test_zero_coefficients_and_penalty_are_allowed():
     assert config.clip_kl == 0.5
 
 
-def test_defaults_are_the_reward_config_group():
-    """The dataclass defaults and cfgs/reward/rlt.yaml say the same thing (the YAML is what runs use)."""
-    yaml = OmegaConf.to_container(OmegaConf.load(REWARD_YAML))
+def test_the_reward_group_runs_the_dataclass_defaults():
+    """cfgs/reward/rlt.yaml sets nothing of its own: a run's reward is TeacherRewardConfig's defaults."""
+    composed = OmegaConf.to_container(compose("demo_tiny")["reward"])
     defaults = dataclasses.asdict(TeacherRewardConfig())
-    assert yaml == defaults
+    assert composed == defaults
     assert defaults["micro_batch_size"] == 4
