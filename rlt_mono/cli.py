@@ -87,7 +87,7 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
         if args.show_config:
             sys.stdout.write(OmegaConf.to_yaml(cfg))
             return 0, ""
-        check_run_keys(cfg)
+        check_run_keys(cfg, args.overrides)
         config_check.check_config(cfg, args.overrides)
         runtime.quiet_progress_bars()
         if auto_picks_split(cfg):
@@ -190,10 +190,11 @@ def hold_run_folder(cfg) -> None:
     run_lock.acquire(checkpoints.ensure_output_dir(cfg.output_dir))
 
 
-def check_run_keys(cfg) -> None:
+def check_run_keys(cfg, overrides: list[str] | tuple[str, ...] = ()) -> None:
     """The run-level keys of cfgs/train.yaml: ``stage`` and ``run_name`` set by the run config, an integer
     ``seed``, ``memory`` one of ``rlt_mono.memory.planner.MODES``, ``resume_from_checkpoint`` only for the stages that
-    resume from a checkpoint, no LoRA option for a stage that trains nothing (``rlt_mono.stages``), and no root key
+    resume from a checkpoint, no LoRA option for a stage that trains nothing (``rlt_mono.stages``; an adapter option
+    given in ``overrides`` where no adapter is trained is a warning, ``warn_unused_lora_options``), and no root key
     that cfgs/train.yaml does not declare, the pipeline's settings typed (``rlt_mono.stages.pipeline_steps``)."""
     for key in ("stage", "run_name"):
         if OmegaConf.is_missing(cfg, key):
@@ -224,6 +225,30 @@ def check_run_keys(cfg) -> None:
             if cfg.get(group) is not None and (cfg[group].get("lora_r") or 0) > 0:
                 raise UserError(f"{group}.lora_r={cfg[group].lora_r}: {cfg.stage} trains nothing (LoRA adapters are "
                                 f"teacher_rlt's option): set {group}.lora_r=0")
+    warn_unused_lora_options(cfg, stage, overrides)
+
+
+# The options of a model group that shape LoRA adapters: read only where the stage trains that group with lora_r > 0.
+LORA_ADAPTER_OPTIONS = ("lora_alpha", "lora_dropout", "lora_target_modules")
+
+
+def warn_unused_lora_options(cfg, stage, overrides: list[str] | tuple[str, ...]) -> None:
+    """A warning naming each adapter option (``LORA_ADAPTER_OPTIONS``) given on the command line for a model group
+    that trains no adapters: the stage trains nothing, trains another group, or its ``lora_r`` is 0."""
+    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    for group in stage.model_groups:
+        if cfg.get(group) is None:
+            continue
+        rank = cfg[group].get("lora_r") or 0
+        if stage.trains != group:
+            why = f"{cfg.stage} trains nothing" if stage.trains is None else f"{cfg.stage} trains {stage.trains}"
+        elif not (isinstance(rank, int) and rank > 0):
+            why = f"{group}.lora_r={rank} trains every weight, no adapters (set {group}.lora_r to train adapters)"
+        else:
+            continue
+        for key in LORA_ADAPTER_OPTIONS:
+            if f"{group}.{key}" in given:
+                logger.warning("%s.%s=%s is ignored: %s", group, key, cfg[group].get(key), why)
 
 
 def auto_picks_split(cfg) -> bool:

@@ -131,3 +131,19 @@ def test_run_level_mistakes_end_in_one_line_before_any_model_loads(tmp_path, mon
     with pytest.raises(UserError) as err:
         cli.check_run_keys(cfg)
     assert str(err.value) == says.replace("{tmp}", str(tmp_path))
+
+
+@pytest.mark.parametrize(("stage", "overrides", "warning"), [
+    ("distill", ["model.lora_target_modules=[q_proj]"],
+     "model.lora_target_modules=['q_proj'] is ignored: distill trains nothing"),
+    ("eval", ["model.lora_alpha=8"], "model.lora_alpha=8 is ignored: eval trains nothing"),
+    ("demo_tiny", ["model.lora_dropout=0.1"],
+     "model.lora_dropout=0.1 is ignored: model.lora_r=0 trains every weight, no adapters (set model.lora_r to train "
+     "adapters)"),
+    ("demo_tiny", ["model.lora_r=4", "model.lora_dropout=0.1"], None),  # adapters trained: the option is read
+])
+def test_an_adapter_option_where_no_adapter_trains_is_a_warning_naming_it(stage, overrides, warning, caplog):
+    cfg = compose(stage, ["size=tiny", *overrides] if stage != "demo_tiny" else overrides)
+    with caplog.at_level(logging.WARNING, logger="rlt_mono"):
+        cli.check_run_keys(cfg, overrides)
+    assert [r.getMessage() for r in caplog.records if "lora" in r.getMessage()] == ([warning] if warning else [])
