@@ -73,7 +73,11 @@ def acquire(folder: str | Path) -> None:
     previous = _read(fd)
     if previous:
         logger.warning("%s: taking over the lock of a run that has ended (%s)", folder, describe(previous))
-    _record_holder(fd)
+    try:
+        _record_holder(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
     _held[folder] = fd
 
 
@@ -121,7 +125,7 @@ def engine_start(what: str = "vLLM engine") -> Iterator[None]:
     with exclusive(engine_lock_path(), waiting) as fd:
         if waited_since:
             logger.info("%s start: waited %.1f s for the other engine start", what, time.monotonic() - waited_since[0])
-        _record_holder(fd)
+        _record_holder(fd, engine_lock_path())
         _starting_here = True
         try:
             yield
@@ -196,12 +200,16 @@ def _flock(fd: int, wait: bool = True, shared: bool = False) -> bool:
     return True
 
 
-def _record_holder(fd: int) -> None:
-    """Write this process's record (pid, host, start time, command) into the locked file ``fd``, for ``describe``."""
+def _record_holder(fd: int, path: Path) -> None:
+    """Write this process's record (pid, host, start time, command) into the locked file ``fd`` at ``path``, for
+    ``describe``; a disk that refuses the write (full, read-only) is one line (``DiskError``)."""
     record = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S"),
               "command": " ".join(sys.argv)}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    except OSError as err:
+        raise (write_error(path, err) or err) from err
 
 
 def _read(fd: int) -> dict | None:
