@@ -19,8 +19,8 @@ from types import SimpleNamespace
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from rlt_mono import config_check
-from rlt_mono.config import default_cache_dir
+from rlt_mono import cli, config_check
+from rlt_mono.config import compose, default_cache_dir
 from rlt_mono.data import gsm_symbolic
 from rlt_mono.runs import console
 
@@ -355,3 +355,15 @@ def test_a_stage_override_of_the_pipelines_wiring_is_one_line_and_exit_2(extra, 
     assert cli.main(["pipeline_tiny", f"output_dir={tmp_path / 'p'}", extra]) == 2
     assert capsys.readouterr().err == f"error: {line}\n"
     assert launched == [] and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("group, stage", [("trainer", "demo_tiny"), ("sft", "teacher_sft"), ("sft", "student_sft")])
+def test_the_liger_refusal_advises_a_key_the_stage_declares(group, stage, capsys, tmp_path):
+    """``<group>.use_liger_kernel=true`` on the CPU is refused with "set <group>.use_liger_kernel=false", and that
+    advice, typed as given (no ``+``), composes: both training groups declare the key."""
+    overrides = ([] if stage == "demo_tiny" else ["size=tiny"]) + [f"output_dir={tmp_path / 'run'}"]
+    assert cli.main([stage, *overrides, f"{group}.use_liger_kernel=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {group}.use_liger_kernel=true ") and err.endswith(
+        f"set {group}.use_liger_kernel=false\n"), err
+    assert compose(stage, [*overrides, f"{group}.use_liger_kernel=false"])[group].use_liger_kernel is False
