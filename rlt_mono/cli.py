@@ -101,11 +101,10 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
             return launch.launch(cfg, args.config, args.overrides, runtime.gpus_present()), ""
         if mode != "dp" and "placement" in cfg:
             launch.check_dp_keys_unused(cfg)
-        run = STAGES[cfg.stage].load()  # the stage's code, torch with it: after every check that needs none
         hold_run_folder(cfg)
         if not runtime.in_rank():  # a rank sees the GPUs its launcher exposed
             expose_gpus(exposed_mode(cfg.stage, mode))
-        run(cfg)
+        STAGES[cfg.stage].run(cfg)  # its code, torch with it, loads now: after every check that needs none
     except UserError as err:
         # a rank's error is printed once, by its launcher
         return err.exit_code, "" if launch.record_rank_error(err) else f"error: {err}\n"

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlt_mono.stages.distill import _distill_row, _select
+from rlt_mono.stages.distill_run import _distill_row, _select
 from rlt_mono.study.arithmetic import check, evaluate
 
 

@@ -17,7 +17,8 @@ from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.errors import UserError
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.stages.distill import DISTILL_FILE, run_distill
-from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, compare_table, main, run_eval
+from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, main, run_eval
+from rlt_mono.stages.eval_compare import compare_table
 from rlt_mono.stages.sampler import TransformersGenerator
 from rlt_mono.study.eval_stats import bootstrap_interval
 

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, compare_table, main, questions_fingerprint, warn_too_few
+from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, main, warn_too_few
+from rlt_mono.stages.eval_compare import compare_table, questions_fingerprint
 from rlt_mono.study.eval_stats import MIN_ROWS_FOR_INTERVAL, summarize
 
 EXPECTED = 'an eval.json (a JSON object whose "metrics" map each figure to its "mean", "low", "high", "n")'

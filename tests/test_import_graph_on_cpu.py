@@ -4,8 +4,12 @@ The graph is read from the source with ``ast`` (nothing is imported): an edge ``
 or ``from b import name`` in module ``a``, at module level or inside a function, ``from package import name``
 pointing at the submodule when ``name`` is one, relative imports resolved. A cycle fails the first test with
 its modules in order; an rlt_mono import inside a function (which would hide an edge until the function runs)
-fails the second. Third-party imports may sit inside functions (torch, transformers and vllm are imported where
-they are needed, so ``python -m rlt_mono.cli --help`` stays quick: the third test).
+fails the second, with one exception: the run and check functions of a stage (those a stage module's ``Stage(...)``
+names) import the stage's heavy code in their body, when the stage runs. Those deferred imports are no edge of the
+graph: nothing imports that code when the module loads, so they make no cycle and may reach up to the layer of the
+stages' code. Third-party imports may sit inside functions (torch, transformers and vllm are imported where they
+are needed, so ``python -m rlt_mono.cli --help`` stays quick: the third test; ``import rlt_mono.stages``, every
+stage's declaration, loads none of them: the fourth).
 
 The layers (``LAYERS``; docs/METHOD.md, "Layers"), bottom to top; a module imports modules of its own layer and
 of those below, never of one above (the layer test names each such import ``a -> b (layer x imports layer y)``):
@@ -17,12 +21,14 @@ of those below, never of one above (the layer test names each such import ``a ->
   role runs.
 - rewards: ``rewards/``, the RLT reward: alignment, log-probs, its maths.
 - rl: ``rl/``, the GRPO trainer and its wiring (build, trainer, vLLM adapter, swapper, LoRA).
-- declarations: ``stages/__init__`` (the registry ``STAGES``), ``stages/base`` (``Stage``) and
-  ``stages/pipeline_steps`` (the pipeline's steps and folders): light declarations, placed below the study, which
-  reads the steps' folders, and above ``rl/``: the RL build, checkpoints and the layers below are handed a stage's
-  facts (the group it trains) by their callers.
-- study: ``study/``, statistics over runs' outputs (intervals, the study over seeds, diversity, arithmetic).
-- stages: ``stages/``, each stage's code and the parts stages share (sampler, final_model, eval_compare).
+- study: ``study/``, statistics over runs' outputs (intervals, eval statistics, diversity, arithmetic).
+- declarations: ``stages/``: the registry ``STAGES`` (``stages/__init__``), ``Stage`` (``stages/base``), each stage's
+  module (its declaration, the checks of its options, its run function), the pipeline's steps and folders
+  (``stages/pipeline_steps``) and the light parts they share (sampling options, ``compare``); a new stage module
+  lands here. The layers below are handed a stage's facts (the group it trains) by their callers.
+- study over seeds: ``study/aggregate`` (and its ``__main__``), which reads the pipeline's step folders.
+- stage code: the stages' heavy code (torch, transformers, TRL), which their run functions import: the SFT trainer,
+  distill's and eval's runs, the sampler they share, the final model's save.
 - entry: launch, config_check, cli, ``__main__``: the command line and the data-parallel launcher.
 
 Each module also imports its package's ``__init__`` (Python runs it first), so that edge is checked too: the
@@ -45,11 +51,14 @@ LAYERS = (
     ("data", ("data/", "memory/", "placement")),
     ("rewards", ("rewards/",)),
     ("rl", ("rl/",)),
-    ("declarations", ("stages/__init__", "stages/base", "stages/pipeline_steps")),
     ("study", ("study/",)),
-    ("stages", ("stages/",)),
+    ("declarations", ("stages/",)),
+    ("study over seeds", ("study/aggregate", "study/__main__")),
+    ("stage code", ("stages/sft", "stages/distill_run", "stages/eval_run", "stages/sampler", "stages/final_model")),
     ("entry", ("launch", "config_check", "cli", "__main__")),
 )
+# The libraries a stage's declaration never loads (each stage's run function imports them when it runs).
+HEAVY = ("torch", "transformers", "trl", "datasets", "vllm", "peft")
 
 
 def module_files() -> dict[str, Path]:
@@ -61,12 +70,13 @@ def module_files() -> dict[str, Path]:
     return modules
 
 
-def package_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int, bool]]:
-    """The package modules ``name`` imports: ``(module, line, inside a function)`` per import statement."""
+def package_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int, str | None]]:
+    """The package modules ``name`` imports: ``(module, line, function)`` per import statement, ``function`` the
+    outermost function it sits in (``Class.method`` for a method; None at module level or in a class body)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: dict[tuple[str, int, bool], None] = {}  # ordered, without repeats
+    found: dict[tuple[str, int, str | None], None] = {}  # ordered, without repeats
 
-    def visit(node: ast.AST, in_function: bool) -> None:
+    def visit(node: ast.AST, function: str | None, classes: tuple[str, ...] = ()) -> None:
         for child in ast.iter_child_nodes(node):
             targets = []
             if isinstance(child, ast.Import):
@@ -82,16 +92,46 @@ def package_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tup
                 while target and target not in modules:  # import a.b.c where only a.b is ours: a.b
                     target = target.rpartition(".")[0]
                 if target and target != name:
-                    found[(target, child.lineno, in_function)] = None
-            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+                    found[(target, child.lineno, function)] = None
+            if function is None and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, ".".join((*classes, getattr(child, "name", "<lambda>"))))
+            else:
+                visit(child, function, (*classes, child.name) if isinstance(child, ast.ClassDef) else classes)
 
-    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    visit(ast.parse(path.read_text(), filename=str(path)), None)
     return list(found)
 
 
+def stage_functions(path: Path) -> set[str]:
+    """The functions a stage module's declarations name as their ``run`` and ``check`` (``Stage(..., run=f,
+    check=g)`` at module level): the functions that may import the stage's heavy code in their body."""
+    named = set()
+    for statement in ast.parse(path.read_text(), filename=str(path)).body:
+        call = getattr(statement, "value", None)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "Stage":
+            named |= {keyword.value.id for keyword in call.keywords
+                      if keyword.arg in ("run", "check") and isinstance(keyword.value, ast.Name)}
+    return named
+
+
+def hidden_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[str, int, str]]:
+    """``(module, line, function)`` of each rlt_mono import inside a function of ``name``, but those inside a stage's
+    run or check function (``stage_functions``)."""
+    allowed = stage_functions(path)
+    return [(target, line, function) for target, line, function in package_imports(name, path, modules)
+            if function is not None and function not in allowed]
+
+
 def import_graph() -> dict[str, set[str]]:
+    """What importing each module imports: every package import but the deferred ones of a stage's run and check
+    functions (``stage_functions``)."""
     modules = module_files()
-    return {name: {target for target, _, _ in package_imports(name, path, modules)} for name, path in modules.items()}
+    graph = {}
+    for name, path in modules.items():
+        deferred = stage_functions(path)
+        graph[name] = {target for target, _, function in package_imports(name, path, modules)
+                       if function is None or function not in deferred}
+    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], set[str]]]:
@@ -181,10 +221,29 @@ def test_the_import_graph_has_no_cycles():
 
 def test_no_package_import_sits_inside_a_function():
     modules = module_files()
-    hidden = [f"{path.relative_to(ROOT.parent)}:{line}: imports {target}"
-              for name, path in modules.items()
-              for target, line, in_function in package_imports(name, path, modules) if in_function]
-    assert not hidden, "rlt_mono imports inside functions (move each to the top of its file):\n" + "\n".join(hidden)
+    hidden = [f"{path.relative_to(ROOT.parent)}:{line}: {function} imports {target}"
+              for name, path in modules.items() for target, line, function in hidden_imports(name, path, modules)]
+    assert not hidden, ("rlt_mono imports inside functions (move each to the top of its file; only a stage's run and "
+                        "check functions import its heavy code in their body):\n" + "\n".join(hidden))
+
+
+def test_a_stage_module_imports_its_code_in_its_run_and_check_functions_alone(tmp_path):
+    """The one exception: the functions a ``Stage(...)`` names as its run and check; an import inside any other
+    function of the same module, or of a module that declares no stage, is still reported."""
+    stage = tmp_path / "stage.py"
+    stage.write_text("from rlt_mono.stages.base import Stage\n\n"
+                     "def run(cfg):\n    from rlt_mono.stages.sft import run_sft\n    return run_sft(cfg)\n\n"
+                     "def check(cfg):\n    from rlt_mono.rewards import TeacherRewardConfig\n\n"
+                     "def helper():\n    from rlt_mono.runs import checkpoints\n\n"
+                     "class Helper:\n    def method(self):\n        from rlt_mono.errors import UserError\n\n"
+                     "STAGE = Stage(name='x', run=run, check=check)\n")
+    other = tmp_path / "other.py"
+    other.write_text("def run(cfg):\n    from rlt_mono.stages.sft import run_sft\n")
+    modules = {**module_files(), "rlt_mono.stages.x": stage, "rlt_mono.y": other}
+    assert stage_functions(stage) == {"run", "check"}
+    assert hidden_imports("rlt_mono.stages.x", stage, modules) == [
+        ("rlt_mono.runs.checkpoints", 11, "helper"), ("rlt_mono.errors", 15, "Helper.method")]
+    assert hidden_imports("rlt_mono.y", other, modules) == [("rlt_mono.stages.sft", 2, "run")]
 
 
 def test_the_command_line_modules_import_no_torch():
@@ -194,6 +253,23 @@ def test_the_command_line_modules_import_no_torch():
              "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl') if m in sys.modules))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_the_stage_declarations_import_no_heavy_library():
+    """``import rlt_mono.stages`` imports every stage's module (the registry) and none of ``HEAVY``; so does each
+    stage module imported alone, and each declares its stages."""
+    probe = ("import importlib, sys\nname = sys.argv[1]\nmodule = importlib.import_module(name)\n"
+             "from rlt_mono.stages import STAGES\n"
+             f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+             "print(sorted({stage.run.__module__ for stage in STAGES.values()}))")
+    from rlt_mono.stages import STAGES
+
+    stage_modules = sorted({stage.run.__module__ for stage in STAGES.values()})
+    assert len(stage_modules) == len(STAGES) >= 6
+    for name in ("rlt_mono.stages", *stage_modules):
+        loaded = subprocess.run([sys.executable, "-c", probe, name], capture_output=True, text=True, timeout=120,
+                                check=True)
+        assert loaded.stdout.splitlines() == ["[]", str(stage_modules)], name
 
 
 def test_every_module_has_a_layer_and_every_layer_entry_a_module():

@@ -21,7 +21,7 @@ from rlt_mono.config import compose
 from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.runs import lock as run_lock
 from rlt_mono.runs.atomic_write import publish
-from rlt_mono.stages import distill
+from rlt_mono.stages import distill, distill_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlt_mono"
@@ -206,9 +206,9 @@ def test_distill_with_every_row_written_loads_no_model_and_leaves_the_file(tmp_p
     def no_model(*args, **kwargs):
         raise AssertionError("a model (or its tokenizer) was loaded")
 
-    monkeypatch.setattr(distill, "load_stage_models", no_model)
-    monkeypatch.setattr(distill, "teacher_budget", no_model)
-    monkeypatch.setattr(distill, "open_generator", no_model)
+    monkeypatch.setattr(distill_run, "load_stage_models", no_model)
+    monkeypatch.setattr(distill_run, "teacher_budget", no_model)
+    monkeypatch.setattr(distill_run, "open_generator", no_model)
     with caplog.at_level("INFO", logger="rlt_mono.stages.distill"):
         assert distill.run_distill(cfg) == tmp_path
     assert f"distill: all {len(rows)} rows already written in {path}; nothing to do" in caplog.messages

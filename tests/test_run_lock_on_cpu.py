@@ -1,6 +1,7 @@
 """One writer per run folder (rlt_mono.runs.lock): a live holder stops a second writer in one line naming it, a lock
 left by a killed run is taken over, and the dispatcher holds the lock for the whole stage (not in a rank)."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import pytest
 from rlt_mono import cli
 from rlt_mono.errors import UserError
 from rlt_mono.runs import lock as run_lock
-from rlt_mono.stages import Stage
+from rlt_mono.stages import STAGES
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLD = ("import sys, time\nfrom rlt_mono.runs import lock as run_lock\nrun_lock.acquire(sys.argv[1])\n"
@@ -58,7 +59,7 @@ def test_a_second_writer_stops_naming_the_holder_and_a_dead_holders_lock_is_take
 
 def test_the_dispatcher_refuses_a_folder_in_use_before_the_stage_starts(tmp_path, capsys, monkeypatch):
     started = []
-    monkeypatch.setattr(Stage, "load", lambda self: started.append)
+    monkeypatch.setitem(STAGES, "distill", dataclasses.replace(STAGES["distill"], run=started.append))
     holder = _holder(tmp_path)
     try:
         assert cli.main(["distill", "size=tiny", f"output_dir={tmp_path}"]) == 2
@@ -80,7 +81,7 @@ def test_the_dispatcher_holds_the_lock_of_the_folder_it_names_for_the_whole_stag
         seen["second writer"] = second.stdout.strip()
         raise UserError("stopped before writing anything")
 
-    monkeypatch.setattr(Stage, "load", lambda self: stage)
+    monkeypatch.setitem(STAGES, "distill", dataclasses.replace(STAGES["distill"], run=stage))
     assert cli.main(["distill", "size=tiny", f"run_dir={tmp_path}/new"]) == 2  # output_dir unset: a new folder
     assert seen["folder"] == tmp_path / "new" and seen["holder"] == os.getpid()
     assert seen["second writer"].startswith(f"output_dir={tmp_path}/new is in use by another run (pid {os.getpid()}")
@@ -103,7 +104,7 @@ def test_a_data_parallel_rank_and_another_machine_leave_the_lock_to_the_first_la
 
 
 # ---- distill.jsonl: keyed by question ----------------------------------------------------------------------
-APPEND = ("import sys, time\nfrom pathlib import Path\nfrom rlt_mono.stages.distill import DistillFile\n"
+APPEND = ("import sys, time\nfrom pathlib import Path\nfrom rlt_mono.stages.distill_run import DistillFile\n"
           "out = DistillFile(Path(sys.argv[1]), then='resume')\n"
           "while not Path(sys.argv[2]).exists():\n    time.sleep(0.01)\n"
           "for i in range(100):\n"
@@ -115,7 +116,7 @@ def _questions(path: Path) -> list[str]:
 
 
 def test_two_writers_of_one_distill_file_never_write_a_question_twice(tmp_path):
-    from rlt_mono.stages.distill import DistillFile
+    from rlt_mono.stages.distill_run import DistillFile
 
     path, go = tmp_path / "distill.jsonl", tmp_path / "go"
     writers = [subprocess.Popen([sys.executable, "-c", APPEND, str(path), str(go)], cwd=ROOT) for _ in range(2)]

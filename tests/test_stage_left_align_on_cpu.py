@@ -8,19 +8,18 @@ import pytest
 import torch
 
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.stages import distill
-from rlt_mono.stages import eval as evaluate
+from rlt_mono.stages import distill_run, eval_run
 from rlt_mono.stages.distill import DISTILL_FILE, run_distill
 from rlt_mono.stages.eval import ROWS_FILE, run_eval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SCORES = ("r_ss", "r_kl", "match_penalty", "total")
-STAGES = {  # stage: (module, run, rows file, overrides, scores and texts its rows hold)
-    "eval": (evaluate, run_eval, ROWS_FILE, ["eval.max_new_tokens=24", "eval.student_max_new_tokens=16",
+STAGES = {  # stage: (its code's module, run, rows file, overrides, scores and texts its rows hold)
+    "eval": (eval_run, run_eval, ROWS_FILE, ["eval.max_new_tokens=24", "eval.student_max_new_tokens=16",
                                              "eval.bootstrap_resamples=50"],
              (*SCORES, "solution_log_prob"), ("explanation", "student_output")),
-    "distill": (distill, run_distill, DISTILL_FILE, ["distill.max_new_tokens=24", "distill.samples_per_question=2",
+    "distill": (distill_run, run_distill, DISTILL_FILE, ["distill.max_new_tokens=24", "distill.samples_per_question=2",
                                                    "data.max_rows=8"],
                 SCORES, ("explanation",)),
 }

@@ -1,30 +1,25 @@
-"""The stage registry (``rlt_mono.stages``): each stage's code is a module of ``rlt_mono/stages/`` named as the stage
-(the two SFT stages share ``sft``), its ``Stage`` declared in the registry with a run function that resolves; reading
-the registry imports no heavy library."""
-
-import subprocess
-import sys
-from pathlib import Path
+"""The stage registry (``rlt_mono.stages``): each stage is declared by a module of ``rlt_mono/stages/`` named as the
+stage, whose ``STAGE`` the registry lists, with run and check functions of that module (reading the registry imports
+no heavy library: tests/test_import_graph_on_cpu.py)."""
 
 import pytest
 
 from rlt_mono.stages import STAGES, Stage
-
-STAGES_DIR = Path(__file__).resolve().parents[1] / "rlt_mono" / "stages"
-
-
-def test_each_stage_runs_the_module_of_the_stages_folder_named_after_it():
-    runs = {name: stage.run.partition(":")[0] for name, stage in STAGES.items()}
-    assert runs == {"teacher_sft": "rlt_mono.stages.sft", "teacher_rlt": "rlt_mono.stages.teacher_rlt",
-                    "distill": "rlt_mono.stages.distill", "student_sft": "rlt_mono.stages.sft",
-                    "eval": "rlt_mono.stages.eval", "pipeline": "rlt_mono.stages.pipeline"}
-    assert all((STAGES_DIR / f"{module.rpartition('.')[2]}.py").is_file() for module in runs.values())
-    assert all(name == stage.name for name, stage in STAGES.items())
+from rlt_mono.stages.pipeline import PIPELINE_STAGES
+from rlt_mono.stages.pipeline_steps import ORDER
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_each_stage_runs_a_function_of_its_config(name):
-    assert callable(STAGES[name].load())
+def test_each_stage_is_declared_by_the_module_of_the_stages_folder_named_after_it():
+    assert list(STAGES) == ["teacher_sft", "teacher_rlt", "distill", "student_sft", "eval", "pipeline"]
+    for name, stage in STAGES.items():
+        assert stage.name == name
+        assert stage.run.__module__ == f"rlt_mono.stages.{name}", name
+        assert stage.check is None or stage.check.__module__ == stage.run.__module__, name
+
+
+def test_the_pipeline_runs_the_declared_stages_in_its_order():
+    assert tuple(PIPELINE_STAGES) == ORDER
+    assert all(PIPELINE_STAGES[name] is STAGES[name] for name in ORDER)
 
 
 def test_distill_and_eval_check_their_options_without_loading_a_model():
@@ -40,14 +35,18 @@ def test_distill_and_eval_check_their_options_without_loading_a_model():
 
 
 def test_a_stage_declaration_is_checked():
-    with pytest.raises(ValueError, match="module:function"):
-        Stage(name="x", run="rlt_mono.stages.sft")
-    with pytest.raises(ValueError, match=r"check='rlt_mono.stages.distill' is not 'module:function'"):
-        Stage(name="x", run="rlt_mono.stages.distill:run_distill", check="rlt_mono.stages.distill")
+    def run(cfg):
+        return cfg
+
+    with pytest.raises(ValueError, match=r"^Stage x: run='run_sft' is not a function$"):
+        Stage(name="x", run="run_sft")
+    with pytest.raises(ValueError, match=r"^Stage x: check='check_options' is not a function$"):
+        Stage(name="x", run=run, check="check_options")
     with pytest.raises(ValueError, match="trains='student' is not in model_groups"):
-        Stage(name="x", run="rlt_mono.stages.sft:run_sft", config_groups=("model", "data"), trains="student")
+        Stage(name="x", run=run, config_groups=("model", "data"), trains="student")
     with pytest.raises(ValueError, match="data_parallel needs a model it trains"):
-        Stage(name="x", run="rlt_mono.stages.distill:run_distill", config_groups=("model", "data"), data_parallel=True)
+        Stage(name="x", run=run, config_groups=("model", "data"), data_parallel=True)
+    assert Stage(name="x", run=run).check is None
 
 
 def test_placement_dp_runs_exactly_the_stages_declared_data_parallel():
@@ -56,9 +55,3 @@ def test_placement_dp_runs_exactly_the_stages_declared_data_parallel():
     assert set(launch.DP_STAGES) == {"teacher_sft", "teacher_rlt", "student_sft"}
     assert all(STAGES[name].trains for name in launch.DP_STAGES)
 
-
-def test_the_registry_imports_no_heavy_library():
-    probe = ("import sys\nimport rlt_mono.stages\n"
-             "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'trl', 'datasets') if m in sys.modules))")
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
-    assert loaded.stdout.strip() == "[]"

@@ -31,9 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-
-import datasets
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from rlt_mono.config import default_cache_dir
 from rlt_mono.data.embedded import generate_rows
@@ -42,6 +40,10 @@ from rlt_mono.data.gsm_symbolic import generate_rows as generate_gsm
 from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.data.sources import FILE_SUFFIXES, DataSourceError, read_champ, read_file, read_hub, stratos_row
 from rlt_mono.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -443,6 +445,8 @@ def build_prompt_dataset(
 
 
 def _as_dataset(rows: list[dict], prompts: list[str]) -> datasets.Dataset:
+    import datasets  # here: the stages' declarations read this module's config without loading the library
+
     columns = {"prompt": prompts, **{c: [row[c] for row in rows] for c in REQUIRED_COLUMNS}}
     if any(row.get("answer") is not None for row in rows):
         columns["answer"] = [row.get("answer") for row in rows]

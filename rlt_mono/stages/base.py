@@ -1,12 +1,14 @@
-"""What a stage declares: ``Stage``, the one interface every module of ``rlt_mono.stages`` fills in.
+"""What a stage declares: ``Stage``, the one interface every stage module of ``rlt_mono.stages`` fills in.
 
-A declaration is light (no torch, no transformers): ``rlt_mono.cli`` reads it to check a run's keys before
-anything heavy loads, and imports the stage's code only when it runs it (``Stage.load``).
+A stage module (``rlt_mono/stages/<stage>.py``) is light: it declares its ``Stage`` and holds the checks of its own
+options and its run function, and imports no torch, transformers or TRL at its top, so that ``rlt_mono.cli`` reads
+every declaration and checks a run's keys before anything heavy loads. Its run (and check) function imports the
+stage's heavy code in its body, when the stage runs: the one import inside a function that
+``tests/test_import_graph_on_cpu.py`` allows.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +25,8 @@ class Stage:
 
     # The run config's ``stage`` value, and the name of the module of rlt_mono.stages that declares it.
     name: str
-    # "module:function" of its run: the function takes the composed config and returns the run folder. A string,
-    # imported only when the stage runs, so that reading the registry costs no torch import.
-    run: str
+    # Its run: takes the composed config and returns the run folder.
+    run: Callable[[DictConfig], Path]
     # The config groups its run configs compose (cfgs/<group>/); those of MODEL_GROUPS name the models it loads.
     config_groups: tuple[str, ...] = ()
     # The config group of the model it trains; None for a stage that trains nothing (a LoRA option on one of its
@@ -38,16 +39,15 @@ class Stage:
     reads_data: bool = False
     # placement=dp can run it on several GPUs, one rank each (rlt_mono.launch); only stages that train can.
     data_parallel: bool = False
-    # "module:function" that checks its own options in a composed config, loading nothing, and raises ConfigError
-    # on a wrong one; the pipeline calls it for every step when it plans, so a typo in the last stage's options
-    # stops the pipeline before its first stage, not hours in. None: nothing to check ahead.
-    check: str | None = None
+    # Checks its own options in a composed config, loading no model, and raises ConfigError on a wrong one; the
+    # pipeline calls it for every step when it plans, so a typo in the last stage's options stops the pipeline
+    # before its first stage, not hours in. None: nothing to check ahead.
+    check: Callable[[DictConfig], object] | None = None
 
     def __post_init__(self) -> None:
         for field, value in (("run", self.run), ("check", self.check)):
-            module, _, function = (value or "").partition(":")
-            if value is not None and not (module and function):
-                raise ValueError(f"Stage {self.name}: {field}={value!r} is not 'module:function'")
+            if not callable(value) and not (field == "check" and value is None):
+                raise ValueError(f"Stage {self.name}: {field}={value!r} is not a function")
         if self.trains is not None and self.trains not in self.model_groups:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")
         if self.data_parallel and self.trains is None:
@@ -58,16 +58,7 @@ class Stage:
         """The config groups of the models it loads, the trained one included."""
         return tuple(group for group in self.config_groups if group in MODEL_GROUPS)
 
-    def load(self) -> Callable[[DictConfig], Path]:
-        """The stage's run function, imported now (the one place a stage's code is imported by name)."""
-        return _function(self.run)
-
     def check_config(self, cfg: DictConfig) -> None:
         """Run the stage's ``check`` on ``cfg`` (a ConfigError names what to fix); nothing when it has none."""
         if self.check is not None:
-            _function(self.check)(cfg)
-
-
-def _function(name: str) -> Callable:
-    module, function = name.split(":")
-    return getattr(importlib.import_module(module), function)
+            self.check(cfg)

@@ -1,8 +1,8 @@
 """``python -m rlt_mono.stages.eval compare a/eval.json b/eval.json ...``: several eval runs side by side, one markdown
 table, without torch (it reads JSON files, so it answers in about a second).
 
-``rlt_mono.stages.eval`` writes the ``eval.json`` files and hands its ``compare`` command to ``main`` here before it
-imports anything heavy; ``compare_table`` is also the table the eval stage logs and the pipeline writes. Evals over
+The eval stage writes the ``eval.json`` files; ``rlt_mono.stages.eval``'s command line runs ``compare`` with
+``add_arguments`` and ``run`` here; ``compare_table`` is also the table the eval stage logs and the pipeline writes. Evals over
 different held-out questions are refused unless ``--allow-different-questions`` (the table then says so).
 """
 
@@ -79,7 +79,7 @@ def compare_table(paths: list[str | Path], allow_different_questions: bool = Fal
                         "comparable question for question.**\n")
     for key in ("teacher", "student", "questions"):
         lines.append(f"| {key} | " + " | ".join(str(r.get(key, "—")) for r in results) + " |")
-    known = module_constant("rlt_mono.stages.eval", "METRICS").values()  # read from the source: evaluate imports torch
+    known = module_constant("rlt_mono.stages.eval", "METRICS").values()  # from the source: that module imports this one
     held = list(dict.fromkeys(name for r in results for name in r["metrics"]))
     metric_names = [name for name in known if name in held] + [name for name in held if name not in known]
     for name in metric_names:
@@ -100,7 +100,7 @@ def cell(metric: dict | None) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``compare``'s arguments (on its own parser here, and on ``rlt_mono.stages.eval``'s subcommand)."""
+    """``compare``'s arguments (``python -m rlt_mono.stages.eval compare``, a subcommand of its ``main``)."""
     parser.add_argument("eval_json", nargs="+", help="eval.json files (or their run folders)")
     parser.add_argument("--allow-different-questions", action="store_true",
                         help="compare evals over different held-out sets (the table then says so)")
@@ -116,10 +116,3 @@ def run(args: argparse.Namespace) -> int:
         return err.exit_code
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m rlt_mono.stages.eval compare ...`` (``argv``: what follows ``compare``)."""
-    parser = argparse.ArgumentParser(prog="python -m rlt_mono.stages.eval compare",
-                                     description="one markdown table of several eval.json side by side")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -96,8 +96,11 @@ from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.atomic_write import write_json, write_text
-from rlt_mono.stages import STAGES
-from rlt_mono.stages.eval import compare_table
+from rlt_mono.stages import distill, student_sft, teacher_rlt, teacher_sft
+from rlt_mono.stages import eval as evaluate
+from rlt_mono.stages.base import Stage
+from rlt_mono.stages.distill import DISTILL_FILE
+from rlt_mono.stages.eval_compare import compare_table
 from rlt_mono.stages.pipeline_steps import (
     ORDER,
     STEP_FOLDER_NAMES,
@@ -105,15 +108,16 @@ from rlt_mono.stages.pipeline_steps import (
     override_value,
     pipeline_options,
 )
-from rlt_mono.study.aggregate import write_study
 
 logger = logging.getLogger(__name__)
 
+# The stages a pipeline runs, by name, in ORDER.
+PIPELINE_STAGES = {stage.name: stage for stage in (teacher_sft.STAGE, teacher_rlt.STAGE, distill.STAGE,
+                                                   student_sft.STAGE, evaluate.STAGE)}
 SUMMARY_FILE = "pipeline.json"
 # The two evaluations side by side: the RL teacher (scored by the frozen student; the frozen student's accuracy)
 # and the distilled student's accuracy.
 TABLE_FILE = "eval_table.md"
-DISTILL_FILE = "distill.jsonl"  # rlt_mono.stages.distill.DISTILL_FILE (not imported: it pulls in torch)
 # Keys that differ between two launches of one step without changing what it runs: the new-folder time, the
 # folder itself (the pipeline names it) and the resume the pipeline adds.
 UNCOMPARED = ("run_dir", "output_dir", "resume_from_checkpoint")
@@ -182,7 +186,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
     for step in options.all_steps():
         stage = stage_of(step)
         own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
-        forwarded = data if STAGES[stage].reads_data else []  # student SFT reads the distilled rows
+        forwarded = data if PIPELINE_STAGES[stage].reads_data else []  # student SFT reads the distilled rows
         pipelines = (f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         check_not_wired(stages[stage], stage, step, pipelines)
         overrides = (*forwarded, *own, *pipelines)
@@ -196,7 +200,7 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
             raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
         try:  # every step's own options now, before the first stage runs for hours
-            STAGES[stage].check_config(composed)
+            PIPELINE_STAGES[stage].check_config(composed)
         except ConfigError as err:
             raise ConfigError(f"pipeline step {step}: {err}") from err
         plans.append(StagePlan(step, str(stages[stage].config), overrides, root / folders[step],
@@ -427,6 +431,8 @@ def resume_overrides(plan_: StagePlan) -> list[str]:
 
 def run_pipeline(cfg: DictConfig) -> Path:
     """Run (or continue) every stage in order; returns the pipeline folder (``pipeline.json`` sums it up)."""
+    from rlt_mono.study.aggregate import write_study  # the study over seeds reads the pipeline's step folders
+
     options = pipeline_options(cfg)
     root = Path(cfg.output_dir) if cfg.output_dir else checkpoints.new_run_dir(cfg.run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -492,3 +498,14 @@ def drop_asked_checkpoints(plan_: StagePlan, options: PipelineOptions) -> None:
     """With ``keep_checkpoints=false``, delete a finished step's checkpoints (``drop_checkpoints``)."""
     if not options.keep_checkpoints and (freed := drop_checkpoints(plan_.folder)):
         logger.info("%s: deleted its checkpoints (%.1f GiB; keep_checkpoints=false), final/ kept", plan_.stage, freed)
+
+
+# Every stage in order, each a subprocess in its own folder, with the study's controls (steps and folders:
+# rlt_mono.stages.pipeline_steps). Run config: cfgs/run_cfg/pipeline_smollm2.yaml. It keeps no checkpoints of its own:
+# run again with the same output_dir, it continues where it stopped.
+STAGE = Stage(
+    name="pipeline",
+    run=run_pipeline,
+    # it reads no group itself; a data option it sets is handed to the stages that read data
+    config_groups=("data",),
+)

@@ -1,6 +1,7 @@
-"""The SFT stage: supervised fine-tuning of the teacher (RLT's warm-up) or of a student, with TRL's SFTTrainer.
+"""The SFT stages' code: supervised fine-tuning of the teacher (RLT's warm-up) or of a student, with TRL's SFTTrainer.
 
-One code path for two stages, chosen by the run config's ``stage``:
+One code path for two stages (declared in ``rlt_mono.stages.teacher_sft`` and ``rlt_mono.stages.student_sft``, whose
+run functions import this module), chosen by the run config's ``stage``:
 
 - ``teacher_sft`` trains ``model`` on the teacher chat. Prompt: the chat rendered with the teacher's chat template
   up to and including the prefilled ``<|begin_of_explanation|>`` + ``\\n\\n`` (exactly what the RL stage continues).
@@ -67,14 +68,14 @@ from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
-from rlt_mono.stages import STAGES
+from rlt_mono.stages import student_sft, teacher_sft
 from rlt_mono.stages.final_model import save_final
 from rlt_mono.study import diversity
 
 logger = logging.getLogger(__name__)
 
-# The stages this module runs (rlt_mono.stages declares each: the config group of the model it trains).
-SFT_STAGES = tuple(name for name, stage in STAGES.items() if stage.run == "rlt_mono.stages.sft:run_sft")
+# The stages this module runs, by name (each one's module declares it: the config group of the model it trains).
+SFT_STAGES = {stage.name: stage for stage in (teacher_sft.STAGE, student_sft.STAGE)}
 SUMMARY_FILE = "sft_summary.json"
 # data.py's column for an SFT target: the stage's explanation column is validated under this name.
 TARGET_COLUMN = "reasoning_trace"
@@ -327,7 +328,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize,
                                                    world_size=runtime.world_size(), stage=stage,
-                                                   trains=STAGES[stage].trains)
+                                                   trains=SFT_STAGES[stage].trains)
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
@@ -341,7 +342,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                         f"data.source={data_config.source} holds no question out: set data.eval_rows=N or "
                         "data.eval_fraction=F, or sft.early_stopping_patience=0")
     # ---- model ----------------------------------------------------------------------------------------------------
-    group = STAGES[stage].trains
+    group = SFT_STAGES[stage].trains
     if lora.lora_rank(cfg[group]):  # a silent full fine-tune would not be what was asked for
         raise ConfigError(f"{group}.lora_r={cfg[group].lora_r}: {stage} trains every weight (LoRA adapters are "
                           f"teacher_rlt's option): set {group}.lora_r=0")

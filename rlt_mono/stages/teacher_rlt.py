@@ -3,6 +3,7 @@
 ``run_teacher_rlt(cfg)`` builds the trainer (``rlt_mono.rl.build``), trains or resumes, and saves the teacher
 atomically in ``<output_dir>/final``. Failures a user can act on (a full disk, a card out of memory, Ctrl-C, a
 run that could not make its steps) become one-line ``UserError``s that say where the last good checkpoint is.
+The trainer and the final save (torch, TRL) are imported when the stage runs.
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.errors import UserError
-from rlt_mono.rl.build import build_trainer
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
 from rlt_mono.runs.readme import launch_command, write_run_readme
-from rlt_mono.stages.final_model import save_final
+from rlt_mono.stages.base import Stage
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,9 @@ MEMORY_HINT = ("trainer.per_device_train_batch_size (raise gradient_accumulation
 
 def run_teacher_rlt(cfg: DictConfig) -> Path:
     """Train the teacher a run config describes; returns the run folder (the teacher is in ``final/``)."""
+    from rlt_mono.rl.build import build_trainer
+    from rlt_mono.stages.final_model import save_final
+
     trainer = build_trainer(cfg)
     output_dir = Path(trainer.args.output_dir)
     resume = trainer.resume_checkpoint
@@ -48,3 +51,16 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
                          read_metrics(output_dir / METRICS_FILE), command=launch_command())
     logger.info("final teacher saved to %s", final)
     return output_dir
+
+
+# GRPO on the teacher with the RLT reward (the trainer: rlt_mono.rl). Run config: cfgs/run_cfg/teacher_rlt_mono.yaml
+# (demo_tiny on the CPU).
+STAGE = Stage(
+    name="teacher_rlt",
+    run=run_teacher_rlt,
+    config_groups=("model", "student", "data", "reward", "trainer", "placement", "logging"),
+    trains="model",
+    keeps_checkpoints=True,
+    reads_data=True,
+    data_parallel=True,
+)
