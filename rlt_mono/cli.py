@@ -251,10 +251,12 @@ def warn_unused_lora_options(cfg, stage, overrides: list[str] | tuple[str, ...])
 
 
 def auto_picks_split(cfg) -> bool:
-    """``placement=auto`` of an RL run on a GPU launcher that sees two or more GPUs: ``placement=split`` (the fastest
-    two-GPU placement measured, cfgs/placement/split.yaml); on one GPU (or the CPU) auto is ``mono``."""
-    return ("placement" in cfg and cfg.placement.mode == "auto" and cfg.stage == "teacher_rlt"
-            and not runtime.in_rank() and not cfg.trainer.get("use_cpu", False) and runtime.gpus_present() >= 2)
+    """``placement=auto`` of a stage that may split (``Stage.may_split``: the RL stage) on a GPU launcher that sees two
+    or more GPUs: ``placement=split`` (the fastest two-GPU placement measured, cfgs/placement/split.yaml); on one GPU
+    (or the CPU) auto is ``mono``."""
+    stage = STAGES[cfg.stage]
+    return ("placement" in cfg and cfg.placement.mode == "auto" and stage.may_split and not runtime.in_rank()
+            and not cfg[stage.trainer_group].get("use_cpu", False) and runtime.gpus_present() >= 2)
 
 
 def exposed_mode(stage: str, mode: str) -> str:

@@ -130,28 +130,30 @@ class LaunchPlan:
 
     def table(self, cfg: DictConfig) -> str:
         """The per-rank placement logged before the ranks start."""
-        trainer = runtime.training_group(cfg)
+        stage = STAGES[cfg.stage]
+        trainer = cfg[stage.trainer_group]
         per_rank = trainer.per_device_train_batch_size * trainer.gradient_accumulation_steps
-        rl = cfg.stage == "teacher_rlt"
+        rollouts = stage.trains_on_rollouts
         vllm = cfg.placement.rollout == "vllm" or (cfg.placement.rollout == "auto" and self.gpus > 0
                                                      and importlib.util.find_spec("vllm") is not None)
-        rollout = (f"vLLM colocated at {trainer.vllm_gpu_memory_utilization:g}" if rl and vllm
+        rollout = (f"vLLM colocated at {trainer.vllm_gpu_memory_utilization:g}" if rollouts and vllm
                    else "transformers generate")
         aside = {True: "CPU (pinned)", False: "resident"}
-        unit = "completions" if rl else "rows"
+        unit = "completions" if rollouts else "rows"
         lines = [
             f"placement: dp, {self.world_size} rank{'s' * (self.world_size > 1)} on {self.num_machines} "
             f"machine{'s' * (self.num_machines > 1)} (this is machine {self.machine_rank}, main process "
             f"{self.main_process_ip}:{self.main_process_port}); strategy {self.strategy}: {STRATEGIES[self.strategy]}",
             f"  {'rank':<5} {'local':<6} {'device':<7} "
-            + (f"{'actor + rollout':<34} {'reference':<13} student" if rl else f"the model trained by {cfg.stage}"),
+            + (f"{'actor + rollout':<34} {'reference':<13} student" if rollouts
+               else f"the model trained by {cfg.stage}"),
         ]
         sharded = self.strategy == "fsdp2"
         held = f"1/{self.world_size} sharded" if sharded else "resident"
         # FSDP2 shards TRL's reference with the teacher: it stays on the GPU (rlt_mono.rl.trainer).
         reference = held if sharded else aside[bool(cfg.placement.offload_reference) and self.gpus > 0]
         student = aside[bool(cfg.placement.offload_student) and self.gpus > 0]
-        roles = f"{held + ', ' + rollout:<34} {reference:<13} {student}" if rl else held
+        roles = f"{held + ', ' + rollout:<34} {reference:<13} {student}" if rollouts else held
         for local, rank in enumerate(self.global_ranks()):
             lines.append(f"  {rank:<5} {local:<6} {f'cuda:{local}' if self.gpus else 'cpu':<7} {roles}")
         lines.append(f"  {unit} per optimizer step: {per_rank} per rank x {self.world_size} "
@@ -163,14 +165,16 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
     """The ``LaunchPlan`` of a composed ``placement=dp`` config on a machine with ``gpus_present`` GPUs (0 or
     ``trainer.use_cpu``: CPU ranks). Raises ``ConfigError`` for anything the ranks could not start with."""
     p = cfg.placement
-    if cfg.stage not in DP_STAGES:
+    stage = STAGES[cfg.stage]
+    if not stage.data_parallel:
         raise ConfigError(f"placement=dp runs the training stages ({', '.join(DP_STAGES)}) on several GPUs; stage "
                           f"{cfg.stage} runs in one process: leave placement=dp out")
     if p.strategy not in STRATEGIES:
         raise ConfigError(f"placement.strategy={p.strategy!r}: choose one of {', '.join(STRATEGIES)} "
                           f"(the accelerate configs in {ACCELERATE_CONFIGS})")
-    gpus = runtime.usable_gpus(cfg, gpus_present)
-    check_strategy(cfg, gpus)
+    training = cfg[stage.trainer_group]
+    gpus = runtime.usable_gpus(training, gpus_present)
+    check_strategy(cfg, gpus, stage.trainer_group, stage.trains if stage.trains_adapters else None)
     processes = _positive_int(p.num_processes if p.num_processes is not None else max(gpus, 1),
                               "placement.num_processes")
     if gpus and processes > gpus:
@@ -180,7 +184,7 @@ def plan_launch(cfg: DictConfig, gpus_present: int) -> LaunchPlan:
                           f"{'s' * (gpus > 1)} (one rank per GPU): lower it, or leave it unset for one rank per "
                           f"GPU{split}")
     machines = _positive_int(p.num_machines, "placement.num_machines")
-    rounds = cfg.trainer.get("dynamic_sampling_rounds") if cfg.stage == "teacher_rlt" else None
+    rounds = training.get("dynamic_sampling_rounds")  # GRPO's option: the SFT stages' group has none
     if rounds and processes * machines > 1:
         raise ConfigError(f"trainer.dynamic_sampling_rounds={rounds} needs one rank (a GRPO group may span ranks): "
                           "set trainer.dynamic_sampling_rounds=0 with placement=dp or split")
@@ -210,7 +214,7 @@ def check_host_memory(cfg: DictConfig, plan: LaunchPlan, available: int | None) 
     line for the log. ``ConfigError`` when that alone is more than the ``available`` bytes (None: unknown, not
     checked): the ranks would be killed while loading. Under ``memory=auto`` a rank may set its teacher aside: a
     warning when that would not fit."""
-    if cfg.stage != "teacher_rlt" or plan.gpus == 0:  # SFT pins nothing; CPU ranks keep every model where it is
+    if not STAGES[cfg.stage].plans_memory or plan.gpus == 0:  # SFT pins nothing; CPU ranks keep every model in place
         return ""
     archs = {group: memory.Arch.from_config(load_config(model_path(cfg[group], cfg.seed, group),
                                                         f"{group}.model_name_or_path").to_dict())

@@ -199,19 +199,20 @@ BITSANDBYTES_OPTIMIZERS = frozenset({
     "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw_8bit", "galore_adamw_8bit_layerwise"})
 
 
-def check_strategy(cfg: DictConfig, gpus: int) -> None:
+def check_strategy(cfg: DictConfig, gpus: int, group: str, adapters: str | None) -> None:
     """What ``placement.strategy`` cannot run with, as a one-line ``ConfigError`` (checked by the launcher and,
-    for a rank started without it such as a benchmark's, when the trainer is built)."""
+    for a rank started without it such as a benchmark's, when the trainer is built). ``group``: the config group of
+    the stage's training arguments (``trainer`` or ``sft``); ``adapters``: the model group whose LoRA adapters it
+    trains when its ``lora_r`` > 0, None for a stage that trains none (the stage's facts, ``rlt_mono.stages``)."""
     if cfg.placement.strategy != "fsdp2":
         return
     if gpus == 0:
         raise ConfigError("placement.strategy=fsdp2 shards the teacher with FSDP2, which accelerate runs on GPUs only "
                           "(this run has none, or trainer.use_cpu=true): use placement.strategy=ddp")
-    if cfg.stage == "teacher_rlt" and cfg.model.get("lora_r"):
-        raise ConfigError(f"model.lora_r={cfg.model.lora_r} with placement.strategy=fsdp2: a LoRA teacher trains only "
-                          "its adapters, small enough to replicate; use placement.strategy=ddp")
-    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
-    optim = str(runtime.training_group(cfg).get("optim", ""))
+    if adapters is not None and cfg[adapters].get("lora_r"):
+        raise ConfigError(f"{adapters}.lora_r={cfg[adapters].lora_r} with placement.strategy=fsdp2: a LoRA teacher "
+                          "trains only its adapters, small enough to replicate; use placement.strategy=ddp")
+    optim = str(cfg[group].get("optim", ""))
     if optim in BITSANDBYTES_OPTIMIZERS:
         raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
                           f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "

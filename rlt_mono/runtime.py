@@ -54,15 +54,11 @@ def gpus_present() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
-def training_group(cfg: DictConfig) -> DictConfig:
-    """The group holding the stage's training arguments: ``trainer`` (RL) or ``sft``."""
-    return cfg.trainer if cfg.stage == "teacher_rlt" else cfg.sft
-
-
-def usable_gpus(cfg: DictConfig, gpus_present: int) -> int:
-    """The GPUs a ``placement=dp`` run's ranks use on this machine: none with the training group's ``use_cpu``
-    (CPU ranks), else every one present."""
-    return 0 if training_group(cfg).get("use_cpu", False) else gpus_present
+def usable_gpus(training: DictConfig, gpus_present: int) -> int:
+    """The GPUs a ``placement=dp`` run's ranks use on this machine: none with ``use_cpu`` in ``training``, the group of
+    the stage's training arguments (``trainer`` or ``sft``; ``rlt_mono.stages.base.Stage.trainer_group``: CPU ranks),
+    else every one present."""
+    return 0 if training.get("use_cpu", False) else gpus_present
 
 
 def quiet_progress_bars() -> None:

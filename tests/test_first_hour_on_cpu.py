@@ -165,7 +165,7 @@ def _group_check(group: str, values: dict, tmp_path: Path) -> None:
     if group == "sft" and values.get("use_liger_kernel"):
         from rlt_mono.rl.build import check_gpu_kernels
 
-        check_gpu_kernels(OmegaConf.create({"stage": "teacher_sft", "sft": values}), on_gpu=False)
+        check_gpu_kernels(OmegaConf.create({"stage": "teacher_sft", "sft": values}), on_gpu=False, group="sft")
     module, _, name = config_check.GROUP_CLASSES[group].partition(":")
     if group in ("trainer", "sft"):
         values = {**values, "output_dir": str(tmp_path)}

@@ -148,7 +148,7 @@ def test_sft_liger_kernel_without_the_package_or_a_gpu_is_one_line(tmp_path, mon
     monkeypatch.setattr("rlt_mono.stages.sft.load_model", _no_model_load)
     cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "+sft.use_liger_kernel=true"])
     with pytest.raises(ConfigError) as err:
-        build.check_gpu_kernels(cfg, on_gpu=True)
+        build.check_gpu_kernels(cfg, on_gpu=True, group="sft")
     assert str(err.value) == ("sft.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
                               "install liger-kernel (or pip install -e '.[gpu]'), or set sft.use_liger_kernel=false")
     with pytest.raises(ConfigError) as err:  # this machine has no GPU, and size=tiny trains on the CPU

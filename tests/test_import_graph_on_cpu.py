@@ -234,15 +234,15 @@ def test_a_stage_module_imports_its_code_in_its_run_and_check_functions_alone(tm
     stage.write_text("from rlt_mono.stages.base import Stage\n\n"
                      "def run(cfg):\n    from rlt_mono.stages.sft import run_sft\n    return run_sft(cfg)\n\n"
                      "def check(cfg):\n    from rlt_mono.rewards import TeacherRewardConfig\n\n"
-                     "def helper():\n    from rlt_mono.runs import checkpoints\n\n"
-                     "class Helper:\n    def method(self):\n        from rlt_mono.errors import UserError\n\n"
+                     "def load_rows():\n    from rlt_mono.runs import checkpoints\n\n"
+                     "class Reader:\n    def read(self):\n        from rlt_mono.errors import UserError\n\n"
                      "STAGE = Stage(name='x', run=run, check=check)\n")
     other = tmp_path / "other.py"
     other.write_text("def run(cfg):\n    from rlt_mono.stages.sft import run_sft\n")
     modules = {**module_files(), "rlt_mono.stages.x": stage, "rlt_mono.y": other}
     assert stage_functions(stage) == {"run", "check"}
     assert hidden_imports("rlt_mono.stages.x", stage, modules) == [
-        ("rlt_mono.runs.checkpoints", 11, "helper"), ("rlt_mono.errors", 15, "Helper.method")]
+        ("rlt_mono.runs.checkpoints", 11, "load_rows"), ("rlt_mono.errors", 15, "Reader.read")]
     assert hidden_imports("rlt_mono.y", other, modules) == [("rlt_mono.stages.sft", 2, "run")]
 
 

@@ -324,9 +324,9 @@ def arch_for(group, name: str, arch: str | None) -> Arch:
 def settings_from_config(cfg, *, total_gib: float, free_gib: float | None = None, arch: str | None = None,
                          teacher: Arch | None = None, student: Arch | None = None,
                          prompt_length: int = 512) -> Settings:
-    """``Settings`` of a composed ``teacher_rlt`` run config (placement mono only); ``teacher``/``student``
-    default to ``arch_for`` the model and student groups."""
-    if cfg.get("stage") != "teacher_rlt":
+    """``Settings`` of a composed ``teacher_rlt`` run config (placement mono only), the one whose GRPO ``trainer``
+    group it plans; ``teacher``/``student`` default to ``arch_for`` the model and student groups."""
+    if cfg.get("trainer") is None:
         raise UserError(f"the memory planner covers the teacher_rlt stage; this config's stage is {cfg.get('stage')}")
     if cfg.placement.mode == "student_gpu":  # placement=auto in one process is mono: planned as such
         raise UserError("placement=student_gpu: the memory planner covers every role on one GPU (placement=mono)")
@@ -362,7 +362,7 @@ def data_parallel_ranks(cfg) -> int:
         return 1
     if runtime.in_rank():
         return runtime.world_size()
-    processes = cfg.placement.num_processes or max(runtime.usable_gpus(cfg, runtime.gpus_present()), 1)
+    processes = cfg.placement.num_processes or max(runtime.usable_gpus(cfg.trainer, runtime.gpus_present()), 1)
     return processes * cfg.placement.num_machines
 
 

@@ -67,7 +67,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     on_gpu = placement.device(Role.ACTOR).startswith("cuda")
     check_gpu_kernels(cfg, on_gpu)
     if placement.mode == "dp":
-        check_strategy(cfg, gpus=int(on_gpu))
+        check_strategy(cfg, gpus=int(on_gpu), group="trainer", adapters="model")
     if on_gpu:
         # Before the trainer's config picks its device: without these variables transformers counts every visible
         # GPU as nn.DataParallel's (student_gpu sees two), which TRL refuses; a dp rank keeps its launcher's values.
@@ -174,13 +174,13 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     return trainer
 
 
-def check_gpu_kernels(cfg: DictConfig, on_gpu: bool) -> None:
-    """``<group>.use_liger_kernel`` of the stage's training group (``trainer`` for the RL stage, ``sft`` for the SFT
-    stages) runs liger-kernel's Triton kernels, which need the run on a GPU and the liger-kernel package: a one-line
-    ``ConfigError`` when the run is on the CPU (no CUDA device here, or ``<group>.use_cpu``) or the package is
-    missing (transformers would stop in the trainer's constructor, with a traceback)."""
-    group = "trainer" if cfg.stage == "teacher_rlt" else "sft"
-    if runtime.training_group(cfg).get("use_liger_kernel") is not True:
+def check_gpu_kernels(cfg: DictConfig, on_gpu: bool, group: str = "trainer") -> None:
+    """``<group>.use_liger_kernel`` of the stage's training group (``group``: ``trainer`` for the RL stage this module
+    builds, ``sft`` for the SFT stages) runs liger-kernel's Triton kernels, which need the run on a GPU and the
+    liger-kernel package: a one-line ``ConfigError`` when the run is on the CPU (no CUDA device here, or
+    ``<group>.use_cpu``) or the package is missing (transformers would stop in the trainer's constructor, with a
+    traceback)."""
+    if cfg[group].get("use_liger_kernel") is not True:
         return
     if not on_gpu:
         raise ConfigError(f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run "
@@ -190,25 +190,27 @@ def check_gpu_kernels(cfg: DictConfig, on_gpu: bool) -> None:
                           f"install liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
 
 
-def warn_unused_options(cfg: DictConfig, placement: Placement | None = None) -> None:
+def warn_unused_options(cfg: DictConfig, placement: Placement | None, *, plans_memory: bool,
+                        sampling_group: str | None) -> None:
     """One warning for each option the config of an SFT, distill or eval run sets that its stage does not read.
     ``placement``: the run's resolved placement (None: the stage resolves none, as the SFT stages, which train one
-    model per process).
+    model per process); ``plans_memory`` and ``sampling_group``: the stage's facts (``rlt_mono.stages.base.Stage``).
 
-    - ``memory=auto|speed`` outside teacher_rlt: it plans that stage's GPU memory;
+    - ``memory=auto|speed`` for a stage whose memory it does not plan (it plans teacher_rlt's GPU memory);
     - ``placement=student_gpu|auto`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
-    - ``<stage>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM engine.
+    - ``<sampling_group>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM
+      engine.
     """
-    if cfg.stage != "teacher_rlt" and cfg.get("memory") in memory_planner.PLANNING_MODES:
+    if not plans_memory and cfg.get("memory") in memory_planner.PLANNING_MODES:
         logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
                        cfg.stage)
     if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto"):
         logger.warning("placement=%s is ignored: %s trains one model in one process (placement=dp spreads it over "
                        "GPUs)", cfg.placement.mode, cfg.stage)
-    kv_cache = cfg[cfg.stage].get("vllm_kv_cache_gib") if cfg.stage in ("distill", "eval") else None
+    kv_cache = cfg[sampling_group].get("vllm_kv_cache_gib") if sampling_group is not None else None
     if placement is not None and not placement.use_vllm and kv_cache is not None:
         logger.warning("%s.vllm_kv_cache_gib=%s is ignored: this run samples with transformers, not vLLM (no CUDA GPU, "
-                       "no vllm package, or placement.rollout=transformers)", cfg.stage, kv_cache)
+                       "no vllm package, or placement.rollout=transformers)", sampling_group, kv_cache)
 
 
 def release_trainer(trainer: RLTTrainer) -> None:

@@ -39,6 +39,23 @@ class Stage:
     reads_data: bool = False
     # placement=dp can run it on several GPUs, one rank each (rlt_mono.launch); only stages that train can.
     data_parallel: bool = False
+    # The config group of its training arguments (use_cpu, batch sizes, use_liger_kernel, optim): trainer (GRPO,
+    # rlt_mono.rl) or sft (TRL's SFTTrainer); None for a stage that trains nothing.
+    trainer_group: str | None = None
+    # <trains>.lora_r > 0 trains LoRA adapters (rlt_mono.rl.lora); a stage that trains without them refuses it.
+    trains_adapters: bool = False
+    # It trains on completions it generates (GRPO): each rank holds the actor with its rollout engine (vLLM or
+    # transformers' generate), a reference and a student.
+    trains_on_rollouts: bool = False
+    # memory=auto|speed plans its GPU memory (rlt_mono.memory.planner) and a placement=dp launch its ranks' CPU memory;
+    # another stage warns that it ignores memory=auto|speed.
+    plans_memory: bool = False
+    # placement=auto picks placement=split (two data-parallel ranks) where its launcher sees two GPUs or more.
+    may_split: bool = False
+    # The config group of the options it samples explanations with outside training (SamplingOptions, read by
+    # rlt_mono.stages.sampler: vLLM or transformers' generate; its vllm_kv_cache_gib sizes vLLM's KV cache); None for
+    # a stage that samples nothing outside training.
+    sampling_group: str | None = None
     # Checks its own options in a composed config, loading no model, and raises ConfigError on a wrong one; the
     # pipeline calls it for every step when it plans, so a typo in the last stage's options stops the pipeline
     # before its first stage, not hours in. None: nothing to check ahead.
@@ -52,6 +69,18 @@ class Stage:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")
         if self.data_parallel and self.trains is None:
             raise ValueError(f"Stage {self.name}: data_parallel needs a model it trains (trains=None)")
+        if (self.trainer_group is None) != (self.trains is None):
+            raise ValueError(f"Stage {self.name}: trainer_group={self.trainer_group!r} and trains={self.trains!r}: a "
+                             "stage that trains a model has the group of its training arguments, and only it")
+        for field in ("trainer_group", "sampling_group"):
+            group = getattr(self, field)
+            if group is not None and group not in self.config_groups:
+                raise ValueError(f"Stage {self.name}: {field}={group!r} is not in config_groups={self.config_groups}")
+        for field in ("trains_adapters", "trains_on_rollouts", "plans_memory", "may_split"):
+            if getattr(self, field) and self.trains is None:
+                raise ValueError(f"Stage {self.name}: {field} needs a model it trains (trains=None)")
+        if self.may_split and not self.data_parallel:
+            raise ValueError(f"Stage {self.name}: may_split runs it data parallel (data_parallel=False)")
 
     @property
     def model_groups(self) -> tuple[str, ...]:

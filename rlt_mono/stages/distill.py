@@ -104,5 +104,6 @@ STAGE = Stage(
     run=run_distill,
     config_groups=("model", "student", "data", "reward", "placement", "logging", "distill"),
     reads_data=True,
+    sampling_group="distill",
     check=check_options,
 )

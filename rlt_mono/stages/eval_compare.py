@@ -2,8 +2,8 @@
 table, without torch (it reads JSON files, so it answers in about a second).
 
 The eval stage writes the ``eval.json`` files; ``rlt_mono.stages.eval``'s command line runs ``compare`` with
-``add_arguments`` and ``run`` here; ``compare_table`` is also the table the eval stage logs and the pipeline writes. Evals over
-different held-out questions are refused unless ``--allow-different-questions`` (the table then says so).
+``add_arguments`` and ``run`` here; ``compare_table`` is also the table the eval stage logs and the pipeline writes.
+Evals over different held-out questions are refused unless ``--allow-different-questions`` (the table then says so).
 """
 
 from __future__ import annotations

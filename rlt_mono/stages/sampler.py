@@ -56,6 +56,7 @@ from rlt_mono.rl.phases import Phase, PhaseTimer
 from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
+from rlt_mono.stages import STAGES
 from rlt_mono.stages.sampling_options import SamplingOptions
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.rl.left_align``, as
     ``trainer.left_align_padding`` does for the RL stage's models); generation with a cache is left alone."""
     placement = resolve_placement_for(cfg.placement)
-    warn_unused_options(cfg, placement)
+    stage = STAGES[cfg.stage]
+    warn_unused_options(cfg, placement, plans_memory=stage.plans_memory, sampling_group=stage.sampling_group)
     phases = PhaseTimer(placement.device(Role.ACTOR))
     swapper = ModelSwapper(placement.device(Role.ACTOR), phases, pin_memory=cfg.placement.pin_memory)
     # Both paths first: a wrong one stops the run before any model loads (a GGUF file is dequantized once, here).

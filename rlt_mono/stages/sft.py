@@ -322,13 +322,14 @@ def build_sft(cfg: DictConfig) -> SFTRun:
         # The best checkpoint by held-out loss becomes final/ (transformers keeps it from save_total_limit).
         sft_kwargs.update(load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
     args = instantiate(SFTStageConfig, sft_kwargs, "sft")
-    check_gpu_kernels(cfg, on_gpu=torch.cuda.is_available() and not args.use_cpu)
-    warn_unused_options(cfg)
+    declared = SFT_STAGES[stage]
+    check_gpu_kernels(cfg, on_gpu=torch.cuda.is_available() and not args.use_cpu, group=declared.trainer_group)
+    warn_unused_options(cfg, None, plans_memory=declared.plans_memory, sampling_group=declared.sampling_group)
     # An epoch-based run (max_steps=-1) has no step limit to check a checkpoint against; transformers ends it.
     resume_checkpoint = checkpoints.resolve_resume(output_dir, cfg.resume_from_checkpoint,
                                                    args.max_steps if args.max_steps > 0 else sys.maxsize,
                                                    world_size=runtime.world_size(), stage=stage,
-                                                   trains=SFT_STAGES[stage].trains)
+                                                   trains=declared.trains)
     set_wandb_env(cfg.logging, args.report_to)
     # ---- rows (before the model: a data mistake costs no model load) ----------------------------------------------
     train_rows, heldout_rows, skipped = load_sft_rows(data_config, cfg.seed, stage, args.explanation_column)
@@ -342,7 +343,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                         f"data.source={data_config.source} holds no question out: set data.eval_rows=N or "
                         "data.eval_fraction=F, or sft.early_stopping_patience=0")
     # ---- model ----------------------------------------------------------------------------------------------------
-    group = SFT_STAGES[stage].trains
+    group = declared.trains
     if lora.lora_rank(cfg[group]):  # a silent full fine-tune would not be what was asked for
         raise ConfigError(f"{group}.lora_r={cfg[group].lora_r}: {stage} trains every weight (LoRA adapters are "
                           f"teacher_rlt's option): set {group}.lora_r=0")

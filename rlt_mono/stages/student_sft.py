@@ -27,4 +27,5 @@ STAGE = Stage(
     trains="student",
     keeps_checkpoints=True,
     data_parallel=True,
+    trainer_group="sft",
 )

@@ -63,4 +63,9 @@ STAGE = Stage(
     keeps_checkpoints=True,
     reads_data=True,
     data_parallel=True,
+    trainer_group="trainer",
+    trains_adapters=True,
+    trains_on_rollouts=True,
+    plans_memory=True,
+    may_split=True,
 )

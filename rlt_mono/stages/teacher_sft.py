@@ -27,4 +27,5 @@ STAGE = Stage(
     keeps_checkpoints=True,
     reads_data=True,
     data_parallel=True,
+    trainer_group="sft",
 )

@@ -256,5 +256,6 @@ STAGE = Stage(
     run=run_eval,
     config_groups=("model", "student", "data", "reward", "placement", "logging", "eval"),
     reads_data=True,
+    sampling_group="eval",
     check=check_options,
 )
