@@ -318,7 +318,8 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
         check_values(group, cfg[group], fields or {})
     if isinstance(cfg.get("placement"), DictConfig):
         check_values("placement", cfg.placement, {})
-    if cfg.get("stage") == "teacher_rlt" and isinstance(cfg.get("model"), DictConfig):
+    stage = STAGES.get(cfg.get("stage"))
+    if stage is not None and stage.trains_adapters and isinstance(cfg.get("model"), DictConfig):
         check_lora_rank(cfg.model)
     if isinstance(cfg.get("data"), DictConfig):
         warn_unread_data_keys(cfg.data, overrides)
