@@ -1,6 +1,8 @@
 """The held-out learning curve of the RL stage: TRL's evaluation on held-out questions every eval_steps."""
 
+import gc
 import json
+import weakref
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.data.rows import DataConfig, load_split
@@ -19,7 +21,10 @@ def test_eval_rows_score_the_first_held_out_questions_every_eval_steps(tmp_path)
     assert len(questions) == 8 and set(questions) <= held_out  # held-out questions only, the first 8
     assert not set(questions) & {" ".join(q.split()) for q in trainer.train_dataset["question"]}
     trainer.train()
+    teacher = weakref.ref(trainer.model)
     release_trainer(trainer)
+    gc.collect()
+    assert teacher() is None, "the released trainer still holds the teacher"  # a notebook's next build fits
 
     evals = read_metrics(out / "metrics.jsonl", EVAL_EVENT)
     assert [row["step"] for row in evals] == [0, 2, 4]  # eval_on_start, then every 2 steps

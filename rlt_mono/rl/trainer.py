@@ -325,6 +325,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             if hasattr(self, name):
                 setattr(self, name, None)
         self.reward_funcs = []
+        for name in ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
+            setattr(self.callback_handler, name, None)  # transformers hands them to the callbacks, and keeps them
         for callback in self.callback_handler.callbacks:
             if hasattr(callback, "reward"):  # RunFilesCallback keeps the reward (and so the student) alive
                 callback.reward = None
