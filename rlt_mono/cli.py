@@ -201,7 +201,7 @@ def check_run_keys(cfg, overrides: list[str] | tuple[str, ...] = ()) -> None:
     if cfg.stage not in STAGES:
         raise UserError(f"stage={cfg.stage!r} is not a stage; stages: {sorted(STAGES)}")
     stage = STAGES[cfg.stage]
-    pipeline_options(cfg)  # the pipeline's settings: typed; another stage warns that it ignores one
+    pipeline_options(cfg, stage.config_groups)  # the pipeline's settings typed; another stage warns it ignores one
     if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
         raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
     if cfg.get("memory", "manual") not in MEMORY_MODES:
@@ -293,6 +293,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         epilog=(
             f"run configs (cfgs/run_cfg/, each a delta over the root config cfgs/train.yaml):\n"
             f"  {' '.join(available_run_configs())}\n\n"
+            f"stages (each run config names one with its stage key; each is declared in rlt_mono.stages.<stage>):\n"
+            f"  {' '.join(STAGES)}\n\n"
             f"config groups and their options (pick one with group=option, e.g. placement=split):\n{groups}\n\n"
             "keys: set any key with group.key=value (e.g. trainer.max_steps=50 reward.clip_kl=5);\n"
             f"list every key and its value with:  {prog} <run config> --show-config [overrides]\n"

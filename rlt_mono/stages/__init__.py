@@ -8,8 +8,9 @@ so ``python -m rlt_mono.cli --help`` and config errors stay quick. This package,
 stage modules are the layer of declarations, below the study over seeds and the stages' code (the layers:
 ``tests/test_import_graph_on_cpu.py``).
 
-A new stage: its module here (its ``STAGE`` and its run function), its line below, its config group (cfgs/<group>/)
-if it has options, and a run config (cfgs/run_cfg/) naming it.
+A new stage: its module here (its ``STAGE`` and its run function), its entry below (the module imported, its
+``STAGE`` listed), its config group (cfgs/<group>/) if it has options, and a run config (cfgs/run_cfg/) naming it;
+nothing else (tests/test_new_stage_on_cpu.py adds one).
 """
 
 from rlt_mono.stages import distill, pipeline, student_sft, teacher_rlt, teacher_sft

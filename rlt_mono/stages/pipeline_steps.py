@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -69,12 +70,13 @@ def unknown_step(step: str, steps: tuple[str, ...]) -> str:
     return f"steps: unknown step {step!r}: {hint}"
 
 
-def pipeline_options(cfg: DictConfig) -> PipelineOptions:
+def pipeline_options(cfg: DictConfig, stage_groups: Iterable[str] = ()) -> PipelineOptions:
     """The pipeline's settings of ``cfg``, checked for any stage: a value of the wrong type, or a root key that
-    ``cfgs/train.yaml`` does not declare (a typo such as ``+keep_checkpoint=false``), is one ``ConfigError`` line.
-    Another stage ignores them: each one set away from its default there is a warning that names it."""
+    neither ``cfgs/train.yaml`` nor the stage (``stage_groups``: the config groups it declares) declares (a typo such
+    as ``+keep_checkpoint=false``), is one ``ConfigError`` line. Another stage ignores them: each one set away from
+    its default there is a warning that names it."""
     root = OmegaConf.load(CONFIG_DIR / "train.yaml")
-    declared = {key for key in root if key != "defaults"}
+    declared = {key for key in root if key != "defaults"} | set(stage_groups)
     declared |= {next(iter(entry)) for entry in root.defaults if isinstance(entry, DictConfig)}  # the groups
     if cfg.stage == "pipeline":
         declared.add(STAGES_KEY)
