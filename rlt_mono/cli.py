@@ -89,6 +89,7 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
             return 0, ""
         check_run_keys(cfg, args.overrides)
         config_check.check_config(cfg, args.overrides)
+        check_steps(cfg)
         runtime.quiet_progress_bars()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
@@ -148,6 +149,27 @@ def check_run_config_name(config: str, prog: str) -> None:
     close = difflib.get_close_matches(path.stem, names, n=config_check.SUGGESTIONS)
     hint = f"did you mean {prog} {close[0]}?" if close else f"run configs: {' '.join(names)}"
     raise ConfigError(f"{problem}; {hint}")
+
+
+def check_steps(cfg) -> None:
+    """Each run a stage launches (``Stage.steps``: a pipeline's steps) composed and checked as its own command line
+    would be (``compose_naming_unknown_keys``, ``check_run_keys``, ``config_check.check_config``), before the stage
+    starts: a typo or a value out of range in the last step's overrides is one line naming the step, not an error
+    after the steps before it have run. The warnings are left to each step, which logs them when it runs."""
+    steps = STAGES[cfg.stage].steps
+    if steps is None:
+        return
+    logging.disable(logging.WARNING)
+    try:
+        for step, config, overrides in steps(cfg):
+            try:
+                step_cfg = compose_naming_unknown_keys(config, overrides)
+                check_run_keys(step_cfg, overrides)
+                config_check.check_config(step_cfg, overrides)
+            except UserError as err:
+                raise ConfigError(f"{cfg.stage} step {step}: {err}") from err
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def compose_naming_unknown_keys(config: str, overrides: list[str]):

@@ -60,10 +60,14 @@ class Stage:
     # pipeline calls it for every step when it plans, so a typo in the last stage's options stops the pipeline
     # before its first stage, not hours in. None: nothing to check ahead.
     check: Callable[[DictConfig], object] | None = None
+    # The runs it launches, each ``(step, run config, overrides)`` as its own command line: rlt_mono.cli composes and
+    # checks each one as it checks a command line (unknown keys, types, ranges, the stage's check) before this stage
+    # starts, so a wrong option of the last step is one line before the first step runs. None: it launches none.
+    steps: Callable[[DictConfig], list[tuple[str, str, list[str]]]] | None = None
 
     def __post_init__(self) -> None:
-        for field, value in (("run", self.run), ("check", self.check)):
-            if not callable(value) and not (field == "check" and value is None):
+        for field, value in (("run", self.run), ("check", self.check), ("steps", self.steps)):
+            if not callable(value) and not (field != "run" and value is None):
                 raise ValueError(f"Stage {self.name}: {field}={value!r} is not a function")
         if self.trains is not None and self.trains not in self.model_groups:
             raise ValueError(f"Stage {self.name}: trains={self.trains!r} is not in model_groups={self.model_groups}")

@@ -142,9 +142,15 @@ class StagePlan:
     settings: dict
 
 
-def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
-    """The five stages with their wiring; each stage config is composed now, so a mistake in any of them
-    stops the pipeline before the first stage runs."""
+def step_commands(cfg: DictConfig) -> list[tuple[str, str, list[str]]]:
+    """Each step of the pipeline as the command line it launches: ``(step, run config, overrides)``, the stage's own
+    overrides then the wiring, paths relative to the pipeline folder. Composes nothing: ``rlt_mono.cli`` checks each
+    one as a command line (``Stage.steps``) before the first step runs, and ``plan`` composes them."""
+    return [(step, config, overrides) for step, config, overrides, _ in _step_commands(cfg)]
+
+
+def _step_commands(cfg: DictConfig) -> list[tuple[str, str, list[str], set[str]]]:
+    """``step_commands`` with the keys the wiring sets for each step (handed on relative to the pipeline folder)."""
     stages = cfg.pipeline
     options = pipeline_options(cfg)
     unknown = sorted(set(stages) - set(ORDER))
@@ -182,28 +188,38 @@ def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
         if stage not in stages:
             raise ConfigError(f"pipeline.{stage} is missing: give its run config (pipeline.{stage}.config=<name>)")
     data = data_overrides(cfg)
-    plans = []
+    commands = []
     for step in options.all_steps():
         stage = stage_of(step)
         own = [str(o) for key in ("overrides", "extra_overrides") for o in stages[stage].get(key) or []]
         forwarded = data if PIPELINE_STAGES[stage].reads_data else []  # student SFT reads the distilled rows
         pipelines = (f"seed={cfg.seed}", f"output_dir={folders[step]}", *wiring[step])
         check_not_wired(stages[stage], stage, step, pipelines)
-        overrides = (*forwarded, *own, *pipelines)
-        composed = compose(stages[stage].config, list(overrides))
-        wired = {override.split("=", 1)[0] for override in wiring[step]}
+        commands.append((step, str(stages[stage].config), [*forwarded, *own, *pipelines],
+                         {override.split("=", 1)[0] for override in wiring[step]}))
+    return commands
+
+
+def plan(cfg: DictConfig, root: Path) -> list[StagePlan]:
+    """The steps (``step_commands``) with their composed configs; each stage config is composed now, so a mistake
+    in any of them stops the pipeline before the first stage runs."""
+    plans = []
+    for step, config, step_overrides, wired in _step_commands(cfg):
+        stage = stage_of(step)
+        overrides = tuple(step_overrides)
+        composed = compose(config, list(overrides))
         if absolute := launch_relative(composed, skip=wired):
             logger.info("pipeline step %s runs in %s: %s handed on absolute", step, root, " ".join(absolute))
             overrides = (*overrides, *absolute)
-            composed = compose(stages[stage].config, list(overrides))
+            composed = compose(config, list(overrides))
         if composed.get("stage") != stage:
-            raise ConfigError(f"pipeline.{stage}.config={stages[stage].config} runs stage "
+            raise ConfigError(f"pipeline.{stage}.config={config} runs stage "
                               f"{composed.get('stage')!r}, not {stage!r}")
         try:  # every step's own options now, before the first stage runs for hours
             PIPELINE_STAGES[stage].check_config(composed)
         except ConfigError as err:
             raise ConfigError(f"pipeline step {step}: {err}") from err
-        plans.append(StagePlan(step, str(stages[stage].config), overrides, root / folders[step],
+        plans.append(StagePlan(step, config, overrides, root / STEP_FOLDER_NAMES[step],
                                stage_settings(composed, root)))
     return plans
 
@@ -508,4 +524,5 @@ STAGE = Stage(
     run=run_pipeline,
     # it reads no group itself; a data option it sets is handed to the stages that read data
     config_groups=("data",),
+    steps=step_commands,
 )

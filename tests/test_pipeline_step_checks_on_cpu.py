@@ -1,0 +1,46 @@
+"""A pipeline checks every step's command line as the command line of a single stage is checked (unknown keys with
+a "did you mean", types, ranges, held-out templates, the stage's own check) before its first step runs: a mistake in
+the last step's overrides is one line naming the step, not an error after hours of the steps before it."""
+
+import time
+
+import pytest
+
+from rlt_mono import cli
+from rlt_mono.config import compose
+from rlt_mono.stages import STAGES
+from rlt_mono.stages.pipeline import step_commands
+
+
+@pytest.mark.parametrize(("override", "error"), [
+    ("pipeline.teacher_rlt.overrides=['trainer.max_steps=-1']",
+     "pipeline step teacher_rlt: trainer.max_steps must be > 0, got -1"),
+    ("pipeline.teacher_sft.overrides=['size=tiny','sft.max_stepz=5']",
+     "pipeline step teacher_sft: unknown key sft.max_stepz: did you mean sft.max_steps, sft.save_steps or "
+     "sft.eval_steps?"),
+    ("pipeline.eval.overrides=['size=tiny','data=gsm_symbolic','data.heldout_templates=[999]']",
+     "pipeline step eval_teacher: data.heldout_templates: [999] not among the templates of data.source=gsm_symbolic"),
+    ("pipeline.distill.overrides=['size=tiny','data=gsm_symbolic','data.gsm_items_per_template=100000']",
+     "pipeline step distill: data.gsm_items_per_template"),
+])
+def test_a_wrong_option_of_any_step_is_one_line_before_the_first_step_runs(override, error, tmp_path, capsys,
+                                                                           launched):
+    start = time.monotonic()
+    assert cli.main(["pipeline_tiny", override, f"output_dir={tmp_path / 'p'}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {error}") and err.count("\n") == 1, err
+    assert launched == [] and not (tmp_path / "p").exists()
+    assert time.monotonic() - start < 10  # composing and checking a dozen steps, no model loaded
+
+
+def test_the_steps_checked_are_the_command_lines_the_pipeline_launches():
+    cfg = compose("pipeline_tiny", ["output_dir=/p", "study=true"])
+    commands = step_commands(cfg)
+    assert STAGES["pipeline"].steps is step_commands
+    assert [step for step, _, _ in commands][:6] == ["teacher_sft", "teacher_rlt", "distill", "student_sft",
+                                                     "eval_teacher", "eval_student"]
+    assert len(commands) == 12
+    step, config, overrides = commands[2]
+    assert config == "distill" and overrides[-3:] == [
+        "output_dir=3_distill", "model.model_name_or_path=2_teacher_rlt/final", "model.gguf_file=null"]
+    cli.check_steps(cfg)  # the pipeline's own steps pass their checks
