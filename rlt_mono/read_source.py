@@ -18,8 +18,8 @@ from typing import Any
 
 
 def module_file(module: str) -> Path | None:
-    """The source file of ``module`` (``a.b.c``: ``<a's folder>/b/c.py`` or ``.../c/__init__.py``), located without
-    importing it or its package; None when there is none."""
+    """The source file of ``module`` (``a.b.c``: ``<a's folder>/b/c/__init__.py`` or ``.../b/c.py``, the package first
+    as Python's import finds it), located without importing it or its package; None when there is none."""
     top, *rest = module.split(".")
     spec = importlib.util.find_spec(top)
     if spec is None:
@@ -27,7 +27,7 @@ def module_file(module: str) -> Path | None:
     if not spec.submodule_search_locations:  # a plain module
         return Path(spec.origin) if not rest and spec.origin else None
     base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest)
-    for candidate in (base.parent / f"{base.name}.py", base / "__init__.py"):
+    for candidate in (base / "__init__.py", base.parent / f"{base.name}.py"):
         if candidate.is_file():
             return candidate
     return None

@@ -8,8 +8,9 @@ fails the second, with one exception: the run and check functions of a stage (th
 names) import the stage's heavy code in their body, when the stage runs. Those deferred imports are no edge of the
 graph: nothing imports that code when the module loads, so they make no cycle and may reach up to the layer of the
 stages' code. Third-party imports may sit inside functions (torch, transformers and vllm are imported where they
-are needed, so ``python -m rlt_mono.cli --help`` stays quick: the third test; ``import rlt_mono.stages``, every
-stage's declaration, loads none of them: the fourth).
+are needed, so ``python -m rlt_mono.cli --help`` stays quick: ``test_the_command_line_modules_import_no_torch``;
+``import rlt_mono.stages``, every stage's declaration, loads none of them:
+``test_the_stage_declarations_import_no_heavy_library``).
 
 The layers (``LAYERS``; docs/METHOD.md, "Layers"), bottom to top; a module imports modules of its own layer and
 of those below, never of one above (the layer test names each such import ``a -> b (layer x imports layer y)``):

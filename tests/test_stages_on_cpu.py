@@ -106,3 +106,22 @@ def test_no_module_outside_the_stages_folder_compares_stage_names():
     assert stage_name_comparisons(made_up, set(STAGES)) == [
         "1: cfg.stage == 'teacher_rlt'", "2: cfg.get('stage') != 'pipeline'", "3: stage in ('distill', 'eval')",
         "4: name == 'student_sft'"]
+
+
+def test_a_package_is_read_from_the_source_python_imports_beside_a_module_of_its_name(tmp_path, monkeypatch):
+    """``rlt_mono.stages.eval`` is a package (its ``__main__`` runs ``python -m rlt_mono.stages.eval``); a stale
+    ``eval.py`` beside it, as a build folder may hold from an older layout, is read by neither Python nor
+    ``rlt_mono.read_source`` (the config defaults of ``EvalConfig`` are read from the source)."""
+    import importlib
+
+    from rlt_mono.read_source import module_constant, module_file
+
+    package = tmp_path / "made_up_pkg"
+    (package / "mod").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text("WHERE = 'module'\n")
+    (package / "mod" / "__init__.py").write_text("WHERE = 'package'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert module_file("made_up_pkg.mod") == package / "mod" / "__init__.py"
+    assert module_constant("made_up_pkg.mod", "WHERE") == importlib.import_module("made_up_pkg.mod").WHERE == "package"
+    assert module_file("rlt_mono.stages.eval") == PACKAGE / "stages" / "eval" / "__init__.py"
