@@ -4,6 +4,8 @@ import gc
 import json
 import weakref
 
+import yaml
+
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.data.rows import DataConfig, load_split
 from rlt_mono.runs.outputs import EVAL_EVENT, read_metrics
@@ -47,7 +49,10 @@ def test_a_resumed_run_does_not_evaluate_again_at_its_start(tmp_path):
     trainer.train()
     release_trainer(trainer)
     trainer = build_trainer(compose("demo_tiny", ["trainer.max_steps=4", "resume_from_checkpoint=true", *overrides]))
-    assert trainer.resume_checkpoint is not None and not trainer.args.eval_on_start
+    # the arguments stay as configured (the checkpoints' training_args.bin are the uninterrupted run's); the start
+    # evaluation of a resumed run is skipped by the trainer
+    assert trainer.resume_checkpoint is not None and trainer.args.eval_on_start
     trainer.train(resume_from_checkpoint=str(trainer.resume_checkpoint))
     release_trainer(trainer)
     assert [row["step"] for row in read_metrics(out / "metrics.jsonl", EVAL_EVENT)] == [0, 2, 4]
+    assert yaml.safe_load((out / "config.yaml").read_text())["resume_from_checkpoint"] is None

@@ -27,7 +27,7 @@ from rlt_mono.stages.pipeline_steps import STEPS, PipelineOptions, pipeline_opti
 ROOT = Path(__file__).resolve().parent.parent
 # The smallest stages the other pipeline tests run; distill writes one question at a time, so a kill can land
 # between two of them.
-SMALL = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4']",
+SMALL = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4','sft.save_steps=2']",
          "pipeline.teacher_rlt.overrides=['trainer.max_steps=2','trainer.save_steps=2',"
          "'trainer.max_completion_length=24']",
          "pipeline.distill.overrides=['size=tiny','data.max_rows=4','distill.rows_per_batch=1']"]
@@ -159,6 +159,45 @@ def test_a_copied_pipeline_killed_mid_distill_ends_with_the_files_of_an_uninterr
     moved = _copy_and_delete(killed, tmp_path / "moved" / "p")
     log = _run(moved, UP_TO_DISTILL)
     assert f"{written} already written, {ROWS - written} to explain" in log
+    _assert_same_files(moved, reference, tmp_path_factory.getbasetemp())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the stage dies with its pipeline by Linux's parent-death signal")
+@pytest.mark.parametrize("when", ["before its first checkpoint", "after its first checkpoint"])
+def test_a_pipeline_killed_in_a_training_stage_and_moved_ends_with_the_files_of_an_uninterrupted_run(
+        when, reference, tmp_path, tmp_path_factory):
+    """kill -9 while teacher_sft trains: before its first save the step starts again in an empty folder, after it
+    the step resumes from its checkpoint; either way, moved elsewhere and rerun, every file is the uninterrupted
+    run's (config.yaml records no resume, the checkpoints' training arguments are as configured, the loss summed
+    and the tokens counted carry over)."""
+    killed = tmp_path / "killed" / "p"
+    log = tmp_path / "killed.log"
+    process = _start(killed, UP_TO_DISTILL, log)
+    stage = killed / "1_teacher_sft"
+
+    def reached() -> bool:
+        if when == "after its first checkpoint":
+            return (stage / "checkpoint-2").is_dir()
+        metrics = stage / "metrics.jsonl"
+        return metrics.is_file() and b'"step": 1' in metrics.read_bytes()
+
+    deadline = time.monotonic() + 900
+    while not reached():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.02)
+    stages = _children(process.pid)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(child) for child in stages) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (stage / "final").exists()  # killed inside the stage
+    moved = _copy_and_delete(killed, tmp_path / "moved" / "p")
+    rerun = _run(moved, UP_TO_DISTILL)
+    if when == "after its first checkpoint":
+        assert "resume_from_checkpoint=true" in rerun
+    else:
+        assert "stopped before its first checkpoint: starting it again" in rerun
     _assert_same_files(moved, reference, tmp_path_factory.getbasetemp())
 
 

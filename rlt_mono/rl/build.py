@@ -45,9 +45,9 @@ from rlt_mono.rl.phases import PhaseTimer
 from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.rl.trainer import RLTTrainer
 from rlt_mono.runs import checkpoints
-from rlt_mono.runs.atomic_write import write_text
 from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.runs.files import RunFilesCallback
+from rlt_mono.runs.outputs import write_run_config
 
 logger = logging.getLogger(__name__)
 
@@ -163,13 +163,11 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     replace_progress_callback(trainer)  # one compact line per step under the bar, not the whole metrics dict
     trainer.checkpoint_stage = cfg.stage
     trainer.resume_checkpoint = resume_checkpoint
-    if resume_checkpoint is not None:  # the step-0 evaluation is in metrics.jsonl already: not again on resume
-        trainer.args.eval_on_start = False
     if trainer.accelerator.num_processes > 1:
         check_ranks_agree(trainer)
     if main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_run_config(output_dir, cfg)
     logger.info("output dir: %s", output_dir)
     return trainer
 

@@ -415,6 +415,15 @@ class VerifiedCheckpoints:
         if "num_tokens" in counters and hasattr(self, "_total_train_tokens"):
             self._total_train_tokens = counters["num_tokens"]
 
+    def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler=False):
+        """transformers' evaluation, except the start evaluation (``eval_on_start``, the one call with
+        ``skip_scheduler``) of a resumed run: its step-0 evaluation is in the history the checkpoint restored. The
+        arguments stay as configured, so a resumed run's checkpoints hold the uninterrupted run's
+        ``training_args.bin``."""
+        if skip_scheduler and self.state.global_step > 0:
+            return {}
+        return super()._evaluate(trial, ignore_keys_for_eval, skip_scheduler=skip_scheduler)
+
     def save_extra_checkpoint_files(self, folder: Path) -> None:
         """Files a subclass adds to each checkpoint (written first, into the staging folder). Called on every
         rank (gathering a sharded model is collective); only the main process (``args.should_save``) writes."""

@@ -25,6 +25,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
+from omegaconf import DictConfig, OmegaConf
+
 from rlt_mono.errors import UserError
 from rlt_mono.runs.atomic_write import write_text
 
@@ -111,3 +113,13 @@ def in_phase_order(names) -> list[str]:
 def is_number(value) -> bool:
     """Whether a logged value is a finite number (a bool is not): one worth showing."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def write_run_config(output_dir: str | Path, cfg: DictConfig) -> None:
+    """Write ``CONFIG_FILE``: the run's resolved config, every key, with ``resume_from_checkpoint`` recorded as null.
+    Resuming changes how a run starts, not what it runs: a run resumed after a kill records what the uninterrupted
+    run does."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if "resume_from_checkpoint" in config:
+        config["resume_from_checkpoint"] = None
+    write_text(Path(output_dir) / CONFIG_FILE, OmegaConf.to_yaml(config))

@@ -432,15 +432,18 @@ def move_aside(folder: Path, why: str) -> Path:
 
 
 def resume_overrides(plan_: StagePlan) -> list[str]:
-    """A training stage whose folder holds a complete checkpoint continues from it."""
+    """A training stage whose folder holds a complete checkpoint continues from it; one stopped before its first
+    checkpoint starts again in an empty folder (what it left, logs of steps it will run again, goes), so the step
+    ends with the files of an uninterrupted run."""
     if stage_of(plan_.stage) in ("distill", "eval") or not plan_.folder.is_dir():
         return []
     try:
         checkpoints.newest_complete_checkpoint(plan_.folder)
     except checkpoints.CheckpointError:
-        if checkpoints.previous_run_files(plan_.folder):  # started, no checkpoint yet: start the stage again
-            aside = move_aside(plan_.folder, "incomplete")
-            logger.warning("%s stopped before its first checkpoint; moved aside to %s", plan_.folder, aside)
+        if started := checkpoints.previous_run_files(plan_.folder):  # no checkpoint yet: start the stage again
+            shutil.rmtree(plan_.folder)
+            logger.warning("%s stopped before its first checkpoint: starting it again (deleted what it left: %s)",
+                           plan_.folder, ", ".join(sorted(str(name) for name in started)))
         return []
     return ["resume_from_checkpoint=true"]
 

@@ -65,9 +65,9 @@ from rlt_mono.errors import UserError
 from rlt_mono.rl import lora
 from rlt_mono.rl.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.runs import checkpoints, console
-from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.runs.atomic_write import write_json
 from rlt_mono.runs.files import RunFilesCallback
-from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics
+from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics, write_run_config
 from rlt_mono.stages import student_sft, teacher_sft
 from rlt_mono.stages.final_model import save_final
 from rlt_mono.study import diversity
@@ -337,7 +337,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
                 len(heldout_rows), data_config.source, skipped)
     # The held-out loss before training is TRL's evaluation at step 0 inside train(), once per run (a resume reads
     # it back): under FSDP2 accelerate prepares the model only together with its optimizer, which train() does.
-    args.eval_on_start = bool(heldout_rows) and resume_checkpoint is None
+    args.eval_on_start = bool(heldout_rows)
     if args.early_stopping_patience and not heldout_rows:
         raise UserError(f"sft.early_stopping_patience={args.early_stopping_patience} stops on the held-out loss, but "
                         f"data.source={data_config.source} holds no question out: set data.eval_rows=N or "
@@ -380,7 +380,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     console.replace_progress_callback(trainer)  # one line per logged step (and one bar in a terminal), no dicts
     trainer.checkpoint_stage = stage
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
-        write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_run_config(output_dir, cfg)
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
         raise rows_too_long(len(train_rows), args.max_length)
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
