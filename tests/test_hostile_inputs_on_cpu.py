@@ -146,7 +146,7 @@ def test_sft_liger_kernel_without_the_package_or_a_gpu_is_one_line(tmp_path, mon
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel"
                         else real_find_spec(name, *a))  # as on a machine without liger-kernel
     monkeypatch.setattr("rlt_mono.stages.sft.load_model", _no_model_load)
-    cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "+sft.use_liger_kernel=true"])
+    cfg = compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path}", "sft.use_liger_kernel=true"])
     with pytest.raises(ConfigError) as err:
         build.check_gpu_kernels(cfg, on_gpu=True, group="sft")
     assert str(err.value) == ("sft.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
