@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import Qwen2Config
 
 from rlt_mono.config import compose
@@ -168,6 +169,13 @@ def test_the_7b_run_that_ran_by_hand_is_not_refused_at_48_9_gib_free(device, cap
     assert "in use by no live process this one can see (still after 10 s; NVML's pid" in caplog.text
     assert "card 79.2 GiB, held by other processes 0.0, usable 79.2;" in caplog.text
     assert cfg.model.lora_r == 0  # full fine-tuning, as configured
+    # the plan's changes reach the config, each logged once as key: before -> after
+    planned = memory_planner.fit_plan("auto", memory_planner.settings_from_config(
+        rl_config(), total_gib=H100_TOTAL / GIB, free_gib=H100_TOTAL / GIB, arch="7b", prompt_length=200))[1]
+    assert planned and {key: OmegaConf.select(cfg, key) for key in planned} == planned
+    (line,) = [record.message for record in caplog.records if record.message.startswith("memory=auto set ")]
+    assert line == "memory=auto set " + ", ".join(f"{key}: {OmegaConf.select(rl_config(), key)} -> {value}"
+                                                   for key, value in planned.items())
     # the settings that ran by hand fit the same card
     manual = memory_planner.settings_from_config(compose("teacher_rlt_mono", [
         "memory=manual", "trainer.per_device_train_batch_size=2", "trainer.gradient_accumulation_steps=16",
@@ -180,7 +188,7 @@ def test_the_7b_run_that_ran_by_hand_is_not_refused_at_48_9_gib_free(device, cap
                                                           prompt_length=200)
     with pytest.raises(UserError, match=r"TRAIN needs 57\.7 GiB, the card has 48\.9 beside other processes' 30\.3: "
                                         r"model\.lora_r=16$"):
-        memory_planner.fit_run_config(rl_config(), at_that_instant)
+        memory_planner.fit_plan("auto", at_that_instant)
 
 
 def test_memory_released_while_it_waits_is_the_cards(device):

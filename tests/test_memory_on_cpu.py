@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlt_mono.errors import UserError
@@ -261,50 +262,50 @@ def test_auto_refusal_says_what_is_missing_and_the_cheapest_change():
                            "processes' 0.5: ")
 
 
-def test_fit_run_config_auto_writes_its_choice_into_the_config(caplog):
+def test_fit_plan_auto_returns_its_choice_as_config_changes(caplog):
     cfg = compose_rl()
     assert cfg.memory == "auto"  # the GPU run config's default
     s = memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, arch="1.5b", prompt_length=200)
+    untouched = OmegaConf.to_container(cfg)
     with caplog.at_level("INFO"):
-        result = memory_planner.fit_run_config(cfg, s)
+        result, changes = memory_planner.fit_plan(cfg.memory, s)
     chosen = memory_planner.choose(s)
     assert result.fits and result.settings == chosen
-    assert cfg.trainer.per_device_train_batch_size == chosen.per_device_train_batch_size
-    assert cfg.trainer.gradient_accumulation_steps == chosen.gradient_accumulation_steps
-    assert cfg.trainer.vllm_gpu_memory_utilization == chosen.vllm_gpu_memory_utilization
-    assert cfg.reward.micro_batch_size == chosen.reward_micro_batch_size
+    assert changes["trainer.per_device_train_batch_size"] == chosen.per_device_train_batch_size
+    assert changes["trainer.gradient_accumulation_steps"] == chosen.gradient_accumulation_steps
+    assert changes["trainer.vllm_gpu_memory_utilization"] == chosen.vllm_gpu_memory_utilization != 0.7
+    assert changes["reward.micro_batch_size"] == chosen.reward_micro_batch_size
+    assert OmegaConf.to_container(cfg) == untouched  # the builder applies them (rlt_mono.rl.build.fit_memory)
     assert "memory plan (predicted device-level peaks)" in caplog.text
-    assert "trainer.vllm_gpu_memory_utilization: 0.7 -> " in caplog.text  # what auto changed, logged
 
 
-def test_fit_run_config_manual_keeps_the_settings_and_warns(caplog):
+def test_fit_plan_manual_keeps_the_settings_and_warns(caplog):
     cfg = compose_rl("memory=manual")
     s = memory_planner.settings_from_config(cfg, total_gib=24.0, arch="1.5b", prompt_length=200)
     with caplog.at_level("INFO"):
-        result = memory_planner.fit_run_config(cfg, s)
+        result, changes = memory_planner.fit_plan(cfg.memory, s)
     assert not result.fits  # vLLM at 0.7 of a 24 GiB card leaves too little for the rest
-    assert cfg.trainer.vllm_gpu_memory_utilization == 0.7
+    assert result.settings == s and changes == {}
     assert "memory=manual: these settings will likely run out of GPU memory" in caplog.text
 
 
-def test_fit_run_config_auto_refuses_in_one_line():
+def test_fit_plan_auto_refuses_in_one_line():
     cfg = compose_rl()
     s = memory_planner.settings_from_config(cfg, total_gib=48.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"^memory=auto: nothing fits this card: (GENERATE|SCORE|TRAIN) needs [0-9.]+ "
                                         r"GiB, the card has 48.0: "):
-        memory_planner.fit_run_config(cfg, s)
-    assert cfg.trainer.per_device_train_batch_size == 4  # nothing written
+        memory_planner.fit_plan(cfg.memory, s)
     # a 12 GiB card cannot even hold vLLM's copy of a 7B teacher
     tiny_card = memory_planner.settings_from_config(cfg, total_gib=12.0, arch="7b", prompt_length=200)
     with pytest.raises(UserError, match=r"vLLM needs 17\.\d GiB for the teacher's weights and one sequence's KV "
                                         r"cache, the card has 12.0: a smaller teacher or a larger card$"):
-        memory_planner.fit_run_config(cfg, tiny_card)
+        memory_planner.fit_plan(cfg.memory, tiny_card)
 
 
 def test_unknown_memory_mode_is_a_user_error():
     cfg = compose_rl("memory=fast")
     with pytest.raises(UserError, match="memory='fast': choose one of auto, speed, manual"):
-        memory_planner.fit_run_config(cfg, memory_planner.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
+        memory_planner.fit_plan(cfg.memory, memory_planner.settings_from_config(cfg, total_gib=80.0, arch="0.5b"))
 
 
 def test_cli_auto_prints_what_it_would_set():

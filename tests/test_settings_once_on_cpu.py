@@ -124,20 +124,26 @@ def test_the_planner_reads_each_setting_that_changes_memory(default, key):
 
 
 @pytest.mark.parametrize("name", list(memory.CONFIG_KEYS))
-def test_each_run_setting_is_written_back_where_it_was_read(name):
+def test_each_run_setting_is_changed_where_it_was_read(name):
     value, context = VARIATIONS[memory.CONFIG_KEYS[name]]
     cfg = compose_rl(*context)
     before = planned(cfg)
     varied = dataclasses.replace(before, **{name: value})
-    assert memory_planner.write_settings(cfg, before, varied) == {name: (getattr(before, name), value)}
+    changes = memory_planner.config_changes(before, varied)
+    assert changes == {memory.CONFIG_KEYS[name]: value}
+    for key, new in changes.items():  # as rlt_mono.rl.build.fit_memory applies them
+        OmegaConf.update(cfg, key, new)
     assert planned(cfg) == varied
 
 
-def test_memory_auto_writes_its_choice_where_it_reads_it():
+def test_memory_auto_changes_its_choice_where_it_reads_it():
     cfg = compose_rl()
     before = memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
                                                  prompt_length=200)
-    chosen = memory_planner.fit_run_config(cfg, before).settings
+    result, changes = memory_planner.fit_plan(cfg.memory, before)
+    chosen = result.settings
     assert chosen != before
+    for key, new in changes.items():  # as rlt_mono.rl.build.fit_memory applies them
+        OmegaConf.update(cfg, key, new)
     assert memory_planner.settings_from_config(cfg, total_gib=24.0, free_gib=23.5, teacher=ARCH, student=ARCH,
                                                prompt_length=200) == chosen

@@ -170,20 +170,21 @@ def test_speed_on_80_gib_7b_stops_where_vllm_could_not_start():
     assert memory.start_bytes(too_many) / GIB > 80.0 >= memory.start_bytes(chosen) / GIB
 
 
-def test_fit_run_config_speed_writes_the_generation_batch_and_says_what_changes(caplog):
+def test_fit_plan_speed_changes_the_generation_batch_and_says_what_changes(caplog):
     cfg = compose("teacher_rlt_mono", ["memory=speed", "trainer.max_completion_length=1024"])
     a = Arch.from_config(QWEN25_ARCHS["0.5b"])
     s = memory_planner.settings_from_config(cfg, total_gib=80.0, teacher=a, student=a)
     with caplog.at_level("INFO"):
-        result = memory_planner.fit_run_config(cfg, s)
+        result, changes = memory_planner.fit_plan(cfg.memory, s)
     assert result.settings == memory_planner.choose(s, speed=True)
-    assert (cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps,
-            cfg.trainer.steps_per_generation, cfg.trainer.gradient_checkpointing) == (16, 2, 16, False)
+    assert changes == {"trainer.vllm_gpu_memory_utilization": 0.09, "trainer.per_device_train_batch_size": 16,
+                       "trainer.gradient_accumulation_steps": 2, "trainer.steps_per_generation": 16,
+                       "reward.micro_batch_size": 16, "trainer.gradient_checkpointing": False}
+    assert cfg.trainer.steps_per_generation == 8  # the builder applies the changes (rlt_mono.rl.build.fit_memory)
     assert "memory=speed: generation batch 32 -> 256 sequences in flight" in caplog.text
     assert ("steps 2 to 8 of each train on completions sampled by the policy 1 to 7 optimizer steps earlier"
             in caplog.text)
     assert "gradient checkpointing off: micro-batch 16" in caplog.text
-    assert "trainer.steps_per_generation: 8 -> 16" in caplog.text
 
 
 def test_cli_speed_prints_the_decisions_and_what_it_would_set():

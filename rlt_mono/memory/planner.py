@@ -23,10 +23,11 @@ turns that into decisions:
   generation feeds several optimizer steps; the plan log says what that changes.
 - ``settings_from_config(cfg, ...)``: the ``Settings`` of a run config, each run setting read through its config
   key (``memory.CONFIG_KEYS``, declared once on the field); the YAML holds every default (``memory.Settings``).
-- ``fit_run_config(cfg, ...)``: the build step. It logs the plan as a table, writes ``choose``'s settings back into
-  the config through the same keys (``memory=auto`` or ``speed``, ``write_settings``) or warns when the configured
-  ones will not fit (``memory=manual``), and raises a one-line ``UserError`` with the numbers and the advice when
-  nothing fits.
+- ``fit_plan(mode, settings)``: the build step's plan. It logs the plan as a table and returns it with the config
+  changes that carry ``choose``'s settings, ``{dotted key: value}`` at the keys they were read from (``memory=auto``
+  or ``speed``, ``config_changes``; the builder ``rlt_mono.rl.build.fit_memory`` applies them to the run's config),
+  or warns when the configured ones will not fit (``memory=manual``, no change); it raises a one-line ``UserError``
+  with the numbers and the advice when nothing fits.
 
 Command line (no GPU needed): ``python -m rlt_mono.memory.planner teacher_rlt_mono --gpu-gib 24 [--free-gib F]
 [--arch 1.5b] [--auto | --speed] [overrides]``: prints the plan, exit 0 if it fits, 2 with the advice if not.
@@ -42,6 +43,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -299,13 +301,10 @@ def changes(before: Settings, after: Settings) -> dict:
             if getattr(before, name) != getattr(after, name)}
 
 
-def write_settings(cfg, before: Settings, after: Settings) -> dict:
-    """Write the run settings ``after`` changes from ``before`` into ``cfg``, each at its config key
-    (``memory.CONFIG_KEYS``, where ``settings_from_config`` read it); returns ``changes(before, after)``."""
-    changed = changes(before, after)
-    for name, (_, value) in changed.items():
-        OmegaConf.update(cfg, CONFIG_KEYS[name], value)
-    return changed
+def config_changes(before: Settings, after: Settings) -> dict[str, Any]:
+    """The run settings ``after`` changes from ``before`` as config changes, ``{dotted key: new value}``, each at
+    its config key (``memory.CONFIG_KEYS``, where ``settings_from_config`` read it), in ``Settings``' order."""
+    return {CONFIG_KEYS[name]: value for name, (_, value) in changes(before, after).items()}
 
 
 # ---- from a run config ------------------------------------------------------------------------------------
@@ -366,12 +365,12 @@ def data_parallel_ranks(cfg) -> int:
     return processes * cfg.placement.num_machines
 
 
-def fit_run_config(cfg, settings: Settings) -> Plan:
-    """The build step: log the plan; ``memory=auto`` and ``memory=speed`` write ``choose``'s settings into ``cfg``
-    (logged as ``key: before -> after``, with ``decisions``); ``memory=manual`` keeps them and warns if they will not
-    fit. Raises ``UserError`` (one line: the phase, its need, the free memory, the advice) when ``memory=auto`` or
-    ``speed`` finds nothing that fits."""
-    mode = cfg.memory
+def fit_plan(mode: str, settings: Settings) -> tuple[Plan, dict[str, Any]]:
+    """The build step's plan for ``memory=<mode>``, logged, and the config changes it makes (``config_changes``:
+    ``{dotted key: new value}``, for the caller to apply): ``memory=auto`` and ``memory=speed`` plan ``choose``'s
+    settings (with ``decisions`` logged); ``memory=manual`` plans the configured ones, changes nothing and warns if
+    they will not fit. Raises ``UserError`` (one line: the phase, its need, the free memory, the advice) when
+    ``memory=auto`` or ``speed`` finds nothing that fits."""
     if mode not in MODES:
         raise UserError(f"memory={mode!r}: choose one of {', '.join(MODES)}")
     if mode == "manual":
@@ -380,7 +379,7 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
         if not result.fits:
             logger.warning("memory=manual: these settings will likely run out of GPU memory (%s); memory=auto picks "
                            "settings that fit", result.refusal())
-        return result
+        return result, {}
     chosen = choose(settings, speed=mode == "speed")
     result = plan(chosen)
     logger.info("memory=%s:\n%s", mode, result.table())
@@ -388,11 +387,7 @@ def fit_run_config(cfg, settings: Settings) -> Plan:
         raise UserError(f"memory={mode}: nothing fits this card: {auto_refusal(result)}")
     for line in decisions(settings, chosen, speed=mode == "speed"):
         logger.info("%s", line)
-    changed = write_settings(cfg, settings, chosen)
-    if changed:
-        logger.info("memory=%s set %s", mode, ", ".join(f"{CONFIG_KEYS[name]}: {before} -> {after}"
-                                                       for name, (before, after) in changed.items()))
-    return result
+    return result, config_changes(settings, chosen)
 
 
 def argument_problem(gpu_gib: float, free_gib: float | None, prompt_length: int) -> str | None:

@@ -112,7 +112,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source, skipped)
     # ---- memory: fit the run to the card before a model loads (cfg.memory: auto, speed or manual) --------
     if fit_memory(cfg, placement, teacher_config, load_config(student_path, "student.model_name_or_path"),
-                  longest_prompt(dataset, tokenizer)):  # memory=auto|speed wrote its settings into cfg: read them again
+                  longest_prompt(dataset, tokenizer)):  # memory=auto|speed changed cfg: read it again
         args, reward_config = trainer_and_reward_configs(cfg, output_dir, placement.use_vllm)
         # memory=speed may raise the generation batch: the rows must fill it too.
         check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source,
@@ -238,9 +238,10 @@ def check_ranks_agree(trainer: RLTTrainer) -> None:
 
 
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
-    """``rlt_mono.memory.planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` write its
-    settings into ``cfg`` (True: the typed configs must be built again); ``memory=speed`` likewise. On a CPU or with
-    the student on another GPU nothing is planned."""
+    """``rlt_mono.memory.planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` or
+    ``memory=speed`` apply its config changes to ``cfg``, here and nowhere else, each logged as ``key: before ->
+    after`` (True: something changed, the typed configs must be built again). On a CPU or with the student on
+    another GPU nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))
     if device.type != "cuda" or placement.beside_actor(Role.STUDENT):
         if cfg.get("memory") in memory_planner.PLANNING_MODES:
@@ -252,8 +253,13 @@ def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_co
                                                    teacher=Arch.from_config(teacher_config.to_dict()),
                                                    student=Arch.from_config(student_config.to_dict()),
                                                    prompt_length=prompt_length)
-    memory_planner.fit_run_config(cfg, settings)
-    return cfg.get("memory") in memory_planner.PLANNING_MODES
+    _, changes = memory_planner.fit_plan(cfg.memory, settings)
+    if changes:
+        logger.info("memory=%s set %s", cfg.memory, ", ".join(f"{key}: {OmegaConf.select(cfg, key)} -> {value}"
+                                                              for key, value in changes.items()))
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value)
+    return bool(changes)
 
 
 def longest_prompt(dataset, tokenizer) -> int:
