@@ -5,7 +5,8 @@ logging, ...), whose options are deltas over the group's ``_base.yaml`` where it
 ``cfgs/train.yaml`` picks one option per group and holds the run-level keys (stage, run_name, seed, output_dir,
 run_dir, resume_from_checkpoint); a run config in ``cfgs/run_cfg/`` starts from it and states what its run changes,
 among it its stage's own group (trainer, sft, distill or eval; null in the root) as the option for the run's size
-(``- override /trainer: size/${size}``, ``cfgs/trainer/size/<size>.yaml``).
+(``- override /trainer: size/${size}``, ``cfgs/trainer/size/<size>.yaml``); the groups its stage does not read are
+left out as it is composed (``dropped_groups``), so no run config drops one.
 ``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.cli``) and by notebooks, so
 both see the same configuration; ``instantiate`` turns one group into its dataclass with one-line errors.
 
@@ -168,8 +169,52 @@ def register_group_defaults() -> None:
         ConfigStore.instance().store(group=group, name=DATACLASS_NODE, node=node)
 
 
+@functools.cache
+def stage_groups(stage: str) -> tuple[str, ...] | None:
+    """The config groups stage ``stage`` composes from the root's options, read from its declaration
+    (``STAGE = Stage(...)`` in ``rlt_mono.stages.<stage>``, never imported here): those it declares
+    (``config_groups``); none for a stage that launches other runs (``steps``: the pipeline), which reads no group
+    itself and composes only those a run picks, to hand them on. None for a name that is no stage module."""
+    path = module_file(f"rlt_mono.stages.{stage}") if stage.isidentifier() else None
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) if path is not None else ast.Module([], [])
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["STAGE"] \
+                and isinstance(node.value, ast.Call):
+            declared = {keyword.arg: keyword.value for keyword in node.value.keywords}
+            if "steps" in declared:
+                return ()
+            return tuple(ast.literal_eval(declared["config_groups"])) if "config_groups" in declared else ()
+    return None
+
+
+def dropped_groups(config_name: str, overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """The groups of the root's defaults list that run config ``config_name`` composes with ``overrides`` drops:
+    each one its stage does not compose (``stage_groups``) and neither the run config's defaults list nor an
+    override picks (a group that sets other groups, ``size``, is no key of its own and stays); none for a config
+    without a stage (the root)."""
+    picked = {str(o).lstrip("+~").partition("=")[0] for o in overrides}
+    stage = next((o.partition("=")[2] for o in map(str, overrides) if o.lstrip("+").startswith("stage=")), None)
+    run_config = OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml")
+    picked |= {next(iter(entry)).removeprefix("override ").strip("/") for entry in run_config.get("defaults", [])
+               if isinstance(entry, DictConfig)}
+    composed = stage_groups(stage or str(run_config.get("stage", "???")))
+    if composed is None:
+        return []
+    root = OmegaConf.load(CONFIG_DIR / "train.yaml")
+    groups = [(group, option) for entry in root.defaults if isinstance(entry, DictConfig)
+              for group, option in entry.items()]
+    return [group for group, option in groups if option is not None and group not in composed
+            and group not in picked and not _sets_other_groups(group, option)]
+
+
+def _sets_other_groups(group: str, option: str) -> bool:
+    """Option ``option`` of ``group`` is a global file (``# @package _global_``) that picks other groups' options."""
+    return (CONFIG_DIR / group / f"{option}.yaml").read_text(encoding="utf-8").startswith("# @package _global_")
+
+
 def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
-    """Compose a run config with Hydra overrides, e.g. ``compose("demo_tiny", ["trainer.max_steps=2"])``.
+    """Compose a run config with Hydra overrides, e.g. ``compose("demo_tiny", ["trainer.max_steps=2"])``. The groups
+    its stage does not read are left out (``dropped_groups``): a run config names only what its run changes.
 
     Raises:
         ConfigError: unknown config, or an override Hydra rejects (the message says which and why).
@@ -183,7 +228,8 @@ def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, .
     register_group_defaults()
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+            dropped = [f"~{group}" for group in dropped_groups(config_name, overrides)]
+            cfg = hydra_compose(config_name=config_name, overrides=[*dropped, *overrides])
     except (HydraException, OmegaConfBaseException) as err:
         message = " ".join(line.strip() for line in str(err).strip().splitlines())
         if err.__cause__ is not None:

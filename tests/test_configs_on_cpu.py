@@ -10,7 +10,7 @@ import trl
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.cli import main as cli_main
-from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose, config_groups
+from rlt_mono.config import CONFIG_DIR, ConfigError, available_run_configs, compose, config_groups, stage_groups
 from rlt_mono.config import instantiate as _instantiate
 from rlt_mono.data.rows import DataConfig
 from rlt_mono.rewards import TeacherRewardConfig
@@ -135,12 +135,30 @@ STAGE_GROUPS = ("trainer", "sft", "distill", "eval")
 
 
 @pytest.mark.parametrize("name", available_run_configs())
-def test_a_run_config_picks_its_stage_group_for_the_size_and_drops_no_other(name):
+def test_a_run_config_picks_its_stage_group_for_the_size_and_drops_no_group(name):
+    """Compose leaves out the groups a stage does not read (rlt_mono.config.dropped_groups): no run config drops one."""
     defaults = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "run_cfg" / f"{name}.yaml").defaults)
     entries = [next(iter(entry.items())) for entry in defaults if isinstance(entry, dict)]
-    assert not [key for key, value in entries if key.removeprefix("override /") in STAGE_GROUPS and value is None]
+    assert not [key for key, value in entries if value is None]
+    assert not re.search(r"override /\w+: null", (CONFIG_DIR / "run_cfg" / f"{name}.yaml").read_text())
     picked = {key.removeprefix("override /") for key, value in entries if value == "size/${size}"}
     assert picked == set(STAGE_GROUPS) & set(STAGES[compose(name).stage].config_groups)
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_compose_reads_each_stages_groups_from_its_declaration(stage):
+    """``compose`` reads the groups from the stage module's source (rlt_mono.config imports no stage); a stage that
+    launches runs (Stage.steps) composes none of its own."""
+    declared = STAGES[stage]
+    assert stage_groups(stage) == (() if declared.steps is not None else declared.config_groups)
+
+
+def test_a_group_picked_on_the_command_line_is_composed_and_a_key_of_a_dropped_group_is_refused():
+    assert "student" not in compose("teacher_sft") and compose("teacher_sft", ["student=tiny"]).student.dtype
+    assert compose("pipeline_tiny", ["data=gsm_symbolic"]).data.source == "gsm_symbolic"
+    assert set(compose("demo_tiny", ["stage=teacher_sft"])) & {"student", "reward", "placement"} == set()
+    with pytest.raises(ConfigError, match=r"Could not override 'reward.micro_batch_size'"):
+        compose("teacher_sft", ["reward.micro_batch_size=16"])
 
 
 # The run config of each stage; the size group sizes it (cfgs/size/).

@@ -38,13 +38,6 @@ RUN_CONFIG = """# @package _global_
 defaults:
   - /train
   - /dummy: default
-  - override /model: null
-  - override /student: null
-  - override /data: null
-  - override /reward: null
-  - override /placement: null
-  - override /logging: null
-  - override /size: null
   - _self_
 
 stage: dummy
