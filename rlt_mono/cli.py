@@ -166,6 +166,8 @@ def check_steps(cfg) -> None:
                 step_cfg = compose_naming_unknown_keys(config, overrides)
                 check_run_keys(step_cfg, overrides)
                 config_check.check_config(step_cfg, overrides)
+                if "placement" in step_cfg and step_cfg.placement.mode != "dp":
+                    launch.check_dp_keys_unused(step_cfg)
             except UserError as err:
                 raise ConfigError(f"{cfg.stage} step {step}: {err}") from err
     finally:
@@ -263,6 +265,8 @@ def warn_unused_lora_options(cfg, stage, overrides: list[str] | tuple[str, ...])
         rank = cfg[group].get("lora_r") or 0
         if stage.trains != group:
             why = f"{cfg.stage} trains nothing" if stage.trains is None else f"{cfg.stage} trains {stage.trains}"
+        elif not stage.trains_adapters:
+            why = f"{cfg.stage} trains every weight of {group} (LoRA adapters are teacher_rlt's option)"
         elif not (isinstance(rank, int) and rank > 0):
             why = f"{group}.lora_r={rank} trains every weight, no adapters (set {group}.lora_r to train adapters)"
         else:

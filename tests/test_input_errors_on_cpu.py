@@ -141,6 +141,9 @@ def test_run_level_mistakes_end_in_one_line_before_any_model_loads(tmp_path, mon
      "model.lora_dropout=0.1 is ignored: model.lora_r=0 trains every weight, no adapters (set model.lora_r to train "
      "adapters)"),
     ("demo_tiny", ["model.lora_r=4", "model.lora_dropout=0.1"], None),  # adapters trained: the option is read
+    ("teacher_sft", ["model.lora_dropout=0.1"],
+     "model.lora_dropout=0.1 is ignored: teacher_sft trains every weight of model (LoRA adapters are teacher_rlt's "
+     "option)"),
 ])
 def test_an_adapter_option_where_no_adapter_trains_is_a_warning_naming_it(stage, overrides, warning, caplog):
     cfg = compose(stage, ["size=tiny", *overrides] if stage != "demo_tiny" else overrides)

@@ -9,7 +9,7 @@ import pytest
 from rlt_mono import cli
 from rlt_mono.config import compose
 from rlt_mono.stages import STAGES
-from rlt_mono.stages.pipeline import step_commands
+from rlt_mono.stages.pipeline import StagePlan, resume_overrides, step_commands
 
 
 @pytest.mark.parametrize(("override", "error"), [
@@ -20,6 +20,9 @@ from rlt_mono.stages.pipeline import step_commands
      "sft.eval_steps?"),
     ("pipeline.eval.overrides=['size=tiny','data=gsm_symbolic','data.heldout_templates=[999]']",
      "pipeline step eval_teacher: data.heldout_templates: [999] not among the templates of data.source=gsm_symbolic"),
+    ("pipeline.teacher_rlt.overrides=['placement.main_process_port=29600']",
+     "pipeline step teacher_rlt: placement.main_process_port=29600: placement=dp's (one rank per GPU), ignored by "
+     "placement=mono"),
     ("pipeline.distill.overrides=['size=tiny','data=gsm_symbolic','data.gsm_items_per_template=100000']",
      "pipeline step distill: data.gsm_items_per_template"),
 ])
@@ -44,3 +47,20 @@ def test_the_steps_checked_are_the_command_lines_the_pipeline_launches():
     assert config == "distill" and overrides[-3:] == [
         "output_dir=3_distill", "model.model_name_or_path=2_teacher_rlt/final", "model.gguf_file=null"]
     cli.check_steps(cfg)  # the pipeline's own steps pass their checks
+
+
+def test_a_step_stopped_before_its_first_checkpoint_starts_again_and_damaged_checkpoints_are_kept(tmp_path):
+    """Continuing a pipeline: a training step that left logs and no checkpoint starts again in an empty folder; one
+    whose checkpoints are all incomplete (no manifest: cut short, or copied in part) is moved aside, not deleted."""
+    logs_only, damaged = tmp_path / "1_teacher_sft", tmp_path / "2_teacher_rlt"
+    for folder in (logs_only, damaged):
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text('{"step": 1}\n')
+    (damaged / "checkpoint-2").mkdir()
+    (damaged / "checkpoint-2" / "model.safetensors").write_bytes(b"cut")
+    assert resume_overrides(StagePlan("teacher_sft", "teacher_sft", (), logs_only, {})) == []
+    assert not logs_only.exists()
+    assert resume_overrides(StagePlan("teacher_rlt", "teacher_rlt_mono", (), damaged, {})) == []
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("2_teacher_rlt.damaged-")]
+    assert not damaged.exists() and len(kept) == 1
+    assert (kept[0] / "checkpoint-2" / "model.safetensors").read_bytes() == b"cut"

@@ -434,16 +434,22 @@ def move_aside(folder: Path, why: str) -> Path:
 def resume_overrides(plan_: StagePlan) -> list[str]:
     """A training stage whose folder holds a complete checkpoint continues from it; one stopped before its first
     checkpoint starts again in an empty folder (what it left, logs of steps it will run again, goes), so the step
-    ends with the files of an uninterrupted run."""
+    ends with the files of an uninterrupted run. A folder whose checkpoints are all damaged (none verifies) is moved
+    aside, kept for a look, and the step starts again."""
     if stage_of(plan_.stage) in ("distill", "eval") or not plan_.folder.is_dir():
         return []
     try:
         checkpoints.newest_complete_checkpoint(plan_.folder)
     except checkpoints.CheckpointError:
-        if started := checkpoints.previous_run_files(plan_.folder):  # no checkpoint yet: start the stage again
+        started = checkpoints.previous_run_files(plan_.folder)
+        if any(name.startswith("checkpoint-") for name in started):  # checkpoints, none complete: keep them
+            aside = move_aside(plan_.folder, "damaged")
+            logger.warning("%s holds no complete checkpoint (%s); moved aside to %s, starting the step again",
+                           plan_.folder, ", ".join(n for n in started if n.startswith("checkpoint-")), aside)
+        elif started:  # stopped before its first checkpoint: start the stage again
             shutil.rmtree(plan_.folder)
             logger.warning("%s stopped before its first checkpoint: starting it again (deleted what it left: %s)",
-                           plan_.folder, ", ".join(sorted(str(name) for name in started)))
+                           plan_.folder, ", ".join(sorted(started)))
         return []
     return ["resume_from_checkpoint=true"]
 
