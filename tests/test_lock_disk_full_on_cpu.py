@@ -24,3 +24,4 @@ def test_a_full_disk_when_the_lock_records_its_holder_is_one_line(tmp_path, monk
     with pytest.raises(OSError):  # closed
         os.fstat(opened[-1])
     assert tmp_path.resolve() not in run_lock._held
+    assert list(tmp_path.iterdir()) == []  # no empty lock file left: the run's folder can go

@@ -64,3 +64,19 @@ def test_a_step_stopped_before_its_first_checkpoint_starts_again_and_damaged_che
     kept = [p for p in tmp_path.iterdir() if p.name.startswith("2_teacher_rlt.damaged-")]
     assert not damaged.exists() and len(kept) == 1
     assert (kept[0] / "checkpoint-2" / "model.safetensors").read_bytes() == b"cut"
+
+
+
+def test_a_step_killed_by_a_signal_is_named_as_such(tmp_path, monkeypatch, capsys):
+    """A stage killed (the out-of-memory killer, kill -9) wrote no message: the pipeline's line says what ended it."""
+    monkeypatch.setattr("rlt_mono.stages.pipeline.run_stage", lambda command, folder: -9)
+    assert cli.main(["pipeline_tiny", f"output_dir={tmp_path / 'p'}"]) == 2
+    assert capsys.readouterr().err == (f"error: pipeline stage teacher_sft was killed by SIGKILL; run the same command "
+                                       f"with output_dir={tmp_path / 'p'} to continue from this stage\n")
+
+
+def test_the_steps_left_out_are_named_as_given(tmp_path, caplog, launched):
+    with caplog.at_level("INFO", logger="rlt_mono.stages.pipeline"):
+        assert cli.main(["pipeline_tiny", "steps=[teacher_rlt,teacher_sft]", f"output_dir={tmp_path / 'p'}"]) == 0
+    assert launched == ["1_teacher_sft", "2_teacher_rlt"]
+    assert "[3/6] distill: not in steps=[teacher_rlt,teacher_sft], left as it is" in caplog.messages

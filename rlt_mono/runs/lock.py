@@ -19,6 +19,7 @@ several runs sharing one GPU failed that way. The lock serialises only the start
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -76,6 +77,8 @@ def acquire(folder: str | Path) -> None:
     try:
         _record_holder(fd, path)
     except BaseException:
+        with contextlib.suppress(OSError):  # ours (we hold it): no empty lock file keeps the folder from going
+            path.unlink()
         os.close(fd)
         raise
     _held[folder] = fd

@@ -475,7 +475,8 @@ def run_pipeline(cfg: DictConfig) -> Path:
     launched: list[str] = []  # folders of the steps this run launched: a step reading one is stale
     for i, stage in enumerate(plans, start=1):
         if stage.stage not in selected:
-            logger.info("[%d/%d] %s: not in steps=%s, left as it is", i, len(plans), stage.stage, sorted(selected))
+            logger.info("[%d/%d] %s: not in steps=[%s], left as it is", i, len(plans), stage.stage,
+                        ",".join(options.steps))  # as given: a step is left out only when steps is set
             continue
         changed = stale_reasons(stage, summary["stages"].get(stage.stage), root, launched)
         if changed:
@@ -498,6 +499,9 @@ def run_pipeline(cfg: DictConfig) -> Path:
         start = time.perf_counter()
         code = run_stage([sys.executable, "-m", "rlt_mono.cli", stage.config, *overrides], root)
         seconds = time.perf_counter() - start
+        if code < 0:  # killed by a signal: it wrote no message of its own
+            raise UserError(f"pipeline stage {stage.stage} was killed by {signal.Signals(-code).name}; run the same "
+                            f"command with output_dir={root} to continue from this stage")
         if code != 0:
             raise UserError(f"pipeline stage {stage.stage} failed (exit {code}, message above); fix it and run the "
                             f"same command with output_dir={root} to continue from this stage")
