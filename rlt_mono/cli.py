@@ -25,7 +25,14 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from rlt_mono import config_check, launch, runtime
-from rlt_mono.config import ConfigError, available_run_configs, compose, config_groups, default_cache_dir
+from rlt_mono.config import (
+    ConfigError,
+    available_run_configs,
+    compose,
+    config_groups,
+    default_cache_dir,
+    override_key,
+)
 from rlt_mono.errors import UserError
 from rlt_mono.memory.planner import MODES as MEMORY_MODES
 from rlt_mono.placement import PlacementError, gpus_to_expose
@@ -92,7 +99,7 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
         check_steps(cfg)
         runtime.quiet_progress_bars()
         if auto_picks_split(cfg):
-            args.overrides = [o for o in args.overrides if o.split("=")[0].lstrip("+~") != "placement"]
+            args.overrides = [o for o in args.overrides if override_key(o) != "placement"]
             args.overrides.append("placement=split")
             logger.info("placement=auto: %d GPUs visible, placement=split (data parallel over two GPUs)",
                         runtime.gpus_present())
@@ -185,7 +192,7 @@ def compose_naming_unknown_keys(config: str, overrides: list[str]):
         if found is None or "not in struct" not in str(err):
             raise
         key = found[1]
-        rest = [o for o in overrides if o.lstrip("+~").partition("=")[0] != key]
+        rest = [o for o in overrides if override_key(o) != key]
         raise ConfigError(config_check.unknown_key(compose_naming_unknown_keys(config, rest), key,
                                                    _dataclass_fields(key))) from None
 
@@ -258,7 +265,7 @@ LORA_ADAPTER_OPTIONS = ("lora_alpha", "lora_dropout", "lora_target_modules")
 def warn_unused_lora_options(cfg, stage, overrides: list[str] | tuple[str, ...]) -> None:
     """A warning naming each adapter option (``LORA_ADAPTER_OPTIONS``) given on the command line for a model group
     that trains no adapters: the stage trains nothing, trains another group, or its ``lora_r`` is 0."""
-    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    given = {override_key(o) for o in overrides}
     for group in stage.model_groups:
         if cfg.get(group) is None:
             continue

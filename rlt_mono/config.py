@@ -58,6 +58,11 @@ DATACLASS_NODE = "_dataclass"
 # merges ??? over a value).
 LEFT_TO_OPTIONS = {"data": ("source",)}
 
+def override_key(override) -> str:
+    """The dotted key a command-line override sets: ``trainer.max_steps`` of ``+trainer.max_steps=3`` (Hydra's
+    ``+`` append, ``++`` force and ``~`` delete prefixes dropped)."""
+    return str(override).lstrip("+~").partition("=")[0]
+
 
 def default_cache_dir() -> Path:
     """Where built and downloaded artefacts live: ``$RLT_MONO_CACHE`` if set, else ``~/.cache/rlt_mono``."""
@@ -192,7 +197,7 @@ def dropped_groups(config_name: str, overrides: list[str] | tuple[str, ...]) -> 
     each one its stage does not compose (``stage_groups``) and neither the run config's defaults list nor an
     override picks (a group that sets other groups, ``size``, is no key of its own and stays); none for a config
     without a stage (the root)."""
-    picked = {str(o).lstrip("+~").partition("=")[0] for o in overrides}
+    picked = {override_key(o) for o in overrides}
     stage = next((o.partition("=")[2] for o in map(str, overrides) if o.lstrip("+").startswith("stage=")), None)
     run_config = OmegaConf.load(CONFIG_DIR / f"{config_name}.yaml")
     picked |= {next(iter(entry)).removeprefix("override ").strip("/") for entry in run_config.get("defaults", [])

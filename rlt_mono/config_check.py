@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rlt_mono import runtime
-from rlt_mono.config import GROUP_CLASSES, ConfigError, config_groups, dataclass_defaults
+from rlt_mono.config import GROUP_CLASSES, ConfigError, config_groups, dataclass_defaults, override_key
 from rlt_mono.placement import MODES as PLACEMENT_MODES
 from rlt_mono.placement import ROLLOUTS
 from rlt_mono.read_source import dataclass_fields, module_constant
@@ -332,7 +332,7 @@ SOURCE_KEYS = {"gsm_items_per_template": "gsm_symbolic", "gsm_solution": "gsm_sy
 def warn_unread_data_keys(data: DictConfig, overrides: Iterable[str] = ()) -> None:
     """A warning naming each ``SOURCE_KEYS`` key set for a run whose ``data.source`` does not read it: given on the
     command line (``overrides``), or away from its default (``DataConfig``'s)."""
-    given = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    given = {override_key(o) for o in overrides}
     defaults = dataclass_defaults(GROUP_CLASSES["data"])
     for key, source in SOURCE_KEYS.items():
         if key in data and data.source != source and (f"data.{key}" in given or data[key] != defaults[key]):

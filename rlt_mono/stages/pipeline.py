@@ -91,7 +91,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rlt_mono.config import ConfigError, compose
+from rlt_mono.config import ConfigError, compose, override_key
 from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.runs import checkpoints
@@ -231,7 +231,7 @@ def check_not_wired(options: DictConfig, stage: str, step: str, wired: tuple[str
     owned = {override.partition("=")[0]: override for override in wired}
     for which in ("overrides", "extra_overrides"):
         for override in options.get(which) or []:
-            key = str(override).lstrip("+~").partition("=")[0]
+            key = override_key(override)
             if key in owned:
                 where = "set it on the pipeline (seed=...)" if key == "seed" else "leave it out"
                 raise ConfigError(f"pipeline.{stage}.{which}: {key} is the pipeline's to set for step {step} "
