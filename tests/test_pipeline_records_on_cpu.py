@@ -136,16 +136,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="the stage dies with its pipeline by Linux's parent-death signal")
-def test_a_copied_pipeline_killed_mid_distill_ends_with_the_files_of_an_uninterrupted_run(trained, reference,
-                                                                                           tmp_path, tmp_path_factory):
-    killed = tmp_path / "killed" / "p"
-    shutil.copytree(trained, killed, symlinks=True)
-    process = _start(killed, UP_TO_DISTILL, tmp_path / "killed.log")
-    rows = killed / "3_distill" / "distill.jsonl"
+def _kill_when(process: subprocess.Popen, reached, log: Path) -> None:
+    """kill -9 the pipeline ``process`` once ``reached()``, then wait for its stages to die with it (Linux's
+    parent-death signal); the pipeline ending first fails with its log."""
     deadline = time.monotonic() + 900
-    while not (rows.is_file() and b"\n" in rows.read_bytes()):
-        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+    while not reached():
+        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.02)
     stages = _children(process.pid)
     os.kill(process.pid, signal.SIGKILL)
@@ -153,6 +149,16 @@ def test_a_copied_pipeline_killed_mid_distill_ends_with_the_files_of_an_uninterr
     deadline = time.monotonic() + 60
     while any(_alive(stage) for stage in stages) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the stage dies with its pipeline by Linux's parent-death signal")
+def test_a_copied_pipeline_killed_mid_distill_ends_with_the_files_of_an_uninterrupted_run(trained, reference,
+                                                                                           tmp_path, tmp_path_factory):
+    killed = tmp_path / "killed" / "p"
+    shutil.copytree(trained, killed, symlinks=True)
+    process = _start(killed, UP_TO_DISTILL, tmp_path / "killed.log")
+    rows = killed / "3_distill" / "distill.jsonl"
+    _kill_when(process, lambda: rows.is_file() and b"\n" in rows.read_bytes(), tmp_path / "killed.log")
     written = rows.read_text().count("\n")  # whole lines: a line cut short is written again
     assert 1 <= written < ROWS  # killed between two questions' rows, not after the last
     # moved once more: distill's rows are checked against the teacher it recorded, relative to the folder
@@ -181,16 +187,7 @@ def test_a_pipeline_killed_in_a_training_stage_and_moved_ends_with_the_files_of_
         metrics = stage / "metrics.jsonl"
         return metrics.is_file() and b'"step": 1' in metrics.read_bytes()
 
-    deadline = time.monotonic() + 900
-    while not reached():
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.02)
-    stages = _children(process.pid)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
-    deadline = time.monotonic() + 60
-    while any(_alive(child) for child in stages) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _kill_when(process, reached, log)
     assert not (stage / "final").exists()  # killed inside the stage
     moved = _copy_and_delete(killed, tmp_path / "moved" / "p")
     rerun = _run(moved, UP_TO_DISTILL)
