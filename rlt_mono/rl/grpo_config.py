@@ -50,6 +50,14 @@ class RLTConfig(trl.GRPOConfig):
             "gets their GPU memory, for two copies a step. Needs vLLM colocated with the one-call weight sync."
         },
     )
+    max_minutes: float = field(
+        default=0.0,
+        metadata={
+            "help": "Stop training once this many minutes have passed since this process's first step, at the end "
+            "of an optimizer step, and save final/ as at max_steps (for a GPU held for a fixed time); the step "
+            "reached is logged. A resumed run counts its own minutes. 0: no limit, max_steps alone ends the run."
+        },
+    )
     dynamic_sampling_rounds: int = field(
         default=0,
         metadata={
@@ -102,7 +110,7 @@ class RLTConfig(trl.GRPOConfig):
         numeric = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
                    "logging_steps", "save_steps", "ref_model_sync_steps", "num_generations", "steps_per_generation",
                    "beta", "learning_rate", "explanation_samples_per_step", "temperature", "ref_model_mixup_alpha",
-                   "eval_questions", "dynamic_sampling_rounds", "sleep_leak_warn_gib")
+                   "eval_questions", "dynamic_sampling_rounds", "sleep_leak_warn_gib", "max_minutes")
         for name in numeric:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -120,7 +128,7 @@ class RLTConfig(trl.GRPOConfig):
         if self.steps_per_generation is not None and self.steps_per_generation < 1:
             raise ValueError(f"steps_per_generation must be >= 1 or null, got {self.steps_per_generation}")
         for name in ("beta", "learning_rate", "explanation_samples_per_step", "eval_questions",
-                     "dynamic_sampling_rounds"):
+                     "dynamic_sampling_rounds", "max_minutes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.temperature <= 0:

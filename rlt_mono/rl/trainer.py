@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import safetensors.torch
 import torch
 import trl
+from accelerate.utils import broadcast
 from transformers import TrainerCallback
 from transformers.integrations.liger import apply_liger_kernel
 from trl.models import get_act_offloading_ctx_manager
@@ -131,6 +132,10 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                           and not self.is_fsdp_enabled, device=placement.device(Role.REFERENCE))
             trl_vllm.wrap_reference_sync(self, swapper)
         self.add_callback(_OptimizerPhaseCallback(timer))
+        self.time_limit = None
+        if self.args.max_minutes:
+            self.time_limit = TimeLimit(self.args.max_minutes, agree=self._rank_zero_decides)
+            self.add_callback(self.time_limit)
         # TRL's activation offloading, entered around each training step as TRL's SFTTrainer does; the no-grad
         # generation and scoring inside a step save nothing, so only the training forward's activations move.
         self._activation_offload = (get_act_offloading_ctx_manager(self.model) if self.args.activation_offloading
@@ -286,6 +291,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         self._last_rewards = torch.where(torch.isnan(rewards_per_func).all(dim=1), torch.nan, weighted)
         return rewards_per_func
 
+    def _rank_zero_decides(self, over: bool) -> bool:
+        """Rank 0's ``over`` on every rank (one process: ``over``)."""
+        if self.accelerator.num_processes == 1:
+            return over
+        return bool(broadcast(torch.tensor([int(over)], device=self.accelerator.device), from_process=0).item())
+
     def _largest_over_ranks(self, count: int) -> int:
         return int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
 
@@ -420,6 +431,32 @@ class _OptimizerPhaseCallback(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         self.timer.end()
+
+
+class TimeLimit(TrainerCallback):
+    """Ends training at the end of the first optimizer step that finishes ``minutes`` after this process's first
+    step began (``trainer.max_minutes``); the stage then saves final/ as at ``max_steps``. ``stopped_at`` holds the
+    step it stopped at (None while it has not). ``agree`` turns this rank's verdict into the run's (data parallel:
+    rank 0's, so that every rank stops at the same step); ``clock`` returns seconds (``time.monotonic``)."""
+
+    def __init__(self, minutes: float, agree=lambda over: over, clock=time.monotonic):
+        self.seconds, self.agree, self.clock = 60.0 * minutes, agree, clock
+        self.started: float | None = None
+        self.stopped_at: int | None = None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.started is None:
+            self.started = self.clock()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.started is None or control.should_training_stop:
+            return
+        elapsed = self.clock() - self.started
+        if self.agree(elapsed >= self.seconds) and state.global_step < state.max_steps:
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+            logger.info("trainer.max_minutes=%g: stopping after step %d of %d (%.1f minutes of training)",
+                        self.seconds / 60, state.global_step, state.max_steps, elapsed / 60)
 
 
 def _timed(fn, *args):

@@ -136,7 +136,9 @@ def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[M
     max_steps = trainer.get("max_steps")
     steps_done = max((row["step"] for row in rows), default=0)
     of_max = f" of {max_steps}" if max_steps else ""
-    if (output_dir / "final").is_dir():
+    if (output_dir / "final").is_dir() and max_steps and steps_done < max_steps and trainer.get("max_minutes"):
+        status = f"stopped by trainer.max_minutes={trainer['max_minutes']:g}; the trained teacher is in `final/`"
+    elif (output_dir / "final").is_dir():
         status = "finished; the trained teacher is in `final/`"
     elif max_steps and steps_done >= max_steps:
         status = "all steps done; no `final/` (the newest checkpoint holds the teacher)"
@@ -146,7 +148,7 @@ def write_run_readme(output_dir: str | Path, cfg_dict: Mapping, rows: Sequence[M
     trend = reward_trend([row["step"] for row in rewarded], [float(row["reward"]) for row in rewarded])
     data_source = data.get("source")
     if data_source and data.get("max_rows"):
-        data_source += f" (first {data['max_rows']} rows)"
+        data_source += f" (a seeded sample of {data['max_rows']} rows)"
     facts = [
         ("command", f"`{command}`" if command else
          "not recorded (built in Python, e.g. `rlt_mono.compose(...)`); the resolved config is `config.yaml`"),

@@ -40,7 +40,8 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
             trainer._load_from_checkpoint(resume)
         else:
             trainer.train(resume_from_checkpoint=resume)
-            if trainer.state.global_step < trainer.args.max_steps:
+            stopped = trainer.time_limit is not None and trainer.time_limit.stopped_at is not None
+            if trainer.state.global_step < trainer.args.max_steps and not stopped:
                 raise UserError(
                     f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data "
                     "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
