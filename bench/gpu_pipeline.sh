@@ -16,7 +16,7 @@
 #       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
-#       explanations in distilled.tgz).
+#       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`).
 # Order: stash the stack parts, stash the model parts, then `run` as often as needed (a rerun continues where the
 # last stopped: rlt_mono.stages.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
 # so far, so a host reclaimed mid-run loses only what ran since the last one.
@@ -107,7 +107,11 @@ case "${1:-}" in
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
       --exclude='1_teacher_sft' --exclude='*.partial-*' --exclude='*.safetensors' --exclude='distill.jsonl' \
       --exclude='./distilled' --exclude='samples.jsonl' --exclude='./traces/traces.jsonl' . 2>/dev/null || true
-    [ -d distilled ] && tar czf "$OUT/distilled.tgz" distilled
+    # (xz, in parts of at most 15 MiB: a file that comes back from the host is limited in size), with the rows of a
+    # distill still running (its teachers/distill_*/distill.jsonl: kept by question, so a run continues from them)
+    compgen -G "distilled/*" > /dev/null || compgen -G "teachers/distill_*/distill.jsonl" > /dev/null \
+      && tar cf - $(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") | xz -T0 -6 \
+      | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

@@ -23,6 +23,11 @@
 #   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only)
 #   STUDY_DISTILLED  folder of <teacher>.jsonl[.gz] for the students part (default <root>/distilled)
 #   STUDY_RL_STEPS   RL optimizer steps of 256 completions (default 188: 48,128 completions a seed)
+#   STUDY_RL_MINUTES stop each RL run after this many minutes of training (trainer.max_minutes; a GPU held for a
+#                    fixed time); its held-out curve and teachers.json say the step it reached
+#   STUDY_DISTILL_ROWS     training questions each teacher explains (data.max_rows: a seeded sample covering
+#                          every template; default all 5,242)
+#   STUDY_DISTILL_SAMPLES  explanations per question, the best by the RLT reward kept (default 4)
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
 #   STUDY_UNTRAINED  0: leave out the untrained students (when their evals are in the study already)
@@ -61,9 +66,13 @@ done
 if [ -n "${STUDY_GPUS:-}" ]; then gpus=(${STUDY_GPUS//,/ })
 elif command -v nvidia-smi > /dev/null; then mapfile -t gpus < <(nvidia-smi -L | awk '{sub(":", "", $2); print $2}')
 else gpus=(); fi
-on_gpu() {  # <lane> <command...>: the command with CUDA_VISIBLE_DEVICES set to that lane's GPU (as is on CPU)
-  local lane=$1; shift
-  if [ ${#gpus[@]} -eq 0 ]; then "$@"; else CUDA_VISIBLE_DEVICES=${gpus[$((lane % ${#gpus[@]}))]} "$@"; fi
+# <lane> <command...>: the command with CUDA_VISIBLE_DEVICES set to that lane's GPU (as is on CPU), and that GPU's
+# own engine-start lock (vLLM starts wait for each other only where they share a card).
+on_gpu() {
+  local lane=$1 gpu; shift
+  if [ ${#gpus[@]} -eq 0 ]; then "$@"; return; fi
+  gpu=${gpus[$((lane % ${#gpus[@]}))]}
+  CUDA_VISIBLE_DEVICES=$gpu RLT_MONO_ENGINE_LOCK=${TMPDIR:-/tmp}/rlt_mono-engine-gpu$gpu.lock "$@"
 }
 mkdir -p "$root/logs"
 start=$SECONDS
@@ -119,22 +128,33 @@ else
            trainer.gradient_checkpointing=false trainer.eval_strategy=steps trainer.eval_steps=47
            trainer.eval_on_start=true trainer.eval_questions=128 trainer.dynamic_sampling_rounds=1
            placement.offload_student=false placement.offload_reference=false trainer.vllm_enable_sleep_mode=false
-           trainer.vllm_gpu_memory_utilization=0.1 +trainer.vllm_max_model_length=2048)
+           trainer.vllm_gpu_memory_utilization=0.1 +trainer.vllm_max_model_length=2048
+           ${STUDY_RL_MINUTES:+"trainer.max_minutes=$STUDY_RL_MINUTES"})
   # Seed 0 keeps a checkpoint every 47 steps: each explains the training questions and teaches its own student
   # (the teacher-reward <-> student-accuracy correlation).
   rl_checkpoints=(trainer.save_steps=47)
   # Every training question, 4 explanations each, the best by the RLT reward kept; a fixed 6 GiB KV cache.
   distill_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 distill.max_new_tokens=256
-                distill.samples_per_question=4 distill.vllm_gpu_memory_utilization=0.1 distill.vllm_kv_cache_gib=6
-                reward.micro_batch_size=32)
+                "distill.samples_per_question=${STUDY_DISTILL_SAMPLES:-4}" distill.vllm_gpu_memory_utilization=0.1
+                distill.vllm_kv_cache_gib=6 reward.micro_batch_size=32
+                ${STUDY_DISTILL_ROWS:+"data.max_rows=$STUDY_DISTILL_ROWS"})
   custom_sft=()
 fi
 
 # <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
+# A stage that fails is tried once more 30 s later (an engine start can fail while another run on the same GPU
+# frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint.
 stage() {
   local folder=$1 log=$2; shift 2
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
-  "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1
+  "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1 && return 0
+  echo "bench/study_fair.sh: $log failed; trying again in 30 s" >> "$root/logs/$log.log"
+  sleep 30
+  if compgen -G "$folder/checkpoint-*" > /dev/null; then
+    "$@" output_dir="$folder" resume_from_checkpoint=true >> "$root/logs/$log.log" 2>&1
+  else
+    rm -rf "$folder" && "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1
+  fi
 }
 evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answers each held-out question alone
   local folder=$1 prompt=$2 seed=$3; shift 3
@@ -171,13 +191,20 @@ teacher_chain() {  # <seed> <reward: worked|answer>: RL from the SFT teacher, th
   dir=$root/teachers/$name
   stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" "${data[@]}" "${keep[@]}" \
     "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || return 1
-  distill "$dir/rl/final" "$name" "${data[@]}" || return 1
-  [ ${#keep[@]} -gt 0 ] || return 0
-  last=$(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n | tail -1)
-  for step in $(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n); do
-    [ "$step" = "$last" ] && continue  # the last checkpoint is final/
-    distill "$dir/rl/checkpoint-$step" "rl_step$step" || return 1
-  done
+  # Seed 0's checkpoints explain the training questions on the other lanes' GPUs (they are still training or
+  # explaining: side by side), while its final teacher explains on its own.
+  local pids=() status=0 lane=1 final_step
+  if [ ${#keep[@]} -gt 0 ]; then
+    final_step=$(grep -o '"step": [0-9]*' "$dir/rl/metrics.jsonl" | tail -1 | grep -o '[0-9]*$')
+    for step in $(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n); do
+      [ "$step" -ge "${final_step:-0}" ] && continue  # the last step's teacher is final/
+      on_gpu $lane distill "$dir/rl/checkpoint-$step" "rl_step$step" & pids+=($!)
+      lane=$((lane + 1))
+    done
+  fi
+  distill "$dir/rl/final" "$name" "${data[@]}" || status=1
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return $status
 }
 distill() {  # <teacher folder> <name> [data override]: every training question explained, into distilled/<name>.jsonl
   local teacher=$1 name=$2; shift 2
