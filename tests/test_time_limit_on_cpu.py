@@ -14,17 +14,19 @@ from rlt_mono.rl.trainer import TimeLimit
 from rlt_mono.runs.readme import write_run_readme
 
 
-def _steps(limit: TimeLimit, times: list[float], max_steps: int) -> int | None:
+def _steps(limit: TimeLimit, times: list[float], max_steps: int, evaluates: bool = True) -> int | None:
     """Run steps 1..max_steps with the clock reading the next of ``times`` whenever it is read (the first step's
     begin, then each step's end); the step at which the trainer would stop (None: it ran to max_steps)."""
     clock = iter(times)
     limit.clock = lambda: next(clock)
+    args = SimpleNamespace(eval_strategy="steps" if evaluates else "no")
     for step in range(1, max_steps + 1):
         state, control = SimpleNamespace(global_step=step - 1, max_steps=max_steps), TrainerControl()
-        limit.on_step_begin(None, state, control)
+        limit.on_step_begin(args, state, control)
         state.global_step = step
-        limit.on_step_end(None, state, control)
+        limit.on_step_end(args, state, control)
         if control.should_training_stop:
+            assert control.should_evaluate == evaluates  # the curve's last point is the saved teacher
             return step
     return None
 
@@ -47,6 +49,7 @@ def test_no_stop_when_the_limit_is_not_reached_or_rank_zero_says_no():
 def test_the_last_step_is_not_called_a_stop():
     limit = TimeLimit(0.01)
     assert _steps(limit, [0.0, 5.0, 9.0], max_steps=2) == 1  # over after step 1 of 2
+    assert _steps(TimeLimit(0.01), [0.0, 5.0, 9.0], max_steps=2, evaluates=False) == 1
     last = TimeLimit(0.01)
     assert _steps(last, [0.0, 5.0], max_steps=1) is None and last.stopped_at is None
 
@@ -65,10 +68,14 @@ def test_a_run_stopped_by_the_limit_saves_final_and_says_so(tmp_path, caplog):
     run = tmp_path / "run"
     with caplog.at_level(logging.INFO):
         main(["demo_tiny", "trainer.max_steps=6", "trainer.save_steps=100", "trainer.max_minutes=1e-6",
+              "trainer.eval_strategy=steps", "trainer.eval_steps=100", "trainer.eval_questions=2",
               f"output_dir={run}"])
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line).get("event", "step") == "step"]
     assert max(steps) == 1
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line).get("event") == "eval"]
+    assert [row["step"] for row in evals] == [1]  # evaluated where it stopped, not only every eval_steps
     assert (run / "final" / "config.json").is_file()
     assert "trainer.max_minutes=1e-06: stopping after step 1 of 6" in caplog.text
     assert "| steps done | 1 of 6: stopped by trainer.max_minutes=1e-06; the trained teacher is in `final/` |" in \

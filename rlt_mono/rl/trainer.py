@@ -435,7 +435,8 @@ class _OptimizerPhaseCallback(TrainerCallback):
 
 class TimeLimit(TrainerCallback):
     """Ends training at the end of the first optimizer step that finishes ``minutes`` after this process's first
-    step began (``trainer.max_minutes``); the stage then saves final/ as at ``max_steps``. ``stopped_at`` holds the
+    step began (``trainer.max_minutes``), with a held-out evaluation of that step when the run evaluates; the stage
+    then saves final/ as at ``max_steps``. ``stopped_at`` holds the
     step it stopped at (None while it has not). ``agree`` turns this rank's verdict into the run's (data parallel:
     rank 0's, so that every rank stops at the same step); ``clock`` returns seconds (``time.monotonic``)."""
 
@@ -454,6 +455,8 @@ class TimeLimit(TrainerCallback):
         elapsed = self.clock() - self.started
         if self.agree(elapsed >= self.seconds) and state.global_step < state.max_steps:
             control.should_training_stop = True
+            # the held-out curve ends at the teacher final/ holds (transformers evaluates right after this hook)
+            control.should_evaluate = args.eval_strategy != "no"
             self.stopped_at = state.global_step
             logger.info("trainer.max_minutes=%g: stopping after step %d of %d (%.1f minutes of training)",
                         self.seconds / 60, state.global_step, state.max_steps, elapsed / 60)

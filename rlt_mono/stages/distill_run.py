@@ -13,6 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from rlt_mono.data.rows import group_of, sample_rows
 from rlt_mono.errors import RunInterrupted, UserError
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.runs.atomic_write import append_to, write_text, writing
@@ -125,7 +126,10 @@ def distill(cfg: DictConfig, options: DistillConfig, reward_config: TeacherRewar
             return output_dir
     # The teacher prompts must leave room for distill.max_new_tokens in the teacher's context, as in the RL stage.
     rows, source = stage_rows(cfg, "train", [teacher_budget(cfg, "distill.max_new_tokens")])
-    todo = [row for row in rows if row_key(row) not in done]
+    # In a stratified order (every template before any has two rows): a distill stopped part-way has explained a
+    # sample covering every template it could, not the first templates of the source; a resumed one goes on in the
+    # same order.
+    todo = [row for row in sample_rows(rows, None, cfg.seed, group_of) if row_key(row) not in done]
     write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger.info("distill: %s; %d already written, %d to explain (%d samples each, keep %s) -> %s",
                 source, len(rows) - len(todo), len(todo), options.samples_per_question, options.selection, out_path)
