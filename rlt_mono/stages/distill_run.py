@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 
 from rlt_mono.data.rows import group_of, sample_rows
@@ -19,6 +19,7 @@ from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.runs.atomic_write import append_to, write_text, writing
 from rlt_mono.runs.console import terminal_shows_bars
 from rlt_mono.runs.lock import exclusive
+from rlt_mono.runs.outputs import write_run_config
 from rlt_mono.stages import distill as stage
 from rlt_mono.stages.distill import DISTILL_FILE, RESUME_KEYS, DistillConfig
 from rlt_mono.stages.sampler import (
@@ -130,7 +131,7 @@ def distill(cfg: DictConfig, options: DistillConfig, reward_config: TeacherRewar
     # sample covering every template it could, not the first templates of the source; a resumed one goes on in the
     # same order.
     todo = [row for row in sample_rows(rows, None, cfg.seed, group_of) if row_key(row) not in done]
-    write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_run_config(output_dir, cfg)
     logger.info("distill: %s; %d already written, %d to explain (%d samples each, keep %s) -> %s",
                 source, len(rows) - len(todo), len(todo), options.samples_per_question, options.selection, out_path)
     if not todo:

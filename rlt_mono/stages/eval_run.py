@@ -9,13 +9,14 @@ import logging
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.errors import UserError
 from rlt_mono.rewards import TeacherRewardConfig
 from rlt_mono.rewards.log_probs import range_log_probs
 from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.runs.outputs import write_run_config
 from rlt_mono.stages import eval as stage
 from rlt_mono.stages.eval import (
     THE_ANSWER_IS,
@@ -116,7 +117,7 @@ def evaluate(cfg: DictConfig, options: EvalConfig, reward_config: TeacherRewardC
     rows, source = stage_rows(cfg, options.split, budgets)
     output_dir = stage_output_dir(cfg)
     check_resume_matches(output_dir, cfg, ())  # an eval folder is rewritten, another stage's is not touched
-    write_text(output_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_run_config(output_dir, cfg)
     logger.info("eval: %d questions (%s) -> %s", len(rows), source, output_dir)
     torch.manual_seed(cfg.seed)
     models = load_stage_models(cfg, reward_config, options.temperature, with_teacher=with_teacher,

@@ -96,6 +96,7 @@ from rlt_mono.data.rows import DataConfig
 from rlt_mono.errors import UserError
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.atomic_write import write_json, write_text
+from rlt_mono.runs.outputs import write_run_config
 from rlt_mono.stages import distill, student_sft, teacher_rlt, teacher_sft
 from rlt_mono.stages import eval as evaluate
 from rlt_mono.stages.base import Stage
@@ -471,7 +472,7 @@ def run_pipeline(cfg: DictConfig) -> Path:
             if stage.stage in selected and (changed := stale_reasons(stage, summary["stages"].get(stage.stage),
                                                                      root, [])):
                 raise refuse_changed(stage, changed)
-    write_text(root / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    write_run_config(root, cfg)
     launched: list[str] = []  # folders of the steps this run launched: a step reading one is stale
     for i, stage in enumerate(plans, start=1):
         if stage.stage not in selected:
