@@ -7,6 +7,7 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
         --device nvidia-h200 --commit <sha> --command "<how it ran>"
+    python bench/study_fair.py common <root> --out <folder of the students' distilled files>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``). ``export`` keeps of each what the summary needs, in a few kilobytes
@@ -18,14 +19,25 @@ share wording and method) and questions within each drawn template. A difference
 resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
 ``study.json`` and ``study_table.md`` into ``--out``.
 
-``teachers`` keeps of the teachers part's finished runs (``<root>/teachers``) what the study reports, in a few
-kilobytes: per RL teacher its held-out reward curve, optimizer steps, completions, median seconds per step by phase,
-reward setting and seed; the SFT teacher's steps and held-out loss (first -> best); per distill its rows and mean
-kept reward. A file already there is merged into: a machine adds its teachers, and a teacher already in the file
-must read the same (a teacher is added once). ``summarize`` reads it (``--teachers``, by default ``teachers.json``
-in ``--out``) for each student's ``correlation``: the teachers' held-out reward against the accuracy of the
-students they taught, one point per teacher (``correlation_points``), Pearson's r and Spearman's rho per held-out
-set, with a percentile-bootstrap interval over the points.
+``teachers`` keeps of the teachers part's runs (``<root>/teachers``) what the study reports, in a few kilobytes:
+per RL teacher that saved its trained teacher (its ``final/``, or where an archive left that out, its README.md
+saying the teacher is in ``final/``; a run stopped by ``trainer.max_minutes`` counts) its held-out reward curve,
+optimizer steps of ``max_steps`` and whether the time limit stopped it, completions, median seconds per step by
+phase, reward setting and seed; the SFT teacher's steps and held-out loss (first -> best); per distill its rows,
+mean kept reward and whether it is ``complete`` (a distill that never logged its end line is kept as partial: its
+rows are the questions it explained). Its ``common`` block holds the questions every distill of the root explained
+(``teachers/distill_<name>/distill.jsonl``, else ``distilled/<name>.jsonl``), their templates, and per distill the
+mean reward and its parts, the share matched, the share with wrong equations and the mean explanation length over
+those questions alone: the teachers compared on the same questions. A file already there is merged into: a machine
+adds its teachers, and a teacher already in the file must read the same (a teacher is added once); the common block
+is replaced by the one of the root read last. ``summarize`` reads it (``--teachers``, by default ``teachers.json``
+in ``--out``) for each student's ``correlation``: the teachers' reward against the accuracy of the students they
+taught, one point per teacher (``correlation_points``), Pearson's r and Spearman's rho per held-out set, with a
+percentile-bootstrap interval over the points. The teacher's reward is its distill's mean reward on the common
+questions where the file has a common block, else its held-out reward (the correlation's ``x`` says which).
+
+``common`` writes, for every distill of a root, ``<out>/<name>.jsonl.gz``: its rows of the questions every distill
+explained, in its own order, so that each taught arm trains on the same questions.
 
 ``traces`` makes the larger-model traces (the analog of the RLT paper's larger-model thoughts: the teacher's SFT
 warm-up data and the traces student arm) from an eval folder run with ``eval.split=train`` and
@@ -37,6 +49,7 @@ and the markup opening that sentence.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import logging
@@ -53,6 +66,7 @@ from rlt_mono.runs.outputs import (
     CONFIG_FILE,
     EVAL_EVENT,
     METRICS_FILE,
+    README_FILE,
     SUMMARY_EVENT,
     in_phase_order,
     is_number,
@@ -88,9 +102,17 @@ DISTILL_FILE = module_constant("rlt_mono.stages.distill", "DISTILL_FILE")
 # The line a distill logs when it ends (rlt_mono.stages.distill): questions written, where, and its phases' seconds.
 _DISTILL_DONE = re.compile(r"distill: wrote \d+ questions to .+ \((?P<phases>[^()]*)\)\s*$")
 _PHASE_SECONDS = re.compile(r"^phase/(?P<phase>[^/]+)/seconds$")
+# The "steps done" line of an RL run's README.md (rlt_mono.runs.readme) when the run saved its trained teacher (it
+# finished, or trainer.max_minutes stopped it): it says so where the archive of a run leaves final/ out.
+_TEACHER_SAVED = re.compile(r"^\|\s*steps done\s*\|.*the trained teacher is in `final/`", re.MULTILINE)
+# Where the teachers part leaves each distill's rows: teachers/distill_<name>/distill.jsonl, copied to
+# distilled/<name>.jsonl (the file read when the first is not there).
+DISTILLED_FOLDER = "distilled"
 TEACHERS_FILE = "teachers.json"
 # The correlation: no figure under MIN_POINTS points, no interval under INTERVAL_POINTS.
 CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
+# The correlation's teacher reward without a common block in the teachers file.
+HELD_OUT_X = "the teacher's held-out reward (eval_reward)"
 # The worked-solution reward the RL teachers are trained and measured with (data.gsm_solution).
 WORKED_REWARD = "worked"
 CORRELATION_LEFT_OUT = {
@@ -213,16 +235,21 @@ def traces(folder: Path, out: Path) -> tuple[int, int]:
     return len(kept), len(rows)
 
 
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
+def _jsonl_lines(path: Path) -> list[tuple[str, dict]]:
+    """``(line, row)`` of each non-empty line of a JSON-lines file."""
+    pairs = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            pairs.append((line, json.loads(line)))
         except json.JSONDecodeError as err:
             raise StudyError(f"{path}, line {number}: not a JSON row ({err.msg})") from err
-    return rows
+    return pairs
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [row for _, row in _jsonl_lines(path)]
 
 
 def _median(values: list[float]) -> float | None:
@@ -240,7 +267,9 @@ def rl_teacher_summary(folder: Path) -> dict:
     ``per_device_train_batch_size x gradient_accumulation_steps`` of the config, on one GPU), the configured
     ``generation_batch`` (``per_device_train_batch_size x steps_per_generation``; TRL's default for a null
     ``steps_per_generation`` is the accumulation), ``median_seconds_per_step`` of each phase over the logged steps,
-    the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and the ``checkpoints`` kept."""
+    the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]``, the ``checkpoints`` kept, the configured
+    ``max_steps`` and ``stopped_by_time_limit``: fewer steps than ``max_steps`` with ``trainer.max_minutes`` set
+    (above 0)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
     metrics = folder / METRICS_FILE
     steps, evals = read_metrics(metrics), read_metrics(metrics, EVAL_EVENT)
@@ -249,9 +278,12 @@ def rl_teacher_summary(folder: Path) -> dict:
     batch, accumulation = cfg.trainer.per_device_train_batch_size, cfg.trainer.gradient_accumulation_steps
     per_step = batch * accumulation
     phases = {match["phase"] for row in steps for key in row if (match := _PHASE_SECONDS.match(key))}
+    max_steps, max_minutes = OmegaConf.select(cfg, "trainer.max_steps"), OmegaConf.select(cfg, "trainer.max_minutes")
+    stopped = (is_number(max_steps) and optimizer_steps < max_steps and is_number(max_minutes) and max_minutes > 0)
     return {
         "seed": int(cfg.seed), "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"),
-        "steps": optimizer_steps, "completions": optimizer_steps * per_step, "completions_per_step": per_step,
+        "steps": optimizer_steps, "max_steps": max_steps, "stopped_by_time_limit": bool(stopped),
+        "completions": optimizer_steps * per_step, "completions_per_step": per_step,
         "generation_batch": batch * (cfg.trainer.steps_per_generation or accumulation),
         "median_seconds_per_step": {phase: _median([row[f"phase/{phase}/seconds"] for row in steps
                                                     if is_number(row.get(f"phase/{phase}/seconds"))])
@@ -277,19 +309,21 @@ def sft_teacher_summary(folder: Path) -> dict:
             "best_step": None if best is None else best["step"], "early_stopping": summary.get("early_stopping")}
 
 
-def distill_summary(folder: Path, phases: str, teachers: Path) -> dict:
+def distill_summary(folder: Path, phases: str | None, teachers: Path) -> dict:
     """A distill's folder (``distill.jsonl``, ``config.yaml``) and the phases of its end line (``phases``, as
-    logged: ``phase/generate/seconds 4.7, ...``; those of its last run when it was resumed): its ``teacher``
-    (relative to ``teachers`` when under it), ``reward_setting``, ``rows``, and the mean kept ``total`` reward and
-    its parts."""
+    logged: ``phase/generate/seconds 4.7, ...``; those of its last run when it was resumed; None when it never
+    ended): its ``teacher`` (relative to ``teachers`` when under it), ``reward_setting``, ``rows``, the mean kept
+    ``total`` reward and its parts, whether it is ``complete`` (it logged its end line; else its rows are the
+    questions it explained before it stopped) and its phases' ``seconds`` (none when not complete)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
     rows = _jsonl(folder / DISTILL_FILE)
     teacher = Path(str(cfg.model.model_name_or_path))
-    seconds = dict(part.rsplit(" ", 1) for part in phases.split(", ") if part)
+    seconds = dict(part.rsplit(" ", 1) for part in (phases or "").split(", ") if part)
     return {"teacher": str(teacher.relative_to(teachers) if teacher.is_relative_to(teachers) else teacher),
             "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"), "rows": len(rows),
             **{f"mean_{part}": _mean([row[part] for row in rows if is_number(row.get(part))])
                for part in ("total", "r_ss", "r_kl")},
+            "complete": phases is not None,
             "seconds": {match["phase"]: float(value) for key, value in seconds.items()
                         if (match := _PHASE_SECONDS.match(key))}}
 
@@ -301,10 +335,19 @@ def _distill_end(log: Path) -> str | None:
     return ends[-1] if ends else None
 
 
+def rl_teacher_saved(run: Path) -> bool:
+    """Whether an RL run folder holds its trained teacher: its ``final/``, or (where ``final/`` was left out of an
+    archive) its README.md's "steps done" line saying the trained teacher is in ``final/``."""
+    readme = run / README_FILE
+    return (run / "final").is_dir() or (readme.is_file() and _TEACHER_SAVED.search(readme.read_text()) is not None)
+
+
 def read_teachers(root: Path) -> dict[str, dict[str, dict]]:
-    """``{"teachers": {name: summary}, "distills": {name: summary}}`` of the finished runs under
-    ``<root>/teachers`` (an SFT teacher with its ``sft_summary.json``, an RL teacher with its ``final/``, a
-    distill whose log in ``<root>/logs`` has its end line); a run not finished is left out with a warning."""
+    """``{"teachers": {name: summary}, "distills": {name: summary}}`` of the runs under ``<root>/teachers``: an
+    SFT teacher with its ``sft_summary.json``, an RL teacher that saved its trained teacher (``rl_teacher_saved``;
+    one stopped by ``trainer.max_minutes`` counts), every distill with its ``distill.jsonl`` (one whose log in
+    ``<root>/logs`` has no end line is kept with ``complete`` false, with a warning). A teacher not finished is
+    left out with a warning."""
     folder = root / "teachers"
     if not folder.is_dir():
         raise StudyError(f"no teachers/ under {root}: pass the root the teachers part of bench/study_fair.sh wrote")
@@ -315,31 +358,103 @@ def read_teachers(root: Path) -> dict[str, dict[str, dict]]:
     elif sft.is_dir():
         logger.warning("%s: no %s (not finished): left out", sft, SFT_SUMMARY_FILE)
     for run in sorted(folder.glob("*/rl")):
-        if (run / "final").is_dir():
+        if rl_teacher_saved(run):
             found["teachers"][run.parent.name] = rl_teacher_summary(run)
         else:
-            logger.warning("%s: no final/ (not finished): left out", run)
+            logger.warning("%s: no final/ and its %s does not say the trained teacher is in final/ (not finished): "
+                           "left out", run, README_FILE)
     for run in sorted(folder.glob("distill_*")):
-        name = run.name.removeprefix("distill_")
-        phases = _distill_end(root / "logs" / f"{run.name}.log")
-        if phases is None or not (run / DISTILL_FILE).is_file():
-            logger.warning("%s: not finished (no end line in %s): left out", run, root / "logs" / f"{run.name}.log")
+        name, log = run.name.removeprefix("distill_"), root / "logs" / f"{run.name}.log"
+        if not (run / DISTILL_FILE).is_file():
+            logger.warning("%s: no %s (not started): left out", run, DISTILL_FILE)
             continue
+        phases = _distill_end(log)
         found["distills"][name] = distill_summary(run, phases, folder)
+        if phases is None:
+            logger.warning("%s: not finished (no end line in %s): kept as partial (%d rows)", run, log,
+                           found["distills"][name]["rows"])
     if not found["teachers"] and not found["distills"]:
         raise StudyError(f"{folder}: no finished teacher or distill yet")
     return found
+
+
+def distill_files(root: Path) -> dict[str, Path]:
+    """``{name: rows file}`` of every distill under ``root``: ``teachers/distill_<name>/distill.jsonl``, else
+    ``distilled/<name>.jsonl``."""
+    names = {path.parent.name.removeprefix("distill_") for path in root.glob(f"teachers/distill_*/{DISTILL_FILE}")}
+    names |= {path.stem for path in root.glob(f"{DISTILLED_FOLDER}/*.jsonl")}
+    files = {}
+    for name in sorted(names):
+        own = root / "teachers" / f"distill_{name}" / DISTILL_FILE
+        files[name] = own if own.is_file() else root / DISTILLED_FOLDER / f"{name}.jsonl"
+    return files
+
+
+def _common_rows(root: Path) -> tuple[dict[str, list[tuple[str, dict]]], set[str]]:
+    """Each distill's ``(line, row)`` pairs (``distill_files``) and the questions every one of them explained."""
+    files = distill_files(root)
+    if not files:
+        raise StudyError(f"no distill under {root} (teachers/distill_<name>/{DISTILL_FILE} or "
+                         f"{DISTILLED_FOLDER}/<name>.jsonl): pass the root the teachers part of bench/study_fair.sh "
+                         "wrote")
+    rows = {name: _jsonl_lines(path) for name, path in files.items()}
+    common = set.intersection(*({row["question"] for _, row in pairs} for pairs in rows.values()))
+    return rows, common
+
+
+def _share(values: list[bool]) -> float | None:
+    return round(float(np.mean(values)), 4) if values else None
+
+
+def common_block(root: Path) -> dict | None:
+    """The questions every distill under ``root`` explained (``distill_files``), their distinct ``templates`` and
+    per distill, over its kept explanations of them: the mean ``total`` reward and its parts, the share
+    ``matched``, the share with ``wrong_equations`` above 0 and the mean explanation length in characters. None
+    when no question is common to them all."""
+    rows, common = _common_rows(root)
+    if not common:
+        return None
+    kept = {name: [row for _, row in pairs if row["question"] in common] for name, pairs in rows.items()}
+    templates = {json.dumps(row.get("template")) for pairs in kept.values() for row in pairs}
+    return {"questions": len(common), "templates": len(templates), "distills": {name: {
+        **{f"mean_{part}": _mean([row[part] for row in mine if is_number(row.get(part))])
+           for part in ("total", "r_ss", "r_kl")},
+        "matched_frac": _share([bool(row["matched"]) for row in mine if isinstance(row.get("matched"), bool)]),
+        "wrong_equations_frac": _share([row["wrong_equations"] > 0 for row in mine
+                                        if is_number(row.get("wrong_equations"))]),
+        "mean_explanation_chars": _mean([len(row["explanation"]) for row in mine
+                                         if isinstance(row.get("explanation"), str)])}
+        for name, mine in kept.items()}}
+
+
+def write_common(root: Path, out: Path) -> list[tuple[Path, int]]:
+    """``out/<name>.jsonl.gz`` for every distill under ``root``: its rows of the questions every distill explained,
+    in its own order; returns ``(file, rows)`` of each. An empty common set is refused."""
+    rows, common = _common_rows(root)
+    if not common:
+        raise StudyError(f"{root}: no question every distill explained ({', '.join(rows)}): nothing written")
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, pairs in rows.items():
+        lines = [line for line, row in pairs if row["question"] in common]
+        path = out / f"{name}.jsonl.gz"
+        path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode(), mtime=0))
+        written.append((path, len(lines)))
+    return written
 
 
 def _figures(entry: dict, where: dict) -> str:
     return json.dumps({key: value for key, value in entry.items() if key not in where}, sort_keys=True)
 
 
-def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[str]]:
+def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[str], dict | None]:
     """``out``: the teachers file with the finished teachers and distills of ``root`` (each with ``where``) added
-    to what it held; returns ``(added, already there)``, as ``teacher <name>`` / ``distill <name>``. A teacher or
-    distill already in the file with other figures is refused: one is added once."""
+    to what it held, and, where ``root`` has distills, its ``common`` block (``common_block``) in place of the one
+    the file held (none when no question is common to them all); returns ``(added, already there, common)``, as
+    ``teacher <name>`` / ``distill <name>``. A teacher or distill already in the file with other figures is
+    refused: one is added once."""
     found = read_teachers(root)
+    common = common_block(root) if distill_files(root) else None
     try:
         merged = json.loads(out.read_text()) if out.is_file() else {"teachers": {}, "distills": {}}
     except json.JSONDecodeError as err:
@@ -360,9 +475,15 @@ def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[
                                  f"{held[name].get('device', '?')}, with other figures: one is added once (delete "
                                  "its entry to replace it)")
         merged[kind] = dict(sorted(held.items()))
+    if distill_files(root):
+        merged.pop("common", None)
+        if common is None:
+            logger.warning("%s: no question every distill explained: no common block", root)
+        else:
+            merged["common"] = common
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(merged, indent=1) + "\n")
-    return added, kept
+    return added, kept, common
 
 
 def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
@@ -464,9 +585,35 @@ def _reward_at(curve: list[list[float]], step: int) -> list[float]:
     return min(curve, key=lambda point: (abs(point[0] - step), point[0]))
 
 
+def _arm_distill(arm: str, seed: int) -> tuple[str, str] | None:
+    """``(teacher, distill)`` of a taught arm's students of ``seed``: sft_teacher -> sft; rl_teacher -> rl_s<seed>;
+    rl_teacher_step<N> -> rl_s0's checkpoint N, distill rl_step<N>; None for an arm no teacher taught."""
+    if arm == "sft_teacher":
+        return "sft", "sft"
+    if arm == "rl_teacher":
+        return f"rl_s{seed}", f"rl_s{seed}"
+    if match := _STEP_ARM.match(arm):
+        return "rl_s0", f"rl_step{match['step']}"
+    return None
+
+
+def correlation_x(teachers: dict | None) -> str:
+    """What a correlation's teacher reward is: the common block's mean explanation reward when the teachers file
+    has one, else the held-out reward."""
+    if teachers is not None and teachers.get("common"):
+        return (f"the mean RLT reward of the teacher's kept explanations of the {teachers['common']['questions']} "
+                "questions every teacher explained (the teachers file's common block)")
+    return HELD_OUT_X
+
+
 def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str]]:
-    """Each taught arm's students against the held-out reward of the teacher that taught them, as points
-    ``{arm, teacher, teacher_reward, reward_step | reward_from, seeds, <held-out set>: accuracy}``:
+    """Each taught arm's students against the reward of the teacher that taught them, as points
+    ``{arm, teacher, teacher_reward, reward_step | reward_from, seeds, <held-out set>: accuracy}``.
+
+    When the teachers file has a ``common`` block, a teacher's reward is the block's ``mean_total`` of its distill
+    (``_arm_distill``; the point says which as ``distill``): the mean RLT reward of its kept explanations of the
+    questions every teacher explained; ``sft_teacher`` and ``rl_teacher_step<N>`` against the arm's accuracy over
+    its seeds, ``rl_teacher`` seed s against seed s's students. Without one, the held-out reward:
 
     - ``sft_teacher``: the SFT teacher, whose held-out reward is the step-0 evaluation of the worked-reward RL runs
       that start from it (their mean), against the arm's accuracy over its seeds;
@@ -477,6 +624,7 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
     Also returns what is missing for a point, one sentence each. ``CORRELATION_LEFT_OUT`` arms give no point."""
     rl = {name: teacher for name, teacher in teachers.get("teachers", {}).items() if teacher.get("eval_reward_curve")}
     points, missing = [], []
+    common = teachers.get("common")
 
     def point(arm: str, seeds: list[int], teacher: str, reward: float, where: dict) -> None:
         figures = arms[arm]
@@ -487,7 +635,19 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
 
     for arm in sorted(arms, key=arm_rank):
         seeds = arms[arm]["seeds"]
-        if arm == "sft_teacher":
+        if common and _arm_distill(arm, 0) is not None:
+            groups = [[seed] for seed in seeds] if arm == "rl_teacher" else [seeds]
+            for group in groups:
+                teacher, distill = _arm_distill(arm, group[0])
+                reward = common["distills"].get(distill, {}).get("mean_total")
+                who = f"rl_teacher seed {group[0]}" if arm == "rl_teacher" else arm
+                if reward is None:
+                    missing.append(f"{who}: no mean reward of distill {distill} in the teachers file's common block")
+                    continue
+                point(arm, group, teacher, reward, {
+                    "distill": distill, "reward_from": f"the mean RLT reward of its kept explanations of the "
+                                                       f"{common['questions']} questions every teacher explained"})
+        elif arm == "sft_teacher":
             starts = {name: teacher["eval_reward_curve"][0][1] for name, teacher in sorted(rl.items())
                       if teacher.get("reward_setting") == WORKED_REWARD and teacher["eval_reward_curve"][0][0] == 0}
             if starts:
@@ -552,7 +712,7 @@ def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int) ->
     teachers file, no points."""
     points, missing = correlation_points(arms, teachers) if teachers is not None else ([], ["no teachers file"])
     rng = np.random.default_rng(seed)
-    return {"x": "the teacher's held-out reward (eval_reward)", "y": "the taught students' accuracy",
+    return {"x": correlation_x(teachers), "y": "the taught students' accuracy",
             "points": points,
             **{name: correlation_figures([p["teacher_reward"] for p in points if name in p],
                                          [p[name] for p in points if name in p], resamples, rng)
@@ -610,7 +770,8 @@ def correlation_line(student: str, entry: dict) -> str:
         cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
     teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher" else "")
                          for p in entry["points"])
-    return (f"Teacher held-out reward vs student accuracy ({student}; points: {teachers or 'none'}): "
+    reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
+    return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}): "
             f"{'; '.join(cells)}.")
 
 
@@ -660,6 +821,10 @@ def main(argv: list[str] | None = None) -> int:
     teaching.add_argument("--device", required=True)
     teaching.add_argument("--commit", required=True)
     teaching.add_argument("--command", required=True)
+    commons = sub.add_parser("common", help="each distill's rows of the questions every distill explained, as "
+                                            "<out>/<name>.jsonl.gz")
+    commons.add_argument("root", type=Path)
+    commons.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
@@ -673,9 +838,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(path)
             return 0
         if args.action == "teachers":
-            added, kept = write_teachers(args.root, args.out,
-                                         {"device": args.device, "commit": args.commit, "command": args.command})
-            print(f"{args.out}: added {', '.join(added) or 'nothing'}; already there: {', '.join(kept) or 'none'}")
+            added, kept, common = write_teachers(args.root, args.out, {"device": args.device, "commit": args.commit,
+                                                                       "command": args.command})
+            shared = "" if common is None else (f"; common: {common['questions']} questions of "
+                                                f"{common['templates']} templates, {len(common['distills'])} distills")
+            print(f"{args.out}: added {', '.join(added) or 'nothing'}; already there: {', '.join(kept) or 'none'}"
+                  f"{shared}")
+            return 0
+        if args.action == "common":
+            for path, rows in write_common(args.root, args.out):
+                print(f"{path}: {rows} rows")
             return 0
         teachers_file = args.teachers or (args.out / TEACHERS_FILE if (args.out / TEACHERS_FILE).is_file() else None)
         teachers = read_teachers_file(teachers_file)

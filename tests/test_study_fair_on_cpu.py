@@ -1,6 +1,7 @@
 """The fair study's summary (bench/study_fair.py): arms, intervals over seeds/templates/questions, the positive
 control and the paired differences, from hand-made eval folders."""
 
+import gzip
 import json
 import os
 import subprocess
@@ -217,16 +218,23 @@ def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
 
 
 def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple[int, float]],
-                generate: list[float], finished: bool = True) -> None:
-    """A hand-made RL teacher run folder: config.yaml, metrics.jsonl (a step row per entry of ``generate``, the
-    evaluations of ``evals``, the end-of-training row), final/ when ``finished``, checkpoint-2."""
+                generate: list[float], finished: bool = True, trainer: str = "", steps_done: str | None = None) -> None:
+    """A hand-made RL teacher run folder: config.yaml (``trainer``: more trainer keys, one per line), metrics.jsonl
+    (a step row per entry of ``generate``, the evaluations of ``evals``, the end-of-training row), final/ when
+    ``finished``, checkpoint-2, and a README.md whose "steps done" line reads ``steps_done`` when given."""
     folder = root / "teachers" / name / "rl"
     (folder / "checkpoint-2").mkdir(parents=True)
     if finished:
         (folder / "final").mkdir()
+    if steps_done is not None:
+        (folder / "README.md").write_text(f"# rlt_mono run `teacher_rlt_mono`: rl\n\n| | |\n| --- | --- |\n"
+                                          f"| seed | {seed} |\n| steps done | {steps_done} |\n"
+                                          "| mean reward | -3.3 (steps 1-2) -> -3.0 (steps 2-3) |\n\n## Files\n\n"
+                                          "- `final/`: the trained teacher and its tokenizer\n")
     (folder / "config.yaml").write_text(
         f"seed: {seed}\ndata:\n  gsm_solution: {reward}\ntrainer:\n  per_device_train_batch_size: 32\n"
-        "  gradient_accumulation_steps: 8\n  steps_per_generation: 8\n")
+        "  gradient_accumulation_steps: 8\n  steps_per_generation: 8\n"
+        + "".join(f"  {line}\n" for line in trainer.split("\n") if line))
     rows = [{"event": "eval", "step": step, "eval_reward": value, "eval_runtime": 3.0} for step, value in evals]
     rows += [{"event": "step", "step": i + 1, "reward": -4.0, "phase/generate/seconds": seconds,
               "phase/score/seconds": 2.0 + i % 2, "phase/train/seconds": [5.0, 6.0, 7.0, 100.0][i % 4]}
@@ -236,9 +244,23 @@ def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple
     (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def _distill_row(question: str, template: int, total: float, r_ss: float, r_kl: float, matched: bool, wrong: int,
+                 explanation: str) -> dict:
+    return {"question": question, "solution": f"{question} solved", "explanation": explanation, "template": template,
+            "r_ss": r_ss, "r_kl": r_kl, "total": total, "matched": matched, "wrong_equations": wrong}
+
+
+def _write_rows(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
 def _teachers_root(root: Path) -> None:
-    """A hand-made teachers part: the SFT teacher, rl_s0 (4 steps, 3 evaluations), an unfinished rl_s1, the
-    answer-only teacher, and rl_s0's distill with its log."""
+    """A hand-made teachers part: the SFT teacher, rl_s0 (4 of max_steps 4, 3 evaluations), an unfinished rl_s1,
+    rl_s2 stopped by trainer.max_minutes at step 3 of 10 with final/ left out (its README says the teacher is in
+    final/), the answer-only teacher; rl_s0's finished distill with its log (questions q0 q1 q2, templates 0 1 2),
+    the SFT teacher's partial distill (q2 q0; distilled/sft.jsonl, which differs, is not read) and rl_s0's
+    checkpoint 2's distill only as distilled/rl_step2.jsonl (q1 q2 q0): q0 and q2 are common."""
     sft = root / "teachers" / "sft"
     sft.mkdir(parents=True)
     (sft / "sft_summary.json").write_text(json.dumps({
@@ -246,21 +268,51 @@ def _teachers_root(root: Path) -> None:
         "heldout_curve": [{"step": 0, "eval_loss": 1.5}, {"step": 20, "eval_loss": 0.9},
                           {"step": 40, "eval_loss": 0.8}, {"step": 60, "eval_loss": 0.85}],
         "early_stopping": {"stopped_early": True, "best_step": 40, "best_heldout_loss": 0.8}}))
-    _rl_teacher(root, "rl_s0", 0, "worked", [(0, -6.0), (2, -4.0), (4, -2.0)], [10.0, 12.0, 11.0, 30.0])
-    _rl_teacher(root, "rl_s1", 1, "worked", [(0, -5.0)], [10.0], finished=False)
+    _rl_teacher(root, "rl_s0", 0, "worked", [(0, -6.0), (2, -4.0), (4, -2.0)], [10.0, 12.0, 11.0, 30.0],
+                trainer="max_steps: 4\nmax_minutes: 11")
+    _rl_teacher(root, "rl_s1", 1, "worked", [(0, -5.0)], [10.0], finished=False,
+                steps_done="1 of 10: stopped, or still running")
+    _rl_teacher(root, "rl_s2", 2, "worked", [(0, -4.0), (3, -1.0)], [10.0, 10.0, 10.0], finished=False,
+                trainer="max_steps: 10\nmax_minutes: 11",
+                steps_done="3 of 10: stopped by trainer.max_minutes=11; the trained teacher is in `final/`")
     _rl_teacher(root, "rl_answer_s0", 0, "answer", [(0, -1.0), (4, -0.5)], [9.0, 9.0, 9.0, 9.0])
-    distill = root / "teachers" / "distill_rl_s0"
-    distill.mkdir()
-    (distill / "config.yaml").write_text(f"model:\n  model_name_or_path: {root}/teachers/rl_s0/rl/final\n"
-                                         "data:\n  gsm_solution: worked\n")
-    (distill / "distill.jsonl").write_text("".join(json.dumps({"question": f"q{i}", "total": total, "r_ss": -1.0,
-                                                               "r_kl": 2.0 + i}) + "\n"
-                                                   for i, total in enumerate([-3.0, -4.0, -6.5])))
+    for name, teacher in (("rl_s0", "rl_s0/rl/final"), ("sft", "sft/final")):
+        distill = root / "teachers" / f"distill_{name}"
+        distill.mkdir()
+        (distill / "config.yaml").write_text(f"model:\n  model_name_or_path: {root}/teachers/{teacher}\n"
+                                             "data:\n  gsm_solution: worked\n")
+    _write_rows(root / "teachers" / "distill_rl_s0" / "distill.jsonl", [
+        _distill_row("q0", 0, -3.0, -1.0, 2.0, True, 0, "abcd"),
+        _distill_row("q1", 1, -4.0, -1.0, 3.0, False, 1, "x" * 10),
+        _distill_row("q2", 2, -6.5, -1.0, 4.0, False, 2, "abcdefgh")])
+    _write_rows(root / "teachers" / "distill_sft" / "distill.jsonl", [
+        _distill_row("q2", 2, -5.0, -2.0, 3.0, True, 0, "y" * 12),
+        _distill_row("q0", 0, -6.0, -3.0, 3.0, True, 0, "abc")])
+    _write_rows(root / "distilled" / "sft.jsonl", [_distill_row(f"q{i}", i, 0.0, 0.0, 0.0, True, 0, "z")
+                                                   for i in range(3)])
+    _write_rows(root / "distilled" / "rl_step2.jsonl", [
+        _distill_row("q1", 1, -1.0, -1.5, 0.5, True, 0, "w" * 100),
+        _distill_row("q2", 2, -2.0, -1.0, 1.0, False, 0, "abcde"),
+        _distill_row("q0", 0, -3.0, -0.5, 2.5, True, 3, "abcdef")])
     (root / "logs").mkdir()
     (root / "logs" / "distill_rl_s0.log").write_text(
         "2026-11-27 19:48:00,000 INFO rlt_mono.stages.distill: distill: 0 already written, 3 to explain\n"
-        f"2026-11-27 19:48:01,443 INFO rlt_mono.stages.distill: distill: wrote 3 questions to {distill}/distill.jsonl "
-        "(phase/generate/seconds 2.0, phase/score/seconds 5.3)\n")
+        f"2026-11-27 19:48:01,443 INFO rlt_mono.stages.distill: distill: wrote 3 questions to {root}/teachers/"
+        "distill_rl_s0/distill.jsonl (phase/generate/seconds 2.0, phase/score/seconds 5.3)\n")
+    # the SFT teacher's distill stopped part-way: its log has no end line
+    (root / "logs" / "distill_sft.log").write_text(
+        "2026-11-27 19:48:00,000 INFO rlt_mono.stages.distill: distill: 0 already written, 3 to explain\n"
+        "2026-11-27 19:48:09,000 INFO rlt_mono.stages.distill: distill: 2/3 questions\n")
+
+
+# The common block of _teachers_root's q0 and q2, by hand: rl_s0 (-3, -6.5), sft (-6, -5), rl_step2 (-3, -2)
+COMMON = {"questions": 2, "templates": 2, "distills": {
+    "rl_s0": {"mean_total": -4.75, "mean_r_ss": -1.0, "mean_r_kl": 3.0, "matched_frac": 0.5,
+              "wrong_equations_frac": 0.5, "mean_explanation_chars": 6.0},
+    "rl_step2": {"mean_total": -2.5, "mean_r_ss": -0.75, "mean_r_kl": 1.75, "matched_frac": 0.5,
+                 "wrong_equations_frac": 0.5, "mean_explanation_chars": 5.5},
+    "sft": {"mean_total": -5.5, "mean_r_ss": -2.5, "mean_r_kl": 3.0, "matched_frac": 1.0,
+            "wrong_equations_frac": 0.0, "mean_explanation_chars": 7.5}}}
 
 
 def _teachers(root: Path, out: Path, commit: str = "abc1234"):
@@ -270,27 +322,75 @@ def _teachers(root: Path, out: Path, commit: str = "abc1234"):
 def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_medians(tmp_path):
     root, out = tmp_path / "study", tmp_path / "results" / "teachers.json"
     _teachers_root(root)
+    # a common block already in the file is replaced by the root's, not merged into
+    out.parent.mkdir()
+    out.write_text(json.dumps({"teachers": {}, "distills": {}, "common": {
+        "questions": 9, "templates": 1, "distills": {"old": {"mean_total": 1.0}}}}))
     result = _teachers(root, out)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == (f"{out}: added teacher sft, teacher rl_answer_s0, teacher rl_s0, distill rl_s0; "
-                             "already there: none\n")
-    # rl_s1 has no final/: not finished, left out with a warning naming it
-    assert f"WARNING: {root / 'teachers' / 'rl_s1' / 'rl'}: no final/ (not finished): left out" in result.stderr
+    assert result.stdout == (f"{out}: added teacher sft, teacher rl_answer_s0, teacher rl_s0, teacher rl_s2, "
+                             "distill rl_s0, distill sft; already there: none; common: 2 questions of 2 templates, "
+                             "3 distills\n")
+    # rl_s1 has no final/ and its README says it did not save a teacher: left out with a warning naming it
+    assert (f"WARNING: {root / 'teachers' / 'rl_s1' / 'rl'}: no final/ and its README.md does not say the trained "
+            "teacher is in final/ (not finished): left out") in result.stderr
+    # the SFT teacher's distill has no end line: kept as partial, with a warning
+    assert (f"WARNING: {root / 'teachers' / 'distill_sft'}: not finished (no end line in "
+            f"{root / 'logs' / 'distill_sft.log'}): kept as partial (2 rows)") in result.stderr
     saved = json.loads(out.read_text())
-    assert sorted(saved["teachers"]) == ["rl_answer_s0", "rl_s0", "sft"]
+    assert sorted(saved["teachers"]) == ["rl_answer_s0", "rl_s0", "rl_s2", "sft"]
     rl = saved["teachers"]["rl_s0"]
     assert rl["eval_reward_curve"] == [[0, -6.0], [2, -4.0], [4, -2.0]]
     assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
     assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
     assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
     assert (rl["device"], rl["commit"], rl["command"]) == ("nvidia-h100", "abc1234", "bash x.sh")
+    # every step done under a time limit: not stopped by it; no max_steps configured: not stopped either
+    assert (rl["max_steps"], rl["stopped_by_time_limit"]) == (4, False)
     assert saved["teachers"]["rl_answer_s0"]["reward_setting"] == "answer"
+    assert (saved["teachers"]["rl_answer_s0"]["max_steps"], saved["teachers"]["rl_answer_s0"]["stopped_by_time_limit"]
+            ) == (None, False)
+    # rl_s2's final/ was left out of the archive; its README says where the teacher was: exported, stopped at 3 of 10
+    stopped = saved["teachers"]["rl_s2"]
+    assert (stopped["steps"], stopped["max_steps"], stopped["stopped_by_time_limit"]) == (3, 10, True)
+    assert (stopped["eval_reward_curve"], stopped["completions"]) == ([[0, -4.0], [3, -1.0]], 768)
     sft = saved["teachers"]["sft"]
     assert (sft["steps"], sft["heldout_loss_first"], sft["heldout_loss_best"], sft["best_step"]) == (60, 1.5, 0.8, 40)
     distill = saved["distills"]["rl_s0"]
     assert (distill["teacher"], distill["rows"], distill["mean_total"]) == ("rl_s0/rl/final", 3, -4.5)
-    assert distill["seconds"] == {"generate": 2.0, "score": 5.3}
-    assert len(out.read_text()) < 4000
+    assert (distill["complete"], distill["seconds"]) == (True, {"generate": 2.0, "score": 5.3})
+    partial = saved["distills"]["sft"]  # teachers/distill_sft/distill.jsonl, not distilled/sft.jsonl
+    assert (partial["teacher"], partial["rows"], partial["mean_total"]) == ("sft/final", 2, -5.5)
+    assert (partial["complete"], partial["seconds"]) == (False, {})
+    assert saved["common"] == COMMON
+    assert len(out.read_text()) < 6000
+
+
+def test_common_writes_each_distills_rows_of_the_questions_every_distill_explained(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "common"
+    _teachers_root(root)
+    result = _run("common", root, "--out", out)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "".join(f"{out / name}.jsonl.gz: 2 rows\n" for name in ("rl_s0", "rl_step2", "sft"))
+    assert sorted(p.name for p in out.iterdir()) == ["rl_s0.jsonl.gz", "rl_step2.jsonl.gz", "sft.jsonl.gz"]
+    written = {name: [json.loads(line) for line in gzip.decompress((out / f"{name}.jsonl.gz").read_bytes())
+                      .decode().splitlines()] for name in ("rl_s0", "rl_step2", "sft")}
+    # q0 and q2, in each file's own order, the rows as they were
+    assert {name: [row["question"] for row in rows] for name, rows in written.items()} == {
+        "rl_s0": ["q0", "q2"], "rl_step2": ["q2", "q0"], "sft": ["q2", "q0"]}
+    assert written["sft"] == [json.loads(line) for line in
+                              (root / "teachers" / "distill_sft" / "distill.jsonl").read_text().splitlines()]
+
+
+def test_an_empty_common_set_is_one_line_and_writes_nothing(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "common"
+    _write_rows(root / "teachers" / "distill_rl_s0" / "distill.jsonl", [_distill_row("q0", 0, -1.0, -1.0, 0.0, True, 0,
+                                                                                    "a")])
+    _write_rows(root / "distilled" / "sft.jsonl", [_distill_row("q1", 1, -1.0, -1.0, 0.0, True, 0, "a")])
+    result = _run("common", root, "--out", out)
+    assert result.returncode == 2 and result.stderr == (f"error: {root}: no question every distill explained "
+                                                        "(rl_s0, sft): nothing written\n")
+    assert not out.exists()
 
 
 def test_the_teachers_file_is_merged_into_and_a_teacher_is_added_once(tmp_path):
@@ -366,6 +466,7 @@ def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over
         ("rl_teacher", "rl_s1", -3.0, [1], 0.6), ("rl_teacher", "rl_s2", -1.0, [2], 0.55),
         ("rl_teacher_step2", "rl_s0", -4.0, [0], 0.4)]
     assert correlation["points"][0]["reward_from"] == "step 0 of rl_s0, rl_s1, rl_s2 (mean)"
+    assert correlation["x"] == "the teacher's held-out reward (eval_reward)"  # no common block in the file
     assert correlation["points"][4]["reward_step"] == 2 and correlation["points"][1]["reward_step"] == 4
     instances = correlation["held_out_instances"]
     assert instances["points"] == 5 and round(instances["pearson_r"], 3) == 0.788
@@ -414,3 +515,33 @@ def test_three_points_give_r_without_an_interval_and_arms_sort_in_the_study_orde
     arms = ["zeta", "rl_teacher_step10", "rl_teacher", "rl_teacher_step2", "traces", "untrained", "worked", "alpha"]
     assert sorted(arms, key=arm_rank) == ["untrained", "worked", "traces", "rl_teacher", "rl_teacher_step2",
                                           "rl_teacher_step10", "alpha", "zeta"]
+
+
+def test_with_a_common_block_the_correlation_uses_each_teachers_reward_on_the_common_questions(tmp_path):
+    teachers_root, root, out = tmp_path / "teachers_run", tmp_path / "study", tmp_path / "out"
+    _teachers_root(teachers_root)
+    assert _teachers(teachers_root, out / "teachers.json").returncode == 0
+    for arm, accuracy in (("sft_teacher_s0", 0.30), ("rl_teacher_s0", 0.50), ("rl_teacher_s1", 0.60),
+                          ("rl_teacher_step2_s0", 0.40), ("rl_teacher_answer_only_s0", 0.9)):
+        _eval_folder(root, "s", arm, {"instances": _correct(accuracy)})
+    result = _run("summarize", root, "--out", out, "--resamples", 100)
+    assert result.returncode == 0, result.stderr
+    correlation = json.loads((out / "study.json").read_text())["students"]["s"]["correlation"]
+    # the common block's mean_total of each teacher's distill (COMMON), not the held-out reward (rl_s0's is -2.0)
+    assert [(p["arm"], p["teacher"], p["distill"], p["teacher_reward"], p["seeds"], p["held_out_instances"])
+            for p in correlation["points"]] == [
+        ("sft_teacher", "sft", "sft", -5.5, [0], 0.3), ("rl_teacher", "rl_s0", "rl_s0", -4.75, [0], 0.5),
+        ("rl_teacher_step2", "rl_s0", "rl_step2", -2.5, [0], 0.4)]
+    assert {p["reward_from"] for p in correlation["points"]} == {
+        "the mean RLT reward of its kept explanations of the 2 questions every teacher explained"}
+    assert correlation["x"] == ("the mean RLT reward of the teacher's kept explanations of the 2 questions every "
+                                "teacher explained (the teachers file's common block)")
+    # rl_s1 has no distill in the root
+    assert correlation["missing"] == ["rl_teacher seed 1: no mean reward of distill rl_s1 in the teachers file's "
+                                      "common block"]
+    # Pearson by hand: x - mean = (-1.25, -0.5, 1.75), y - mean = (-0.1, 0.1, 0): 0.075 / sqrt(4.875 x 0.02) = 0.2402;
+    # the ranks (1, 2, 3) and (1, 3, 2): rho = 1 - 6 x 2 / (3 x 8) = 0.5
+    instances = correlation["held_out_instances"]
+    assert (instances["points"], instances["pearson_r"], instances["spearman_rho"]) == (3, 0.2402, 0.5)
+    assert ("Teacher reward on the common questions vs student accuracy (s; points: sft_teacher, rl_teacher s0, "
+            "rl_teacher_step2): ") in (out / "study_table.md").read_text()
