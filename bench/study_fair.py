@@ -82,8 +82,10 @@ SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as
 # on held-out instances of the training templates, must gain at least this much with the interval above zero.
 CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained_plain"), 0.05
 # The comparisons the study exists for, each as (arm, minus arm), per student, wherever both arms were run.
+# worked_common: the worked solutions alone on the teachers' questions (the teacher arms' like-for-like control).
 DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
-               ("rl_teacher", "worked"), ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
+               ("rl_teacher", "worked"), ("rl_teacher", "worked_common"), ("sft_teacher", "worked_common"),
+               ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
 _SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 # The sentence a plain-prompt answer ends with (rlt_mono.stages.eval), the markup that may open it on its line, and
 # what a traces eval must have been run with.
@@ -93,7 +95,8 @@ TRACES_EVAL = {"eval.split": "train", "eval.student_prompt": "plain"}
 # A trace line's columns: the row's own, then the trace.
 TRACE_COLUMNS = ("question", "solution", "answer", "template")
 # The study table's arm order: these first, then rl_teacher_step<N> by N, then any other arm by name.
-ARM_ORDER = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", "rl_teacher", "rl_teacher_answer_only")
+ARM_ORDER = ("untrained", "untrained_plain", "worked", "worked_common", "traces", "sft_teacher", "rl_teacher",
+             "rl_teacher_answer_only")
 _STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
 # What the teachers part of bench/study_fair.sh leaves under <root>/teachers: the SFT teacher's folder, each RL
 # teacher's run folder teachers/<name>/rl (rl_s<seed>, rl_answer_s<seed>), each distill's folder and its log.

@@ -16,11 +16,14 @@
 #             explains every training question: <root>/distilled/<teacher>.jsonl.
 #   students  students trained on each arm's explanations + solutions (STUDY_ARMS), for each seed, then evaluated:
 #             traces (the 1.5B's traces), sft_teacher, rl_teacher (seed s: the RL teacher of seed s),
-#             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only). The distilled files
+#             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only), worked_common (the
+#             worked solutions alone, of the questions the SFT teacher's file holds: the teachers' arms' questions when
+#             the files hold the questions every teacher explained, bench/study_fair.py common). The distilled files
 #             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED.
 # Environment:
 #   STUDY_STUDENTS   students, comma-separated config names (default qwen2.5_coder_0.5b_instruct)
-#   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only)
+#   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only,
+#                    worked_common)
 #   STUDY_DISTILLED  folder of <teacher>.jsonl[.gz] for the students part (default <root>/distilled)
 #   STUDY_RL_STEPS   RL optimizer steps of 256 completions (default 188: 48,128 completions a seed)
 #   STUDY_RL_MINUTES stop each RL run after this many minutes of training (trainer.max_minutes; a GPU held for a
@@ -45,15 +48,15 @@ seeds=${seeds//,/ }
 students=${STUDY_STUDENTS:-qwen2.5_coder_0.5b_instruct}
 students=${students//,/ }
 read -ra sft_extra <<< "${STUDY_SFT:-}"
-arms=${STUDY_ARMS:-traces,sft_teacher,rl_teacher,rl_teacher_answer_only}
+arms=${STUDY_ARMS:-traces,sft_teacher,rl_teacher,rl_teacher_answer_only,worked_common}
 arms=${arms//,/ }
 distilled=${STUDY_DISTILLED:-$root/distilled}
 rl_steps=${STUDY_RL_STEPS:-188}
 for arm in $arms; do
   case "$arm" in
-    traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*) ;;
+    traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*|worked_common) ;;
     *) echo "bench/study_fair.sh: unknown arm '$arm' (arms: traces, sft_teacher, rl_teacher, rl_teacher_answer_only," \
-            "rl_teacher_step<N>)" >&2; exit 2 ;;
+            "rl_teacher_step<N>, worked_common)" >&2; exit 2 ;;
   esac
 done
 parts=${part//,/ }
@@ -238,6 +241,7 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     rl_teacher) file=$distilled/rl_s$seed.jsonl ;;
     rl_teacher_answer_only) file=$distilled/rl_answer_s0.jsonl ;;
     rl_teacher_step*) file=$distilled/rl_step${arm#rl_teacher_step}.jsonl ;;
+    worked_common) file=$distilled/sft.jsonl column=none ;;  # the same questions, the worked solutions alone
   esac
   [ -s "$file" ] || { [ -s "$file.gz" ] && gzip -dc "$file.gz" > "$file"; }
   [ -s "$file" ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
