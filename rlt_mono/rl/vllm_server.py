@@ -1,0 +1,130 @@
+"""The rollout engine of ``placement=async``: vLLM's own server (``vllm serve``) on a GPU of its own, started and
+stopped by the run.
+
+TRL's server mode (``vllm_mode="server"``) talks to it: completions over HTTP, the trainer's weights over NCCL through
+vLLM's weight-transfer engine after each optimizer step (``VLLMClient.init_communicator`` / ``update_named_params``).
+The command is TRL's (``trl.scripts.vllm_serve.build_command``: the weight-transfer engine, processed log-probs for
+TRL's importance-sampling correction), run with the engine's GPU as the only one it sees and vLLM's development
+endpoints on (the weight-update ones live there). Its output goes to a log file in the run folder; a server that
+exits or does not answer its health check in time is one error naming that file and its last lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# Lines of the server's log quoted in an error.
+LOG_TAIL_LINES = 15
+
+
+class ServerError(RuntimeError):
+    """The rollout server did not start, or stopped; the message names its log."""
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def serve_command(model: str, port: int, *, dtype: str, gpu_memory_utilization: float,
+                  max_model_len: int | None, enforce_eager: bool = False) -> list[str]:
+    """The ``vllm serve`` command line TRL's server mode expects (``trl.scripts.vllm_serve.build_command``)."""
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    return build_command(ScriptArguments(model=model, host="127.0.0.1", port=port, dtype=dtype,
+                                         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+                                         enforce_eager=enforce_eager, log_level="warning"))
+
+
+class VLLMServer:
+    """``command`` (``serve_command``'s, listening on ``port``) run with only ``gpu`` visible, its output in
+    ``log_path``; ``start()`` returns once ``/health`` answers (or raises ``ServerError``), ``stop()`` ends its
+    process group. A context manager."""
+
+    def __init__(self, command: list[str], port: int, gpu: str, log_path: Path, *, start_timeout_s: float = 600.0,
+                 poll_s: float = 1.0):
+        self.command, self.port, self.gpu, self.log_path = command, port, gpu, Path(log_path)
+        self.start_timeout_s, self.poll_s = start_timeout_s, poll_s
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> VLLMServer:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": self.gpu, "VLLM_SERVER_DEV_MODE": "1"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        logger.info("rollout server: starting vLLM on GPU %s at %s (pid %d, log %s)", self.gpu, self.base_url,
+                    self.process.pid, self.log_path)
+        started = time.monotonic()
+        while not self.healthy():
+            if self.process.poll() is not None:
+                raise ServerError(f"the rollout server (vLLM on GPU {self.gpu}) exited with code "
+                                  f"{self.process.returncode} before it answered; {self.log_path} ends:\n"
+                                  f"{self.log_tail()}")
+            if time.monotonic() - started > self.start_timeout_s:
+                self.stop()
+                raise ServerError(f"the rollout server (vLLM on GPU {self.gpu}) did not answer {self.base_url}/health "
+                                  f"within {self.start_timeout_s:g} s; {self.log_path} ends:\n{self.log_tail()}")
+            time.sleep(self.poll_s)
+        logger.info("rollout server: up after %.1f s", time.monotonic() - started)
+        return self
+
+    def healthy(self) -> bool:
+        """Whether ``/health`` answers 200 now."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def check_alive(self) -> None:
+        """``ServerError`` if the server's process has ended (checked before each generation is waited for)."""
+        if self.process is not None and self.process.poll() is not None:
+            raise ServerError(f"the rollout server (vLLM on GPU {self.gpu}) exited with code "
+                              f"{self.process.returncode}; {self.log_path} ends:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty)"
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """End the server's process group (SIGTERM, then SIGKILL after ``grace_s``); idempotent."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        logger.info("rollout server: stopped")
+
+    def __enter__(self) -> VLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
