@@ -21,6 +21,11 @@ critic, in verl's terms; an extra reward model would join it). Modes:
   completions; gradients are reduced across ranks. ``placement=split`` (``cfgs/placement/split.yaml``) is ``dp``
   over two GPUs: the fastest two-GPU placement measured, against ``mono`` and ``student_gpu``
   (docs/PERFORMANCE.md, "Two GPUs").
+- ``async``: one-step-off rollout on two GPUs: actor, reference and student on GPU 0 (reference and student in
+  CPU memory between uses, as ``mono``); the rollout a vLLM server on GPU 1 (``rlt_mono.rl.vllm_server``) that
+  generates step n+1's completions with the weights of step n while GPU 0 scores and trains step n; the weights go
+  to it over NCCL after each optimizer step (TRL's server mode), and TRL's importance-sampling correction weighs
+  each token by how the trained weights' probability differs from the sampling one (``rlt_mono.rl.one_step_off``).
 
 With no GPU every role is on the CPU (the embedded demo; ``dp`` then runs CPU ranks) and rollouts use
 ``transformers``.
@@ -47,7 +52,7 @@ class Role(enum.Enum):
     STUDENT = "student"
 
 
-MODES = ("mono", "student_gpu", "auto", "dp")
+MODES = ("mono", "student_gpu", "auto", "dp", "async")
 ROLLOUTS = ("auto", "vllm", "transformers")
 # The TCP ports a data-parallel run's ranks can meet on (placement.main_process_port; 0, "any free port", cannot be
 # shared between machines, so null asks rlt_mono.launch to pick one).
@@ -84,13 +89,24 @@ class Placement:
     def use_vllm(self) -> bool:
         return self.rollout == "vllm"
 
+    @property
+    def one_step_off(self) -> bool:
+        """Whether the rollout runs one optimizer step ahead of training on a vLLM server of its own
+        (``placement=async``)."""
+        return self.mode == "async"
+
+    @property
+    def engine_label(self) -> str:
+        if self.one_step_off:
+            return "vLLM server, one step ahead"
+        return "vLLM colocated" if self.use_vllm else "transformers generate"
+
     def table(self) -> str:
         """The table logged at start-up."""
         lines = [f"placement: {self.mode}", f"  {'role':<10} {'device':<8} between uses"]
         for role in Role:
             where = "CPU (pinned)" if role in self.offloaded else "resident"
-            engine = f" ({'vLLM colocated' if self.use_vllm else 'transformers generate'})" if role is Role.ROLLOUT \
-                else ""
+            engine = f" ({self.engine_label})" if role is Role.ROLLOUT else ""
             lines.append(f"  {role.value:<10} {self.devices[role]:<8} {where}{engine}")
         return "\n".join(lines)
 
@@ -114,18 +130,31 @@ def resolve_placement(
             f"placement=student_gpu needs 2 visible GPUs (student on the second), found {gpu_count}; "
             "use placement=mono or placement=auto, or make a second GPU visible (CUDA_VISIBLE_DEVICES=0,1)"
         )
+    if mode == "async" and gpu_count < 2:
+        raise PlacementError(
+            f"placement=async generates on a second GPU while the first trains, and found {gpu_count} visible GPUs; "
+            "use placement=mono, or make a second GPU visible (CUDA_VISIBLE_DEVICES=0,1)")
     if mode == "dp" and gpu_count and not 0 <= local_rank < gpu_count:
         raise PlacementError(f"placement=dp: local rank {local_rank} has no GPU of its own ({gpu_count} visible); "
                              "lower placement.num_processes to the GPUs of a machine")
     engine = _rollout_engine(rollout, gpu_count)
+    if mode == "async" and engine != "vllm":
+        raise PlacementError(f"placement=async runs vLLM as a server on GPU 1, and the rollout here is {engine} "
+                             f"(placement.rollout={rollout}, vllm installed: {_vllm_installed()}): install vllm, or "
+                             "use placement=mono")
     if gpu_count == 0:
         return Placement("dp" if mode == "dp" else "mono", {role: "cpu" for role in Role}, frozenset(), engine)
-    resolved = mode if mode in ("student_gpu", "dp") else "mono"  # auto on two GPUs is launched as dp (cli.py)
+    # auto on two GPUs is launched as dp (cli.py)
+    resolved = mode if mode in ("student_gpu", "dp", "async") else "mono"
     gpu = f"cuda:{local_rank}" if resolved == "dp" else "cuda:0"
     devices = {role: gpu for role in Role}
     offloaded = {Role.REFERENCE} if offload_reference else set()
     if resolved == "student_gpu":
         devices[Role.STUDENT] = "cuda:1"
+    elif resolved == "async":  # the server's process sees only its GPU; this process never uses cuda:1
+        devices[Role.ROLLOUT] = "cuda:1"
+        if offload_student:
+            offloaded.add(Role.STUDENT)
     elif offload_student:
         offloaded.add(Role.STUDENT)
     return Placement(resolved, devices, frozenset(offloaded), engine)
@@ -181,13 +210,13 @@ def check_main_process_port(port) -> int | None:
 
 
 def gpus_to_expose(mode: str, gpus_present: int, processes: int | None = None) -> int:
-    """How many GPUs a placement mode uses (0 on a machine without GPUs): mono and auto 1, student_gpu 2, dp one
-    per process on this machine (``processes``; None: every GPU present)."""
+    """How many GPUs a placement mode uses (0 on a machine without GPUs): mono and auto 1, student_gpu and async 2,
+    dp one per process on this machine (``processes``; None: every GPU present)."""
     if mode not in MODES:
         raise PlacementError(f"placement.mode must be one of {MODES}, got {mode!r}")
     if mode == "dp":
         return min(gpus_present, processes or gpus_present)
-    return min(gpus_present, 2 if mode == "student_gpu" else 1)
+    return min(gpus_present, 2 if mode in ("student_gpu", "async") else 1)
 
 
 # trainer.optim values (transformers' OptimizerNames) served by bitsandbytes: its kernels update plain tensors, not

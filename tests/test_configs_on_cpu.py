@@ -74,7 +74,7 @@ def test_rlt_fields_do_not_shadow_grpo_config():
     ours = {f.name for f in dataclasses.fields(RLTConfig)} - {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     assert ours == {"explanation_samples_per_step", "plot_metrics", "vllm_detokenize", "eval_questions",
                     "activation_offloading", "offload_actor_in_generation", "dynamic_sampling_rounds",
-                    "sleep_leak_warn_gib", "left_align_padding"}
+                    "sleep_leak_warn_gib", "left_align_padding", "max_minutes"}
     with pytest.raises(ValueError, match="explanation_samples_per_step must be >= 0"):
         RLTConfig(output_dir="/tmp/x", max_steps=1, explanation_samples_per_step=-1, use_cpu=True)
 

@@ -81,7 +81,7 @@ def test_vllm_rollout_without_gpu_or_package_says_what_is_missing(monkeypatch, g
 
 
 def test_every_placement_config_composes():
-    for name in ("mono", "student_gpu", "auto", "dp"):
+    for name in ("mono", "student_gpu", "auto", "dp", "async"):
         assert compose("demo_tiny", [f"placement={name}"]).placement.mode == name
     split = compose("demo_tiny", ["placement=split"]).placement  # data parallel over two GPUs
     assert (split.mode, split.num_processes) == ("dp", 2)
@@ -117,3 +117,56 @@ def test_build_places_every_role_from_the_table(monkeypatch, tmp_path, one_threa
     assert placed == {"student": (False, "meta"), "reference": (True, "cpu")}
     assert trainer._student_pool is not None  # the student has a device of its own: it scores on a worker thread
     trainer.release()
+
+
+# ---- placement=async: the rollout one step ahead on a vLLM server of its own ----------------------------------
+def test_async_puts_the_rollout_on_the_second_gpu_and_the_rest_as_mono(monkeypatch):
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
+    placement = resolve_placement("async", 2)
+    assert (placement.mode, placement.one_step_off, placement.use_vllm) == ("async", True, True)
+    assert placement.device(Role.ROLLOUT) == "cuda:1" and placement.beside_actor(Role.ROLLOUT)
+    assert all(placement.device(role) == "cuda:0" for role in (Role.ACTOR, R, S))
+    assert placement.offloaded == frozenset({R, S})
+    assert "rollout    cuda:1   resident (vLLM server, one step ahead)" in placement.table()
+    assert placement_module.gpus_to_expose("async", 4) == 2 and placement_module.gpus_to_expose("async", 1) == 1
+    assert not resolve_placement("mono", 1).one_step_off
+
+
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_async_without_a_second_gpu_or_without_vllm_says_what_is_missing(monkeypatch, gpus):
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
+    with pytest.raises(PlacementError, match=f"placement=async generates on a second GPU .*found {gpus} visible"):
+        resolve_placement("async", gpus)
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: False)
+    with pytest.raises(PlacementError, match=r"placement=async runs vLLM as a server on GPU 1, and the rollout here "
+                                             r"is transformers \(placement.rollout=auto, vllm installed: False\)"):
+        resolve_placement("async", 2)
+
+
+@pytest.mark.parametrize(("override", "why"), [
+    ("trainer.dynamic_sampling_rounds=1", "trainer.dynamic_sampling_rounds > 0 generates again inside a step"),
+    ("trainer.offload_actor_in_generation=true", "trainer.offload_actor_in_generation frees the actor's GPU"),
+])
+def test_async_refuses_what_generates_inside_a_step_before_the_server_starts(override, why, tmp_path):
+    from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
+
+    cfg = compose("demo_tiny", ["placement=async", override])
+    args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
+    with pytest.raises(ConfigError, match=f"^placement=async: {why}"):
+        rollout_server(cfg, args, tmp_path / "teacher", tmp_path)
+
+
+def test_async_points_trls_server_mode_at_a_server_on_the_second_visible_gpu(monkeypatch, tmp_path):
+    from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    cfg = compose("demo_tiny", ["placement=async", "trainer.vllm_gpu_memory_utilization=0.85"])
+    args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
+    server = rollout_server(cfg, args, tmp_path / "teacher", tmp_path)
+    assert server.process is None  # the trainer starts it
+    assert (server.gpu, server.log_path) == ("5", tmp_path / "rollout_server.log")
+    assert args.vllm_mode == "server" and args.vllm_server_base_url == server.base_url
+    assert args.vllm_group_port != server.port
+    command = " ".join(server.command)
+    assert f"serve {tmp_path / 'teacher'} " in command and f"--port {server.port}" in command
+    assert "--gpu-memory-utilization 0.85" in command and f"--dtype {cfg.model.dtype}" in command

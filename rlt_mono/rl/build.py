@@ -44,6 +44,7 @@ from rlt_mono.rl.grpo_config import RLTConfig
 from rlt_mono.rl.phases import PhaseTimer
 from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.rl.trainer import RLTTrainer
+from rlt_mono.rl.vllm_server import VLLMServer, free_port, serve_command
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.runs.files import RunFilesCallback
@@ -117,6 +118,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         # memory=speed may raise the generation batch: the rows must fill it too.
         check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source,
                           skipped)
+    # placement=async: the rollout server TRL's server mode will talk to (the trainer starts it)
+    server = rollout_server(cfg, args, teacher_path, output_dir) if placement.one_step_off else None
     # ---- models ---------------------------------------------------------------------------------------
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
                          **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
@@ -154,6 +157,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
             timer=timer,
             swapper=swapper,
             reuse_policy_log_probs=reward_config.unbias_teacher_log_probs,
+            rollout_server=server,
             callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
                                         run_config=OmegaConf.to_container(cfg, resolve=True)),
                        NoLearningSignalWarning()],
@@ -170,6 +174,30 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         write_run_config(output_dir, cfg)
     logger.info("output dir: %s", output_dir)
     return trainer
+
+
+def rollout_server(cfg: DictConfig, args: RLTConfig, teacher_path, output_dir: Path) -> VLLMServer:
+    """placement=async's rollout engine: a vLLM server (not started yet: the trainer starts it) on the second
+    visible GPU, serving the teacher's starting weights; ``args`` is pointed at it (TRL's server mode, a free port
+    for the NCCL weight transfer). What a one-step-off rollout cannot run with is a one-line ``ConfigError``."""
+    refused = [(args.dynamic_sampling_rounds, "trainer.dynamic_sampling_rounds > 0 generates again inside a step: "
+                                              "set it to 0"),
+               (cfg.model.get("load_in_4bit"), "a 4-bit (QLoRA) teacher reaches vLLM through the colocated engine "
+                                              "only: use placement=mono"),
+               (args.offload_actor_in_generation, "trainer.offload_actor_in_generation frees the actor's GPU for a "
+                                                  "colocated engine: set it to false")]
+    for value, why in refused:
+        if value:
+            raise ConfigError(f"placement=async: {why}")
+    visible = [gpu for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    gpu = visible[1] if len(visible) > 1 else "1"
+    port = free_port()
+    # served in the teacher's dtype, the one its weights reach the server in after each step
+    command = serve_command(str(teacher_path), port, dtype=dtype_name(cfg.model.dtype),
+                            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+                            max_model_len=getattr(args, "vllm_max_model_length", None))
+    args.vllm_mode, args.vllm_server_base_url, args.vllm_group_port = "server", f"http://127.0.0.1:{port}", free_port()
+    return VLLMServer(command, port, gpu, Path(output_dir) / "rollout_server.log")
 
 
 def check_gpu_kernels(cfg: DictConfig, on_gpu: bool, group: str = "trainer") -> None:
@@ -240,10 +268,10 @@ def check_ranks_agree(trainer: RLTTrainer) -> None:
 def fit_memory(cfg: DictConfig, placement: Placement, teacher_config, student_config, prompt_length: int) -> bool:
     """``rlt_mono.memory.planner`` on the actor's GPU (placement mono): log the plan; under ``memory=auto`` or
     ``memory=speed`` apply its config changes to ``cfg``, here and nowhere else, each logged as ``key: before ->
-    after`` (True: something changed, the typed configs must be built again). On a CPU or with the student on
-    another GPU nothing is planned."""
+    after`` (True: something changed, the typed configs must be built again). On a CPU, with the student on
+    another GPU or with the rollout on a server of its own (placement=async) nothing is planned."""
     device = torch.device(placement.device(Role.ACTOR))
-    if device.type != "cuda" or placement.beside_actor(Role.STUDENT):
+    if device.type != "cuda" or placement.beside_actor(Role.STUDENT) or placement.one_step_off:
         if cfg.get("memory") in memory_planner.PLANNING_MODES:
             logger.info("memory=%s plans a run with every role on one GPU; this one (%s, %s) keeps its settings",
                         cfg.get("memory"), device, placement.mode)

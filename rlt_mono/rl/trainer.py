@@ -32,6 +32,7 @@ trainer starts (missing required ones raise; missing optional ones warn with the
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import logging
 import os
@@ -52,9 +53,11 @@ from rlt_mono.memory.model import GIB
 from rlt_mono.placement import Placement, Role
 from rlt_mono.rewards import TeacherKLReward
 from rlt_mono.rl import dynamic_sampling, left_align, lora, trl_vllm
+from rlt_mono.rl.one_step_off import OneStepOff, ReadAhead
 from rlt_mono.rl.phases import Phase, PhaseTimer, with_throughputs
 from rlt_mono.rl.sleep_leak import SleepLeakTracker
 from rlt_mono.rl.swapper import ModelSwapper
+from rlt_mono.rl.vllm_server import VLLMServer
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
 
@@ -85,6 +88,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         timer: PhaseTimer,
         swapper: ModelSwapper,
         reuse_policy_log_probs: bool = True,
+        rollout_server: VLLMServer | None = None,
         **kwargs,
     ):
         trl_vllm.check_required()
@@ -104,9 +108,25 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         # TRL starts its colocated vLLM engine in its __init__: one engine start at a time on this machine. Not
         # with several ranks, whose engines start together (collectives across ranks: the lock would deadlock).
         one_rank = int(os.environ.get("WORLD_SIZE", "1")) == 1
-        with (trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext()), \
-                (run_lock.engine_start() if one_rank else contextlib.nullcontext()):
-            super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
+        # placement=async: the rollout server on GPU 1 answers before TRL's server mode connects to it (and goes
+        # down with a trainer that fails to start).
+        self.rollout_server = rollout_server
+        self.one_step_off: OneStepOff | None = None
+        self.read_ahead = ReadAhead()
+        self._next_generation_batch = None
+        try:
+            if rollout_server is not None:
+                with run_lock.engine_start("rollout server"):
+                    rollout_server.start()
+            with (trl_vllm.vllm_unquantized() if quantized else contextlib.nullcontext()), \
+                    (run_lock.engine_start() if one_rank and rollout_server is None else contextlib.nullcontext()):
+                super().__init__(*args, reward_funcs=[teacher_reward], **kwargs)
+        except BaseException:
+            if rollout_server is not None:
+                rollout_server.stop()
+            raise
+        if rollout_server is not None:
+            self.one_step_off = OneStepOff(self._rollout, self._push_weights)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
         if self.args.dynamic_sampling_rounds and self.accelerator.num_processes > 1:
             raise ConfigError(f"trainer.dynamic_sampling_rounds={self.args.dynamic_sampling_rounds} needs one rank (a "
@@ -231,6 +251,61 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self._actor_scoring_start = time.perf_counter()
         return output
 
+    # ---- one-step-off rollout (placement=async) ------------------------------------------------------------
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """transformers' read of an optimizer step's micro-batches; under placement=async the next step's are read
+        now too (``ReadAhead``), so its prompts can be generated while this step trains."""
+        if self.one_step_off is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches, self._next_generation_batch = self.read_ahead.take(
+            epoch_iterator, num_batches, lambda iterator, n: super(RLTTrainer, self).get_batch_samples(
+                iterator, n, device)[0])
+        return batches, None  # GRPO's batches hold no labels: transformers counts no items in them
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, *args, **kwargs):
+        """Under placement=async, training steps take the completions the server generated one step earlier
+        (``OneStepOff``) and start the next step's; an evaluation first waits for what is in flight, then
+        generates as TRL does (nothing in flight while the weights move)."""
+        if self.one_step_off is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, *args,
+                                                 **kwargs)
+        if not self.model.training:
+            self.one_step_off.drain()
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, *args,
+                                                 **kwargs)
+        if self.args.steps_per_generation != self.args.gradient_accumulation_steps or self.num_iterations != 1:
+            raise ConfigError("placement=async generates once per optimizer step: set trainer.steps_per_generation to "
+                              "trainer.gradient_accumulation_steps and trainer.num_iterations=1")
+        result, metrics = self.one_step_off.step([list(ids) for ids in prompt_ids], self.state.global_step,
+                                                 self._next_prompt_ids())
+        for name, value in metrics.items():
+            self.timer.add_metric(name, value)
+        return result
+
+    def _next_prompt_ids(self) -> list[list[int]] | None:
+        """The next step's prompt ids (one per completion, as TRL hands a step's), from the batch read ahead; None
+        at an epoch's end."""
+        batch = self._next_generation_batch
+        if batch is None:
+            return None
+        prompt_ids, _, _ = self._tokenize_prompts(copy.deepcopy([row["prompt"] for row in batch]))
+        return [list(ids) for ids in prompt_ids]
+
+    def _rollout(self, prompt_ids: list[list[int]]):
+        """One generation on the rollout server (TRL's server-mode call): completion ids and the sampled tokens'
+        log-probs (TRL keeps the top-1 of each position)."""
+        self.rollout_server.check_alive()
+        _, completion_ids, logprobs, _ = self.vllm_generation.generate(
+            prompts=prompt_ids, images=None, num_generations=self.num_generations, profiler=None)
+        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+
+    def _push_weights(self) -> None:
+        """The trainer's weights to the rollout server (TRL's NCCL weight sync), recorded as TRL records its own."""
+        start = time.perf_counter()
+        self.vllm_generation.sync_weights()
+        self._last_loaded_step = self.state.global_step
+        self.timer.add_metric("async/push_seconds", time.perf_counter() - start)
+
     def _watch_vllm_sleep(self) -> SleepLeakTracker | None:
         """Colocated vLLM asleep between generations on a GPU: a tracker of the device memory this process holds
         right after each wake-up and each sleep (``rlt_mono.rl.sleep_leak``: a leak warns once, the readings join each
@@ -330,6 +405,12 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         if self._student_pool is not None:
             self._student_pool.shutdown(wait=True)
             self._student_pool = None
+        if self.one_step_off is not None:
+            self.one_step_off.close()
+            self.one_step_off = None
+        if self.rollout_server is not None:
+            self.rollout_server.stop()
+            self.rollout_server = None
         self.accelerator.free_memory()
         for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
                      "vllm_generation"):

@@ -57,8 +57,13 @@ _REQUIRED_METHODS = {
     "_generate_and_score_completions": ["self", "inputs"],
     "_get_per_token_logps_and_entropies": ["self", "model", "input_ids", "attention_mask", "logits_to_keep"],
     "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    # placement=async (one-step-off rollout): the generation of one step's prompt ids, and their tokenization
+    "_generate_single_turn": ["self", "prompt_ids", "images", "multimodal_fields", "num_generations"],
+    "_tokenize_prompts": ["self", "prompts"],
 }
-_REQUIRED_TRANSFORMERS_METHODS = {"_load_from_checkpoint": ["self", "resume_from_checkpoint", "model"]}
+_REQUIRED_TRANSFORMERS_METHODS = {"_load_from_checkpoint": ["self", "resume_from_checkpoint", "model"],
+                                  # placement=async reads each step's micro-batches one step early
+                                  "get_batch_samples": ["self", "epoch_iterator", "num_batches", "device"]}
 # The first policy pass after generation is assigned to old_per_token_logps ...
 _OLD_LOG_PROBS_PASS = re.compile(r"old_per_token_logps\s*,[^=\n]*=\s*self\._get_per_token_logps_and_entropies\(\s*"
                                  r"self\.model\b")
