@@ -94,3 +94,27 @@ def test_the_command_is_trls_vllm_serve_with_the_weight_transfer_engine():
                  "--max-model-len 2048", '--weight-transfer-config {"backend": "nccl"}',
                  "--logprobs-mode processed_logprobs"):
         assert part in joined
+
+
+def test_a_server_ends_when_the_run_that_started_it_is_killed(tmp_path):
+    """A run killed with -9 runs no exit handler: the server must not outlive it holding its GPU."""
+    port, facts = free_port(), tmp_path / "facts.json"
+    run = f"""
+import os, sys, time
+from rlt_mono.rl.vllm_server import VLLMServer
+server = VLLMServer([sys.executable, "-c", {STAND_IN!r}, "{port}", "0", "{facts}"], {port}, "1",
+                    "{tmp_path / 'rollout_server.log'}", poll_s=0.1).start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+    import subprocess
+
+    parent = subprocess.Popen([sys.executable, "-c", run], stdout=subprocess.PIPE, text=True)
+    server_pid = int(parent.stdout.readline())
+    assert _alive(server_pid)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(server_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(server_pid)

@@ -11,6 +11,7 @@ exits or does not answer its health check in time is one error naming that file 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -25,6 +26,17 @@ logger = logging.getLogger(__name__)
 
 # Lines of the server's log quoted in an error.
 LOG_TAIL_LINES = 15
+# prctl's option: the signal a process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent() -> None:
+    """In the server's process before it runs: SIGTERM when the process that started it dies (Linux), so a run
+    killed with -9 leaves no server holding its GPU (vLLM's server ends its engine on SIGTERM)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: stop() and the run's exit handlers remain
+        pass
 
 
 class ServerError(RuntimeError):
@@ -68,7 +80,8 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=_end_with_parent)
         logger.info("rollout server: starting vLLM on GPU %s at %s (pid %d, log %s)", self.gpu, self.base_url,
                     self.process.pid, self.log_path)
         started = time.monotonic()
