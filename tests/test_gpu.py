@@ -9,6 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -557,3 +558,81 @@ def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pai
     assert resumed_summary["steps"] == 4
     assert resumed_summary["heldout_loss_before"] == summary["heldout_loss_before"]  # read back, not measured again
     assert (out / "checkpoint-4" / "optimizer.bin").is_file() and (out / "final" / "model.safetensors").is_file()
+
+
+# ---- placement=async: the rollout on a vLLM server on GPU 1, one step ahead --------------------------------
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="placement=async needs two GPUs")
+
+
+def _async_pair(bf16_pair) -> list[str]:
+    """The bf16 pair under placement=async: the teacher trains on GPU 0, the vLLM server generates on GPU 1."""
+    colocated = ("+trainer.vllm_mode=", "trainer.vllm_enable_sleep_mode=", "trainer.max_steps=")
+    return [o for o in _vllm_pair(bf16_pair) if not o.startswith(colocated)] + [
+        "placement=async", "trainer.vllm_enable_sleep_mode=false", "trainer.max_steps=4"]
+
+
+def _server_greedy(trainer) -> list[list[int]]:
+    """Greedy completions of PROMPTS from the rollout server after the teacher's current weights are pushed."""
+    trainer.one_step_off.drain()
+    trainer.vllm_generation.sync_weights()
+    prompts = [trainer.processing_class.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
+                                                            add_generation_prompt=True) for p in PROMPTS]
+    output = trainer.vllm_generation.vllm_client.generate(prompts=[list(ids) for ids in prompts], n=1,
+                                                          temperature=0.0, max_tokens=24)
+    return output["completion_ids"]
+
+
+@two_gpus
+def test_async_trains_one_step_off_with_the_weights_pushed_each_step(bf16_pair, tmp_path):
+    from rlt_mono import build_trainer, compose
+    from rlt_mono.runs.outputs import read_metrics
+
+    out = tmp_path / "async"
+    trainer = build_trainer(compose("demo_tiny", [f"output_dir={out}", *_async_pair(bf16_pair),
+                                                  "trainer.learning_rate=5e-3", "trainer.sync_ref_model=false"]))
+    try:
+        assert trainer.rollout_server.healthy() and trainer.args.vllm_mode == "server"
+        before = _server_greedy(trainer)
+        trainer.train()
+        after = _server_greedy(trainer)
+        server = trainer.rollout_server.process.pid
+    finally:
+        trainer.release()
+    assert after != before  # the trained weights reached the server
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["async/staleness"] for r in rows] == [0, 1, 1, 1]  # exactly one step behind after the first
+    assert [r["async/overlapped"] for r in rows] == [0, 1, 1, 1]
+    assert [r["async/pushes"] for r in rows] == [1, 1, 1, 1] and all(r["async/push_seconds"] > 0 for r in rows)
+    assert all("sampling/importance_sampling_ratio/mean" in r for r in rows)  # TRL's correction is on
+    assert (out / "final" / "model.safetensors").is_file() and (out / "rollout_server.log").is_file()
+    with pytest.raises(ProcessLookupError):
+        os.kill(server, 0)  # released with the trainer
+
+
+@two_gpus
+def test_async_killed_after_a_checkpoint_resumes_and_leaves_no_server(bf16_pair, tmp_path):
+    import signal
+    import time
+
+    from rlt_mono.runs.outputs import read_metrics
+
+    out = tmp_path / "killed"
+    launcher = Path(__file__).resolve().parent.parent / "launch_mono.sh"
+    args = ["demo_tiny", f"output_dir={out}", *_async_pair(bf16_pair), "trainer.save_steps=2"]
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARIABLES}
+    with open(tmp_path / "killed.log", "w") as log:
+        run = subprocess.Popen([str(launcher), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 600
+        while not (out / "checkpoint-2").is_dir():
+            assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "killed.log").read_text()[-3000:]
+            time.sleep(0.1)
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+    time.sleep(10)  # the server ends on its parent's death (SIGTERM), freeing GPU 1
+    done = _launch_mono(*args, "resume_from_checkpoint=true")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in rows][-2:] == [3, 4]
+    assert rows[-2]["async/staleness"] == 0 and rows[-1]["async/staleness"] == 1  # a resume starts on-policy
+    assert (out / "final" / "model.safetensors").is_file()
