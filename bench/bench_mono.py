@@ -108,8 +108,9 @@ OPTIONS = {
     "--detokenize": dict(choices=["true", "false"], help="trainer.vllm_detokenize, in both training arms "
                          "(default: rlt_mono's config)"),
     "--score-micro-batch": dict(type=int, help="reward.micro_batch_size (default: rlt_mono's config)"),
-    "--placement": dict(choices=["mono", "student_gpu", "dp"], default="mono", help="placement (dp: one rank per "
-                        "GPU of --gpus, through accelerate launch)"),
+    "--placement": dict(choices=["mono", "student_gpu", "dp", "async"], default="mono",
+                        help="placement (dp: one rank per GPU of --gpus, through accelerate launch; async: the rollout "
+                        "one step ahead on a vLLM server on GPU 1)"),
     "--gpus": dict(type=int, default=1, help="GPUs of the run: placement dp runs one rank per GPU, each with "
                    "--completions per step (so the step has completions x gpus)"),
     "--strategy": dict(choices=["ddp", "fsdp2"], help="placement dp: placement.strategy, how the ranks hold the "
@@ -773,11 +774,11 @@ def planner(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
         yield result
 
 
-GPUS_OF = {"mono": 1, "student_gpu": 2, "split": 2}  # GPUs each placement or arm uses; dp uses --gpus
+GPUS_OF = {"mono": 1, "student_gpu": 2, "split": 2, "async": 2}  # GPUs each placement or arm uses; dp uses --gpus
 # A scale arm's name -> (placement, placement.strategy); None: the placement has no strategy. split is
 # cfgs/placement/split.yaml: dp over two GPUs.
 ARMS = {"mono": ("mono", None), "student_gpu": ("student_gpu", None), "split": ("dp", "ddp"), "dp": ("dp", "ddp"),
-        "fsdp2": ("dp", "fsdp2")}
+        "fsdp2": ("dp", "fsdp2"), "async": ("async", None)}
 
 
 def scale_arms(text: str) -> list[tuple[str, int]]:
@@ -786,8 +787,8 @@ def scale_arms(text: str) -> list[tuple[str, int]]:
     for entry in text.split(","):
         arm, _, gpus = entry.partition(":")
         if arm not in ARMS or not gpus.isdigit() or int(gpus) < 1 or int(gpus) != GPUS_OF.get(arm, int(gpus)):
-            raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, student_gpu:2, split:2, dp:<N> or "
-                             "fsdp2:<N>")
+            raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, student_gpu:2, split:2, async:2, "
+                             "dp:<N> or fsdp2:<N>")
         arms.append((arm, int(gpus)))
     return arms
 
@@ -832,7 +833,8 @@ def main(argv: list[str] | None = None) -> int:
         from rlt_mono import runtime
 
         if a.command == "rlt" and a.gpus != GPUS_OF.get(a.placement, max(a.gpus, 1)):
-            parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, student_gpu 2, dp 1 or more")
+            parser.error(f"--gpus {a.gpus} with --placement {a.placement}: mono takes 1, student_gpu and async 2, dp 1 "
+                         "or more")
         if a.command == "rlt" and a.strategy is not None and a.placement != "dp":
             parser.error(f"--strategy {a.strategy} is placement dp's (how its ranks hold the teacher): add "
                          "--placement dp")

@@ -416,7 +416,7 @@ def test_strategy_is_placement_dps_and_reaches_the_config(capsys):
 def test_rlt_gpus_must_match_the_placement(placement, gpus, capsys):
     with pytest.raises(SystemExit):
         bench.main(["rlt", "--placement", placement, "--gpus", gpus])
-    assert "mono takes 1, student_gpu 2, dp 1 or more" in capsys.readouterr().err
+    assert "mono takes 1, student_gpu and async 2, dp 1 or more" in capsys.readouterr().err
 
 
 def test_the_planner_predicts_mono_and_dp_runs_and_leaves_student_gpu_out(monkeypatch, tokenizer):
