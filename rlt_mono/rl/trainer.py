@@ -301,6 +301,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
 
     def _push_weights(self) -> None:
         """The trainer's weights to the rollout server (TRL's NCCL weight sync), recorded as TRL records its own."""
+        if self._last_loaded_step == self.state.global_step:  # an evaluation at this step pushed these weights
+            return
         start = time.perf_counter()
         self.vllm_generation.sync_weights()
         self._last_loaded_step = self.state.global_step
