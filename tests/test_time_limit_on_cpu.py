@@ -76,6 +76,9 @@ def test_a_run_stopped_by_the_limit_saves_final_and_says_so(tmp_path, caplog):
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
              if json.loads(line).get("event") == "eval"]
     assert [row["step"] for row in evals] == [1]  # evaluated where it stopped, not only every eval_steps
+    # every row has its wall-clock time since training began (a learning curve's time axis)
+    times = [json.loads(line)["wall_time_seconds"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert times == sorted(times) and times[0] >= 0 and len(times) >= 2
     assert (run / "final" / "config.json").is_file()
     assert "trainer.max_minutes=1e-06: stopping after step 1 of 6" in caplog.text
     assert "| steps done | 1 of 6: stopped by trainer.max_minutes=1e-06; the trained teacher is in `final/` |" in \

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 # Keys of samples.jsonl rows written first, in this order, so a row reads as: what was asked, what the teacher
 # wrote, what it earned.
+# Each metrics row's seconds since this process's training began.
+WALL_TIME_KEY = "wall_time_seconds"
 SAMPLE_KEYS_FIRST = ("step", "question", "solution", "explanation", "total", "r_ss", "r_kl", "match_penalty")
 
 
@@ -58,8 +61,10 @@ class RunFilesCallback(TrainerCallback):
         self.samples_per_step = samples_per_step
         self.plot = plot
         self.run_config = run_config
+        self._started: float | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self._started = time.monotonic()
         if not state.is_world_process_zero or state.global_step == 0:
             return
         for name in (METRICS_FILE, SAMPLES_FILE):
@@ -72,6 +77,8 @@ class RunFilesCallback(TrainerCallback):
         event = (SUMMARY_EVENT if is_summary_log(logs) else
                  EVAL_EVENT if any(key.startswith("eval_") for key in logs) else STEP_EVENT)
         row = {"event": event, "step": state.global_step, **{k: _jsonable(v) for k, v in logs.items()}}
+        if self._started is not None:  # the wall-clock axis of a learning curve (time to a held-out reward)
+            row[WALL_TIME_KEY] = round(time.monotonic() - self._started, 3)
         then = how_to_continue(self.output_dir)
         append_text(self.output_dir / METRICS_FILE, json.dumps(row) + "\n", then)
         scores = getattr(self.reward, "last_scores", None) or []
