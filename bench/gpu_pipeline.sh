@@ -14,6 +14,8 @@
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
 #   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
 #       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
+#   bash bench/gpu_pipeline.sh ttr [seeds] [arms]
+#       the same set-up, then bench/time_to_reward.sh in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
 #       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`).
@@ -97,6 +99,17 @@ case "${1:-}" in
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
       >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+  ttr)
+    # bench/time_to_reward.sh (memory=speed against the default, time to a held-out reward) in /root/study, in the
+    # background, from a copy of the code as `fair`; `wait` brings it back.
+    setup
+    mkdir -p /root/study && rm -f /root/study/DONE
+    code=/root/code-$(date +%s) && mkdir -p "$code"
+    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
+    cd "$code"
+    setsid nohup bash bench/time_to_reward.sh /root/study "${2:-0,1,2}" "${3:-auto,speed}" \
+      >> /root/study/orchestrator.log 2>&1 < /dev/null &
+    sleep 5; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
     end=$((SECONDS + $2))
     while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
@@ -115,5 +128,5 @@ case "${1:-}" in
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
-    sed -n 2,19p "$0"; exit 2 ;;
+    sed -n 2,21p "$0"; exit 2 ;;
 esac
