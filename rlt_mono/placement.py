@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
@@ -151,12 +152,10 @@ def resolve_placement(
     offloaded = {Role.REFERENCE} if offload_reference else set()
     if resolved == "student_gpu":
         devices[Role.STUDENT] = "cuda:1"
-    elif resolved == "async":  # the server's process sees only its GPU; this process never uses cuda:1
-        devices[Role.ROLLOUT] = "cuda:1"
-        if offload_student:
-            offloaded.add(Role.STUDENT)
     elif offload_student:
         offloaded.add(Role.STUDENT)
+    if resolved == "async":  # the server's process sees only that GPU; this process computes nothing there
+        devices[Role.ROLLOUT] = "cuda:1"
     return Placement(resolved, devices, frozenset(offloaded), engine)
 
 
@@ -175,6 +174,14 @@ def resolve_placement_for(placement_cfg: DictConfig, use_cpu: bool = False) -> P
         raise ConfigError(str(err)) from err
     logger.info("\n%s", placement.table())
     return placement
+
+
+def physical_gpu(device: str) -> str:
+    """The GPU a ``cuda:N`` device of this process is, as another process must be told it (``CUDA_VISIBLE_DEVICES``:
+    the N-th entry of this process's list, else N)."""
+    index = int(device.split(":")[1])
+    visible = [gpu.strip() for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def _rollout_engine(choice: str, gpu_count: int) -> str:

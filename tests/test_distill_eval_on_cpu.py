@@ -320,3 +320,14 @@ def test_distill_and_eval_with_vllm_on_gpu(tiny_pair, tmp_path):
     assert set(result["metrics"]) == {"teacher/reward", "teacher/r_ss", "teacher/r_kl", "teacher/match_penalty",
                                       "teacher/unmatched_frac", "student/solution_log_prob", "student/accuracy"}
     assert [c[2] for c in eval_calls] == [0.7, 0.0]  # the teacher samples, then the student answers greedily
+
+
+def test_distill_under_placement_async_says_it_samples_on_one_gpu(tmp_path, caplog):
+    """placement=async is the RL stage's one-step-off rollout: a pipeline that sets it for every step gets distill
+    (and eval) on one device, with one warning, not a refusal."""
+    cfg = compose("distill", ["size=tiny", f"output_dir={tmp_path}", "data.max_rows=1", "placement=async",
+                              "distill.samples_per_question=1", "distill.max_new_tokens=4"])
+    run_distill(cfg)
+    assert len(_lines(tmp_path / DISTILL_FILE)) == 1
+    assert "placement=async is ignored: it runs the RL stage's rollout one step ahead on a second GPU; distill " \
+           "samples and scores on one GPU (placement=mono)" in caplog.text

@@ -129,6 +129,8 @@ def test_async_puts_the_rollout_on_the_second_gpu_and_the_rest_as_mono(monkeypat
     assert placement.offloaded == frozenset({R, S})
     assert "rollout    cuda:1   resident (vLLM server, one step ahead)" in placement.table()
     assert placement_module.gpus_to_expose("async", 4) == 2 and placement_module.gpus_to_expose("async", 1) == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert placement_module.physical_gpu("cuda:1") == "1"
     assert not resolve_placement("mono", 1).one_step_off
 
 
@@ -146,23 +148,28 @@ def test_async_without_a_second_gpu_or_without_vllm_says_what_is_missing(monkeyp
 @pytest.mark.parametrize(("override", "why"), [
     ("trainer.dynamic_sampling_rounds=1", "trainer.dynamic_sampling_rounds > 0 generates again inside a step"),
     ("trainer.offload_actor_in_generation=true", "trainer.offload_actor_in_generation frees the actor's GPU"),
+    ("trainer.steps_per_generation=8", "it generates once per optimizer step: set trainer.steps_per_generation to "
+                                       "trainer.gradient_accumulation_steps"),
 ])
-def test_async_refuses_what_generates_inside_a_step_before_the_server_starts(override, why, tmp_path):
+def test_async_refuses_what_generates_inside_a_step_before_the_server_starts(override, why, monkeypatch, tmp_path):
     from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
 
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
     cfg = compose("demo_tiny", ["placement=async", override])
     args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
+    assert args.gradient_accumulation_steps != 8
     with pytest.raises(ConfigError, match=f"^placement=async: {why}"):
-        rollout_server(cfg, args, tmp_path / "teacher", tmp_path)
+        rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
 
 
-def test_async_points_trls_server_mode_at_a_server_on_the_second_visible_gpu(monkeypatch, tmp_path):
+def test_async_points_trls_server_mode_at_a_server_on_the_rollouts_gpu(monkeypatch, tmp_path):
     from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # cuda:1 of this process is the machine's GPU 5
     cfg = compose("demo_tiny", ["placement=async", "trainer.vllm_gpu_memory_utilization=0.85"])
     args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
-    server = rollout_server(cfg, args, tmp_path / "teacher", tmp_path)
+    server = rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
     assert server.process is None  # the trainer starts it
     assert (server.gpu, server.log_path) == ("5", tmp_path / "rollout_server.log")
     assert args.vllm_mode == "server" and args.vllm_server_base_url == server.base_url

@@ -37,7 +37,7 @@ from rlt_mono.data.rows import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.model import GIB, Arch
-from rlt_mono.placement import Placement, Role, check_strategy, resolve_placement_for
+from rlt_mono.placement import Placement, Role, check_strategy, physical_gpu, resolve_placement_for
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.rl import lora
 from rlt_mono.rl.grpo_config import RLTConfig
@@ -119,7 +119,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         check_enough_rows(len(dataset), args.generation_batch_size // args.num_generations, data_config.source,
                           skipped)
     # placement=async: the rollout server TRL's server mode will talk to (the trainer starts it)
-    server = rollout_server(cfg, args, teacher_path, output_dir) if placement.one_step_off else None
+    server = rollout_server(cfg, args, placement, teacher_path, output_dir) if placement.one_step_off else None
     # ---- models ---------------------------------------------------------------------------------------
     teacher = load_model(teacher_path, "model.model_name_or_path", **model_kwargs(cfg.model),
                          **lora.quantization_kwargs(cfg.model, placement.device(Role.ACTOR)))
@@ -176,11 +176,16 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     return trainer
 
 
-def rollout_server(cfg: DictConfig, args: RLTConfig, teacher_path, output_dir: Path) -> VLLMServer:
-    """placement=async's rollout engine: a vLLM server (not started yet: the trainer starts it) on the second
-    visible GPU, serving the teacher's starting weights; ``args`` is pointed at it (TRL's server mode, a free port
+def rollout_server(cfg: DictConfig, args: RLTConfig, placement: Placement, teacher_path,
+                   output_dir: Path) -> VLLMServer:
+    """placement=async's rollout engine: a vLLM server (not started yet: the trainer starts it) on the placement's
+    rollout GPU, serving the teacher's starting weights; ``args`` is pointed at it (TRL's server mode, a free port
     for the NCCL weight transfer). What a one-step-off rollout cannot run with is a one-line ``ConfigError``."""
-    refused = [(args.dynamic_sampling_rounds, "trainer.dynamic_sampling_rounds > 0 generates again inside a step: "
+    one_generation_a_step = args.steps_per_generation in (None, args.gradient_accumulation_steps)
+    refused = [(not one_generation_a_step or args.num_iterations != 1,
+                "it generates once per optimizer step: set trainer.steps_per_generation to "
+                "trainer.gradient_accumulation_steps and trainer.num_iterations=1"),
+               (args.dynamic_sampling_rounds, "trainer.dynamic_sampling_rounds > 0 generates again inside a step: "
                                               "set it to 0"),
                (cfg.model.get("load_in_4bit"), "a 4-bit (QLoRA) teacher reaches vLLM through the colocated engine "
                                               "only: use placement=mono"),
@@ -189,8 +194,7 @@ def rollout_server(cfg: DictConfig, args: RLTConfig, teacher_path, output_dir: P
     for value, why in refused:
         if value:
             raise ConfigError(f"placement=async: {why}")
-    visible = [gpu for gpu in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if gpu.strip()]
-    gpu = visible[1] if len(visible) > 1 else "1"
+    gpu = physical_gpu(placement.device(Role.ROLLOUT))
     port = free_port()
     # served in the teacher's dtype, the one its weights reach the server in after each step
     command = serve_command(str(teacher_path), port, dtype=dtype_name(cfg.model.dtype),
@@ -223,14 +227,15 @@ def warn_unused_options(cfg: DictConfig, placement: Placement | None, *, plans_m
     model per process); ``plans_memory`` and ``sampling_group``: the stage's facts (``rlt_mono.stages.base.Stage``).
 
     - ``memory=auto|speed`` for a stage whose memory it does not plan (it plans teacher_rlt's GPU memory);
-    - ``placement=student_gpu|auto`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
+    - ``placement=student_gpu|auto|async`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
     - ``<sampling_group>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM
       engine.
     """
     if not plans_memory and cfg.get("memory") in memory_planner.PLANNING_MODES:
         logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
                        cfg.stage)
-    if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto"):
+    if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto",
+                                                                                         "async"):
         logger.warning("placement=%s is ignored: %s trains one model in one process (placement=dp spreads it over "
                        "GPUs)", cfg.placement.mode, cfg.stage)
     kv_cache = cfg[sampling_group].get("vllm_kv_cache_gib") if sampling_group is not None else None

@@ -59,7 +59,6 @@ class _Pending:
     future: concurrent.futures.Future
     prompts: tuple[tuple[int, ...], ...]  # a snapshot, compared with the prompts of the step that comes for it
     version: int  # the step (weights version) it was submitted at
-    submitted: float  # time.monotonic() at submission
 
 
 class OneStepOff:
@@ -201,7 +200,7 @@ class OneStepOff:
         if next_prompt_ids is not None:
             snapshot = tuple(tuple(p) for p in next_prompt_ids)
             future = self._executor.submit(self._timed_generate, [list(p) for p in snapshot])
-            self._pending = _Pending(future, snapshot, step, time.monotonic())
+            self._pending = _Pending(future, snapshot, step)
             self._last_future = future
 
         staleness = step - version

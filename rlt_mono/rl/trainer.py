@@ -273,9 +273,6 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
             self.one_step_off.drain()
             return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, *args,
                                                  **kwargs)
-        if self.args.steps_per_generation != self.args.gradient_accumulation_steps or self.num_iterations != 1:
-            raise ConfigError("placement=async generates once per optimizer step: set trainer.steps_per_generation to "
-                              "trainer.gradient_accumulation_steps and trainer.num_iterations=1")
         result, metrics = self.one_step_off.step([list(ids) for ids in prompt_ids], self.state.global_step,
                                                  self._next_prompt_ids())
         for name, value in metrics.items():

@@ -87,7 +87,12 @@ def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teach
     CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates. With
     ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.rl.left_align``, as
     ``trainer.left_align_padding`` does for the RL stage's models); generation with a cache is left alone."""
-    placement = resolve_placement_for(cfg.placement)
+    placement_cfg = cfg.placement
+    if placement_cfg.mode == "async":  # the RL stage's one-step-off rollout: sampling here runs on one GPU
+        logger.warning("placement=async is ignored: it runs the RL stage's rollout one step ahead on a second GPU; "
+                       "%s samples and scores on one GPU (placement=mono)", cfg.stage)
+        placement_cfg = OmegaConf.merge(placement_cfg, {"mode": "mono"})
+    placement = resolve_placement_for(placement_cfg)
     stage = STAGES[cfg.stage]
     warn_unused_options(cfg, placement, plans_memory=stage.plans_memory, sampling_group=stage.sampling_group)
     phases = PhaseTimer(placement.device(Role.ACTOR))
