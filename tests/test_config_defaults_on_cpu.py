@@ -1,13 +1,17 @@
-"""Each default lives in one place: a group built into a dataclass (``rlt_mono.config.GROUP_CLASSES``) starts from
-that dataclass's defaults (the ConfigStore node ``<group>/_dataclass``, read from its source), and its YAML files
-set only what differs.
+"""Each default lives in one place: a YAML file sets only what differs from the file(s) it builds on (its
+``defaults``). A group built into a dataclass (``rlt_mono.config.GROUP_CLASSES``) starts from that dataclass's
+defaults (the ConfigStore node ``<group>/_dataclass``, read from its source); another group starts from its
+``_base.yaml`` (which may itself build on another group's file: the model's on the student's); an option may build on
+another option of its group (``trainer/size/tiny.yaml`` on ``trainer/demo_cpu.yaml``).
 
 For the TRL subclasses (``RLTConfig``, ``SFTStageConfig``) the node holds only the fields rlt_mono declares: TRL's
 own fields keep TRL's defaults, and the YAML names those it sets to the RLT run's values.
 """
 
 import dataclasses
+import functools
 import importlib
+import json
 
 import pytest
 import trl
@@ -25,7 +29,7 @@ from rlt_mono.config import (
 
 # The library class a group's dataclass extends: its fields are no rlt_mono default.
 LIBRARY_BASES = {"trainer": trl.GRPOConfig, "sft": trl.SFTConfig}
-# A run config that reads the group, and its overrides.
+# A run config that reads the group, and its overrides (demo_tiny where none is named).
 HOSTS = {"trainer": ["demo_tiny"], "sft": ["teacher_sft", "size=tiny"], "distill": ["distill"], "eval": ["eval"],
          "data": ["demo_tiny"], "reward": ["demo_tiny"]}
 
@@ -37,6 +41,27 @@ def _own_defaults(group: str) -> dict:
     library = {f.name for f in dataclasses.fields(LIBRARY_BASES[group])} if group in LIBRARY_BASES else set()
     return {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             for f in fields if f.name not in library}
+
+
+def _target(group: str, entry) -> tuple[str, str] | None:
+    """The config a ``defaults`` entry of a file of ``group`` names, as (its group, its name in that group):
+    ``_base`` -> (group, "_base"), ``/student/_base@_here_`` -> ("student", "_base"), ``default@distill`` ->
+    (group, "default"); None for ``_self_``, an override (``override /size: tiny``) or the root config (``/train``)."""
+    if not isinstance(entry, str) or entry == "_self_":
+        return None
+    path = entry.partition("@")[0]
+    if not path.startswith("/"):
+        return group, path
+    other, _, name = path[1:].partition("/")
+    return (other, name) if name else None
+
+
+def _layered_groups() -> list[str]:
+    """Every config group with a file that builds on another config: its dataclass node, a _base.yaml, another
+    option (not accelerate, run_cfg or size, whose files set keys outright or only pick other groups' options)."""
+    return sorted(group.name for group in CONFIG_DIR.iterdir() if group.is_dir() and any(
+        _target(group.name, entry) for path in group.rglob("*.yaml")
+        for entry in OmegaConf.load(path).get("defaults", [])))
 
 
 def _files(group: str) -> list[str]:
@@ -53,17 +78,34 @@ def _own_values(group: str, name: str) -> dict:
     return {key: value for key, value in OmegaConf.to_container(raw).items() if key != "defaults"}
 
 
-def _beneath(group: str, name: str) -> dict:
-    """What the configs ``<group>/<name>.yaml`` starts from give the group: the dataclass's defaults for
-    ``_dataclass``, then the values of each file of the group it lists (the same way down)."""
+@functools.cache
+def _beneath(group: str, name: str) -> dict[str, tuple[object, str]]:
+    """What the configs ``<group>/<name>.yaml`` starts from give it, each key with the file that gives its value:
+    the dataclass's defaults for ``_dataclass``, then the values of each file it lists (the same way down), in the
+    order of its ``defaults``. Shared: read it, never change it."""
     values = {}
     for entry in OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml").get("defaults", []):
-        path = str(entry).partition("@")[0].removeprefix(f"/{group}/")
+        target = _target(group, entry)
+        if target is None:
+            continue
+        other, path = target
         if path == DATACLASS_NODE:
-            values.update({**_own_defaults(group), **dict.fromkeys(LEFT_TO_OPTIONS.get(group, ()), "???")})
-        elif path != "_self_":
-            values.update({**_beneath(group, path), **_own_values(group, path)})
+            source = GROUP_CLASSES[other].partition(":")[2]
+            own = {**_own_defaults(other), **dict.fromkeys(LEFT_TO_OPTIONS.get(other, ()), "???")}
+            values.update({key: (value, f"the dataclass {source}") for key, value in own.items()})
+        else:
+            own = {key: (value, f"{other}/{path}.yaml") for key, value in _own_values(other, path).items()}
+            values.update({**_beneath(other, path), **own})
     return values
+
+
+def _values_beneath(group: str, name: str) -> dict:
+    return {key: value for key, (value, _) in _beneath(group, name).items()}
+
+
+def _same(value, other) -> bool:
+    """Equal, and both a bool or neither (``True == 1`` in Python, not in a config)."""
+    return value == other and isinstance(value, bool) == isinstance(other, bool)
 
 
 def test_the_config_tree_reads_each_dataclass_default_from_its_source():
@@ -71,24 +113,35 @@ def test_the_config_tree_reads_each_dataclass_default_from_its_source():
         assert dataclass_defaults(GROUP_CLASSES[group]) == _own_defaults(group), group
 
 
-@pytest.mark.parametrize("group", sorted(GROUP_CLASSES))
+def test_every_group_that_builds_on_a_base_is_checked():
+    groups = _layered_groups()
+    assert set(GROUP_CLASSES) | {p.parent.name for p in CONFIG_DIR.glob("*/_base.yaml")} <= set(groups)
+    assert {"accelerate", "run_cfg", "size"}.isdisjoint(groups)
+    assert _beneath("model", "qwen2.5_1.5b_instruct")["gguf_file"] == (None, "student/_base.yaml")
+    assert _beneath("trainer", "size/tiny")["use_cpu"] == (True, "trainer/demo_cpu.yaml")
+
+
+@pytest.mark.parametrize("group", _layered_groups())
 def test_no_yaml_key_restates_the_value_beneath_it(group):
-    """0 duplicated defaults: no base key equals the dataclass's default, no option key its base's value."""
-    restated = {f"{name}.yaml: {key}": value for name in _files(group)
+    """0 duplicated defaults: no base key equals the dataclass's default, no option key the value of the file(s)
+    it builds on (its base, another option, another group's file)."""
+    restated = [f"{group}/{name}.yaml: {key}: {json.dumps(value)} restates {beneath[key][1]} (drop the key)"
+                for name in _files(group) for beneath in [_beneath(group, name)]
                 for key, value in _own_values(group, name).items()
-                if key in _beneath(group, name) and _beneath(group, name)[key] == value}
-    assert restated == {}
+                if key in beneath and _same(beneath[key][0], value)]
+    assert not restated, "\n".join(restated)
 
 
-@pytest.mark.parametrize("group", sorted(GROUP_CLASSES))
-def test_each_option_composes_to_the_dataclass_defaults_updated_with_its_yaml(group):
-    host, *overrides = HOSTS[group]
+@pytest.mark.parametrize("group", _layered_groups())
+def test_each_option_composes_to_the_values_beneath_it_updated_with_its_yaml(group):
+    host, *overrides = HOSTS.get(group, ["demo_tiny"])
     names = [name for name in _files(group) if not name.startswith("size/")]  # size/<size>: aliases of options
     assert set(config_groups()[group]) <= set(names)
     for name in names:
         composed = OmegaConf.to_container(compose(host, [*overrides, f"{group}={name}"])[group])
-        assert composed == {**_beneath(group, name), **_own_values(group, name)}, name
-        assert set(_own_defaults(group)) <= set(composed), name  # every field rlt_mono declares can be set: key=value
+        assert composed == {**_values_beneath(group, name), **_own_values(group, name)}, name
+        if group in GROUP_CLASSES:  # every field rlt_mono declares can be set: key=value
+            assert set(_own_defaults(group)) <= set(composed), name
 
 
 def test_a_stage_group_base_sets_only_library_fields():
