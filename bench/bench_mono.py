@@ -1,4 +1,5 @@
-"""GPU benchmark of one RLT step against plain TRL and standalone vLLM (issue: "One GPU for real").
+"""GPU benchmark of one RLT step against plain TRL and standalone vLLM on one GPU: what the whole step costs
+when generation, scoring and training share the card.
 
 Random-weight Qwen2.5 architectures (configs written here, no download), a byte-level BPE tokenizer padded
 to Qwen2.5's 151,936 entries, forced completion lengths (``min_tokens = max_tokens``, EOS ignored) so every

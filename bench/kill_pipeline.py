@@ -1,5 +1,5 @@
 """kill -9 during a pipeline stage, then the same command again: does it end with the same files as a run that was
-never interrupted? (issue "Nothing lost, nothing silent")
+never interrupted? (Nothing a killed run had written is lost or silently changed.)
 
   python bench/kill_pipeline.py --out results/kill_pipeline_cpu.json
 

@@ -1,15 +1,15 @@
 """The roofline of an RLT step: the least time each phase could take on a device, by the bytes it must move or the
-FLOPs it must do, beside the measured time (issue "Speed"; docs/PERFORMANCE.md).
+FLOPs it must do, beside the measured time (docs/PERFORMANCE.md).
 
 - generate: ``completion_length`` decode steps; each reads the teacher's weights once and the KV cache of every
   sequence in flight (mean context: the prompt and half the completion), and does ``2 x params`` FLOPs per sequence.
   A step takes the longer of the two: ``max(bytes / bandwidth, flops / peak)``.
 - score: ``forwards`` forward passes (``2 x params`` FLOPs per token) over every prompt + completion token: the
-  student's pass and the teacher's (or reference's) for the KL term, and the one the issue counts for the policy.
+  student's pass and the teacher's (or reference's) for the KL term, and one more for the policy's log-probabilities.
 - train: ``2 x params`` per token forward, ``4 x params`` backward, and one more forward when activations are
   recomputed (gradient checkpointing): ``8 x`` or ``6 x params`` per token.
 
-The device figures are achievable rates, not data-sheet peaks: the issue's H100 figures (800 TFLOP/s bf16, 3 TB/s),
+The device figures are achievable rates, not data-sheet peaks: for the H100 800 TFLOP/s bf16 and 3 TB/s,
 and for the H200 the same compute with the bandwidth scaled by its data sheet (4.8 / 3.35 TB/s).
 
     python bench/roofline.py --arch 7b --completions 32 --completion-length 4096 --device nvidia-h100 \\

@@ -11,7 +11,7 @@
 #          carried in .whl); "none" runs neither;
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
 #   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
-#       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the issue's
+#       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the
 #       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
 #       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side;
 #       noliger is manual with trainer.use_liger_kernel=false (the default, liger-kernel's fused layers, needs its

@@ -1,4 +1,5 @@
-"""Try rlt_mono as a new user would, on inputs a user gets wrong (issue "Nothing lost, nothing silent").
+"""Try rlt_mono as a new user would, on inputs a user gets wrong (a mistake answers in one line, never a
+traceback or silence).
 
 Each case runs one command in a fresh folder and is classified from what the user sees:
   one-line   refused with exit 2 and one ``error: ...`` line, no traceback (what the case expects to be refused)

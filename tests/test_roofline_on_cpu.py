@@ -1,4 +1,4 @@
-"""bench/roofline.py: each phase's least time, against the issue's hand-computed 7B figures."""
+"""bench/roofline.py: each phase's least time, against the 7B figures computed by hand."""
 
 import importlib.util
 import sys
@@ -16,8 +16,8 @@ spec.loader.exec_module(roofline)
 SEVEN_B = Arch.from_config(QWEN25_ARCHS["7b"])
 
 
-def test_the_7b_4096_token_step_matches_the_issue_s_roofline():
-    # The issue, on an H100 (800 TFLOP/s, 3 TB/s): decode 4,096 steps x ~19 GB (15.2 GB of weights + the KV cache
+def test_the_7b_4096_token_step_matches_the_roofline_by_hand():
+    # By hand, on an H100 (800 TFLOP/s, 3 TB/s): decode 4,096 steps x ~19 GB (15.2 GB of weights + the KV cache
     # of 32 sequences at a mean context of 2,048) ~ 26 s; score 3 x 2 x 7.6e9 x 131K ~ 7.5 s; train 8 x 7.6e9 x
     # 131K ~ 10 s; about 43 s in all.
     work = roofline.Work(SEVEN_B, completions=32, completion_length=4096)

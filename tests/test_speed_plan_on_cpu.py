@@ -20,8 +20,8 @@ from rlt_mono.memory import speed_plan
 from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
-# Recorded on an H100 80 GB (issue "Speed"): vLLM generated 1024 tokens for each of 32 prompts of the 0.5B model in
-# 3.26 s and for each of 128 prompts in 5.55 s: completion tokens per second by sequences in flight.
+# Recorded on an H100 80 GB (bench/bench_mono.py vllm): vLLM generated 1024 tokens for each of 32 prompts of the
+# 0.5B model in 3.26 s and for each of 128 prompts in 5.55 s: completion tokens per second by sequences in flight.
 RECORDED_05B_TOKENS_PER_S = {32: 32 * 1024 / 3.26, 128: 128 * 1024 / 5.55}
 
 

@@ -47,7 +47,7 @@ def test_a_7b_run_is_set_beside_its_roofline():
                            "steps_per_generation": 16, "gradient_checkpointing": True, "optim": "adamw_bnb_8bit",
                            "vllm_gpu_memory_utilization": 0.3}}
     [entry] = summary.seven_b([run], "nvidia-h100")
-    # The roofline of this step: about 26 + 7.5 + 10 = 43 s, so 73.4 s is 1.71x.
+    # This step's roofline, by hand (bench/roofline.py's docstring): about 26 + 7.5 + 10 = 43 s, so 73.4 s is 1.71x.
     assert entry["roofline_step_s"] == pytest.approx(43, abs=1.0)
     assert entry["step_ratio"] == pytest.approx(73.4 / entry["roofline_step_s"]) == pytest.approx(1.71, abs=0.04)
     assert entry["phase_ratio"]["score"] == pytest.approx(16.2 / entry["roofline_s"]["score"])

@@ -62,7 +62,7 @@ def test_a_line_logged_while_the_bar_is_open_is_written_above_it(monkeypatch, re
     callback = console.CompactProgressCallback()
     args = SimpleNamespace(disable_tqdm=False, output_dir="/runs/a")
     state, control = _state(0, 2), TrainerControl()
-    file_only = logging.getLogger("round3.file_only")  # a logger that writes to a file alone stays so
+    file_only = logging.getLogger("rlt_mono.tests.file_only")  # a logger that writes to a file alone stays so
     own_file = logging.StreamHandler(io.StringIO())
     monkeypatch.setattr(file_only, "handlers", [own_file])
     monkeypatch.setattr(file_only, "propagate", False)
