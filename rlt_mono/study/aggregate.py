@@ -61,6 +61,11 @@ TEACHER_FIGURES = {
     "unmatched": "teacher/unmatched_frac",
     "solution_log_prob": "student/solution_log_prob",
 }
+# The steps the study reads by name: the pipeline's steps (STEP_FOLDER_NAMES), of which a few are named as the stage
+# they run. A step is no stage (a study runs student_sft and eval several times, each its own step and folder, and a
+# step that did not run has no config to read a stage from), so the study's folder layout names them, not the stages.
+TEACHER_SFT_STEP = "teacher_sft"
+RL_STEP = "teacher_rlt"
 # arm -> (eval step whose student half it is, the student SFT step that trained it or None, what it trained on)
 STUDENT_ARMS = {
     "base": ("eval_teacher", None, "nothing (the frozen student)"),
@@ -237,13 +242,13 @@ def read_seed(folder: Path) -> SeedRun:
     eval_rows = {step: read_rows(folders[step])
                  if (folders[step] / EVAL_FILE).is_file() and (folders[step] / ROWS_FILE).is_file() else None
                  for step in dict.fromkeys(evals)}
-    metrics = folders["teacher_rlt"] / METRICS_FILE
-    summary = folders["teacher_sft"] / SFT_SUMMARY_FILE
+    metrics = folders[RL_STEP] / METRICS_FILE
+    summary = folders[TEACHER_SFT_STEP] / SFT_SUMMARY_FILE
     return SeedRun(seed=seed_of(folder), folder=folder, eval_rows=eval_rows,
                    rl_steps=read_metrics(metrics) if metrics.is_file() else None,
                    rl_evals=read_metrics(metrics, EVAL_EVENT) if metrics.is_file() else None,
                    teacher_sft=json.loads(summary.read_text()) if summary.is_file() else None,
-                   teacher_sft_folder=folders["teacher_sft"].resolve())
+                   teacher_sft_folder=folders[TEACHER_SFT_STEP].resolve())
 
 
 def pooled_over_seeds(values_by_seed: dict[int, dict[str, float]], resamples: int = 2000,
@@ -400,7 +405,7 @@ def reward_accuracy_correlation(teachers: list[dict], arms: list[dict]) -> dict:
 def missing_files(run: SeedRun) -> list[str]:
     """What a seed's folder lacks, as paths inside it: eval folders that did not run, the RL metrics, the teacher
     SFT summary."""
-    rl_folder, sft_folder = STEP_FOLDER_NAMES["teacher_rlt"], STEP_FOLDER_NAMES["teacher_sft"]
+    rl_folder, sft_folder = STEP_FOLDER_NAMES[RL_STEP], STEP_FOLDER_NAMES[TEACHER_SFT_STEP]
     return ([STEP_FOLDER_NAMES[step] for step, rows in run.eval_rows.items() if rows is None]
             + ([f"{rl_folder}/{METRICS_FILE}"] if run.rl_steps is None else [])
             + ([f"{sft_folder}/{SFT_SUMMARY_FILE}"] if run.teacher_sft is None else []))
