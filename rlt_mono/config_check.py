@@ -26,7 +26,6 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
-import importlib.util
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -201,18 +200,11 @@ def rules() -> dict[str, dict[str, Rule]]:
 
 
 def _gpu_kernels(group: str) -> Callable[[Mapping], str | None]:
-    """The training group's ``use_liger_kernel`` needs a GPU and the liger-kernel package (as
-    ``rlt_mono.rl.build.check_gpu_kernels`` finds when the stage starts, with the same words)."""
+    """The training group's ``use_liger_kernel`` needs a GPU and the liger-kernel package
+    (``runtime.gpu_kernels_problem``, which the stage checks again when it starts)."""
     def check(values: Mapping) -> str | None:
-        if values.get("use_liger_kernel") is not True:
-            return None
-        if values.get("use_cpu") or runtime.gpus_present() == 0:
-            return (f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has none "
-                    f"(no CUDA device, or {group}.use_cpu=true): set {group}.use_liger_kernel=false")
-        if importlib.util.find_spec("liger_kernel") is None:
-            return (f"{group}.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
-                    f"install liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
-        return None
+        on_gpu = not values.get("use_cpu") and runtime.gpus_present() > 0
+        return runtime.gpu_kernels_problem(group, values.get("use_liger_kernel"), on_gpu)
 
     return check
 

@@ -42,6 +42,7 @@ from omegaconf import DictConfig
 
 from rlt_mono import runtime
 from rlt_mono.config import ConfigError
+from rlt_mono.memory.planner import PLANNING_MODES
 
 logger = logging.getLogger(__name__)
 
@@ -253,3 +254,34 @@ def check_strategy(cfg: DictConfig, gpus: int, group: str, adapters: str | None)
         raise ConfigError(f"{group}.optim={optim} with placement.strategy=fsdp2: bitsandbytes' optimizers cannot "
                           f"update FSDP2's sharded weights; set {group}.optim=adamw_torch (its state is sharded with "
                           "them) or use placement.strategy=ddp")
+
+def warn_unused_options(cfg: DictConfig, placement: Placement | None, *, plans_memory: bool,
+                        sampling_group: str | None) -> None:
+    """One warning for each option the config of an SFT, distill or eval run sets that its stage does not read.
+    ``placement``: the run's resolved placement (None: the stage resolves none, as the SFT stages, which train one
+    model per process); ``plans_memory`` and ``sampling_group``: the stage's facts (``rlt_mono.stages.base.Stage``).
+
+    - ``memory=auto|speed`` for a stage whose memory it does not plan (it plans teacher_rlt's GPU memory);
+    - ``placement=student_gpu|auto|async`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
+    - ``<sampling_group>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM
+      engine.
+    """
+    if not plans_memory and cfg.get("memory") in PLANNING_MODES:
+        logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
+                       cfg.stage)
+    if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto",
+                                                                                         "async"):
+        logger.warning("placement=%s is ignored: %s trains one model in one process (placement=dp spreads it over "
+                       "GPUs)", cfg.placement.mode, cfg.stage)
+    kv_cache = cfg[sampling_group].get("vllm_kv_cache_gib") if sampling_group is not None else None
+    if placement is not None and not placement.use_vllm and kv_cache is not None:
+        logger.warning("%s.vllm_kv_cache_gib=%s is ignored: this run samples with transformers, not vLLM (no CUDA GPU, "
+                       "no vllm package, or placement.rollout=transformers)", sampling_group, kv_cache)
+
+
+def check_gpu_kernels(cfg: DictConfig, on_gpu: bool, group: str = "trainer") -> None:
+    """``runtime.gpu_kernels_problem`` of the stage's training group (``group``: ``trainer`` for the RL stage,
+    ``sft`` for the SFT stages; ``on_gpu``: where the run computes) as a one-line ``ConfigError``."""
+    problem = runtime.gpu_kernels_problem(group, cfg[group].get("use_liger_kernel"), on_gpu)
+    if problem:
+        raise ConfigError(problem)

@@ -8,6 +8,7 @@ CUDA context (which would fix the visible GPUs before the placement exposes its 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -69,3 +70,26 @@ def quiet_progress_bars() -> None:
     if not sys.stderr.isatty():
         for name, value in PROGRESS_BAR_SWITCHES.items():
             os.environ.setdefault(name, value)
+
+
+def gpu_kernels_problem(group: str, use_liger_kernel, on_gpu: bool) -> str | None:
+    """Why ``<group>.use_liger_kernel`` cannot run here (None: it can, or it is off): liger-kernel's Triton kernels
+    need the run on a GPU (``on_gpu``: a CUDA device here and not ``<group>.use_cpu``) and the liger-kernel package
+    (transformers would stop in the trainer's constructor, with a traceback)."""
+    if use_liger_kernel is not True:
+        return None
+    if not on_gpu:
+        return (f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run has none "
+                f"(no CUDA device, or {group}.use_cpu=true): set {group}.use_liger_kernel=false")
+    if importlib.util.find_spec("liger_kernel") is None:
+        return (f"{group}.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip install "
+                f"liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
+    return None
+
+
+def set_wandb_env(logging_cfg: DictConfig, report_to: list[str]) -> None:
+    """W&B reads its project and mode from the environment; the ``logging`` group sets them (a value the user
+    exported wins)."""
+    if "wandb" in report_to:
+        os.environ.setdefault("WANDB_PROJECT", logging_cfg.wandb_project)
+        os.environ.setdefault("WANDB_MODE", logging_cfg.wandb_mode)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rlt_mono import config_check
+from rlt_mono import config_check, runtime
 from rlt_mono.config import ConfigError, compose, instantiate
 from rlt_mono.stages.sft import heldout_loss_text
 
@@ -108,7 +108,7 @@ def test_the_fields_read_from_the_sources_are_the_dataclasses_fields():
 def test_every_run_config_passes_the_early_check(name, monkeypatch):
     """No false alarm on a shipped config (GPU configs with liger-kernel's layers: as on a GPU host with it)."""
     monkeypatch.setattr(config_check.runtime, "gpus_present", lambda: 1)
-    monkeypatch.setattr(config_check.importlib.util, "find_spec", _with_liger(config_check.importlib.util.find_spec))
+    monkeypatch.setattr(runtime.importlib.util, "find_spec", _with_liger(runtime.importlib.util.find_spec))
     extra = ["data.source=rows.jsonl"] if name == "student_sft" else []
     config_check.check_config(compose(name, extra), extra)
     if name in STAGE_CONFIGS:

@@ -3,14 +3,14 @@
 Reads top to bottom: run folder -> placement -> typed configs -> resume check -> models -> data -> reward
 -> trainer -> outputs. Everything a user can get wrong without a model loaded is checked before the first
 model loads; each mistake raises a one-line ``rlt_mono.errors.UserError``. Models are found and loaded
-by ``rlt_mono.data.models`` and placed by ``rlt_mono.placement.resolve_placement_for``; ``set_wandb_env`` and
-``check_gpu_kernels`` (SFT) and ``warn_unused_options`` (SFT, distill, eval) are shared with the other stages; the
-trainer releases what it holds itself (``RLTTrainer.release``).
+by ``rlt_mono.data.models`` and placed by ``rlt_mono.placement.resolve_placement_for``; the checks every training
+stage shares live below it (``rlt_mono.placement.check_gpu_kernels``, ``warn_unused_options``;
+``rlt_mono.runtime.set_wandb_env``); the trainer releases what it holds itself (``RLTTrainer.release``).
+Under ``placement=async`` it also prepares the rollout server (``rollout_server``), which the trainer starts.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import socket
@@ -37,7 +37,7 @@ from rlt_mono.data.rows import DataConfig, check_enough_rows, prepare_dataset
 from rlt_mono.memory import device as device_memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.memory.model import GIB, Arch
-from rlt_mono.placement import Placement, Role, check_strategy, physical_gpu, resolve_placement_for
+from rlt_mono.placement import Placement, Role, check_gpu_kernels, check_strategy, physical_gpu, resolve_placement_for
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.rl import lora
 from rlt_mono.rl.grpo_config import RLTConfig
@@ -49,6 +49,7 @@ from rlt_mono.runs import checkpoints
 from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import write_run_config
+from rlt_mono.runtime import set_wandb_env
 
 logger = logging.getLogger(__name__)
 
@@ -204,44 +205,8 @@ def rollout_server(cfg: DictConfig, args: RLTConfig, placement: Placement, teach
     return VLLMServer(command, port, gpu, Path(output_dir) / "rollout_server.log")
 
 
-def check_gpu_kernels(cfg: DictConfig, on_gpu: bool, group: str = "trainer") -> None:
-    """``<group>.use_liger_kernel`` of the stage's training group (``group``: ``trainer`` for the RL stage this module
-    builds, ``sft`` for the SFT stages) runs liger-kernel's Triton kernels, which need the run on a GPU and the
-    liger-kernel package: a one-line ``ConfigError`` when the run is on the CPU (no CUDA device here, or
-    ``<group>.use_cpu``) or the package is missing (transformers would stop in the trainer's constructor, with a
-    traceback)."""
-    if cfg[group].get("use_liger_kernel") is not True:
-        return
-    if not on_gpu:
-        raise ConfigError(f"{group}.use_liger_kernel=true runs liger-kernel's Triton kernels on a GPU, and this run "
-                          f"has none (no CUDA device, or {group}.use_cpu=true): set {group}.use_liger_kernel=false")
-    if importlib.util.find_spec("liger_kernel") is None:
-        raise ConfigError(f"{group}.use_liger_kernel=true needs the liger-kernel package, which is not installed: pip "
-                          f"install liger-kernel (or pip install -e '.[gpu]'), or set {group}.use_liger_kernel=false")
 
 
-def warn_unused_options(cfg: DictConfig, placement: Placement | None, *, plans_memory: bool,
-                        sampling_group: str | None) -> None:
-    """One warning for each option the config of an SFT, distill or eval run sets that its stage does not read.
-    ``placement``: the run's resolved placement (None: the stage resolves none, as the SFT stages, which train one
-    model per process); ``plans_memory`` and ``sampling_group``: the stage's facts (``rlt_mono.stages.base.Stage``).
-
-    - ``memory=auto|speed`` for a stage whose memory it does not plan (it plans teacher_rlt's GPU memory);
-    - ``placement=student_gpu|auto|async`` where no placement is resolved: only ``placement=dp`` changes an SFT run;
-    - ``<sampling_group>.vllm_kv_cache_gib`` (distill, eval) where the placement samples with transformers: no vLLM
-      engine.
-    """
-    if not plans_memory and cfg.get("memory") in memory_planner.PLANNING_MODES:
-        logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
-                       cfg.stage)
-    if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto",
-                                                                                         "async"):
-        logger.warning("placement=%s is ignored: %s trains one model in one process (placement=dp spreads it over "
-                       "GPUs)", cfg.placement.mode, cfg.stage)
-    kv_cache = cfg[sampling_group].get("vllm_kv_cache_gib") if sampling_group is not None else None
-    if placement is not None and not placement.use_vllm and kv_cache is not None:
-        logger.warning("%s.vllm_kv_cache_gib=%s is ignored: this run samples with transformers, not vLLM (no CUDA GPU, "
-                       "no vllm package, or placement.rollout=transformers)", sampling_group, kv_cache)
 
 
 def release_trainer(trainer: RLTTrainer) -> None:
@@ -326,12 +291,6 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
     return kwargs
 
 
-def set_wandb_env(logging_cfg: DictConfig, report_to: list[str]) -> None:
-    """W&B reads its project and mode from the environment; the ``logging`` group sets them (a value the user
-    exported wins)."""
-    if "wandb" in report_to:
-        os.environ.setdefault("WANDB_PROJECT", logging_cfg.wandb_project)
-        os.environ.setdefault("WANDB_MODE", logging_cfg.wandb_mode)
 
 
 def ensure_single_process_distributed_env() -> None:

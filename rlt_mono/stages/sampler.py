@@ -48,10 +48,9 @@ from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.data.rows import DataConfig, PromptBudget, load_split, render_prompts
 from rlt_mono.errors import UserError
 from rlt_mono.memory.model import GIB
-from rlt_mono.placement import Role, resolve_placement_for
+from rlt_mono.placement import Role, resolve_placement_for, warn_unused_options
 from rlt_mono.rewards import TeacherKLReward, TeacherRewardConfig
 from rlt_mono.rl import left_align, lora
-from rlt_mono.rl.build import warn_unused_options
 from rlt_mono.rl.phases import Phase, PhaseTimer
 from rlt_mono.rl.swapper import ModelSwapper
 from rlt_mono.runs import checkpoints

@@ -62,12 +62,13 @@ from rlt_mono.data.rows import (
     validate_rows,
 )
 from rlt_mono.errors import UserError
+from rlt_mono.placement import check_gpu_kernels, warn_unused_options
 from rlt_mono.rl import lora
-from rlt_mono.rl.build import check_gpu_kernels, set_wandb_env, warn_unused_options
 from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics, write_run_config
+from rlt_mono.runtime import set_wandb_env
 from rlt_mono.stages import student_sft, teacher_sft
 from rlt_mono.stages.final_model import save_final
 from rlt_mono.study import diversity
