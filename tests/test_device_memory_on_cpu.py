@@ -151,6 +151,8 @@ class OneGpu:
     def beside_actor(self, role):
         return False
 
+    one_step_off = False  # the rollout colocated, not on a server of its own
+
 
 QWEN_7B = Qwen2Config(**{k: v for k, v in QWEN25_ARCHS["7b"].items() if k != "model_type"})
 

@@ -135,7 +135,7 @@ def _cli(*args, timeout=300):
 def test_help_lists_config_groups_and_how_to_list_keys():
     result = _cli("--help", timeout=60)
     assert result.returncode == 0
-    assert "placement  auto dp mono split student_gpu" in result.stdout
+    assert "placement  async auto dp mono split student_gpu" in result.stdout
     assert "--show-config" in result.stdout and "demo_tiny" in result.stdout
     shown = _cli("demo_tiny", "--show-config", "trainer.max_steps=7", timeout=60)
     assert shown.returncode == 0 and "max_steps: 7" in shown.stdout
