@@ -1,22 +1,19 @@
 """A newcomer's first hour, the small things: a terminal shows one clean training bar with the log lines above it,
 and a few mistakes answer in one line before anything heavy loads."""
 
-import fcntl
 import io
 import json
 import logging
 import os
-import pty
 import re
 import resource
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from terminal_run import run_in_terminal
 from transformers import TrainerControl, TrainerState
 
 from rlt_mono import cli, config_check
@@ -141,27 +138,9 @@ def test_the_launcher_and_the_console_command_go_through_the_entry_that_switches
 def test_the_demo_in_a_terminal_shows_one_clean_bar(tmp_path):
     """The RL demo in a pseudo-terminal: the reward plot's line, logged at the end of training while the bar is
     still open, is written above the bar, not glued to its last redraw."""
-    from rlt_mono.runtime import PROGRESS_BAR_SWITCHES
-
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {name: value for name, value in os.environ.items() if name not in PROGRESS_BAR_SWITCHES}
-    process = subprocess.Popen(["./launch_mono.sh", "cfgs/run_cfg/demo_tiny.yaml", "trainer.max_steps=2",
-                                f"output_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                               stdout=follower, stderr=follower)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closed: the run has ended
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    text = b"".join(chunks).decode(errors="replace")
-    assert process.wait(timeout=60) == 0, text[-3000:]
+    code, text = run_in_terminal(["./launch_mono.sh", "cfgs/run_cfg/demo_tiny.yaml", "trainer.max_steps=2",
+                                  f"output_dir={tmp_path / 'run'}"], ROOT)
+    assert code == 0, text[-3000:]
     assert {total for _, total in re.findall(r"\d+%\|[^|]*\| *(\d+)/(\d+) \[", text)} == {"2"}, text
     assert not GLUED.search(text), text[-3000:]
     assert re.search(r"\r *\r[\d-]+ [\d:,]+ INFO rlt_mono\.runs\.plots: wrote .*reward_components\.png\r\n\r100%\|",

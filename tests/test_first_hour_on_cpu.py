@@ -2,22 +2,19 @@
 an SFT run logs one compact line per step, the command names itself as typed, ``compare`` needs no torch."""
 
 import dataclasses
-import fcntl
 import importlib
 import json
 import os
-import pty
 import re
 import resource
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from terminal_run import run_in_terminal
 
 from rlt_mono import config_check, runtime
 from rlt_mono.config import ConfigError, compose, instantiate
@@ -234,27 +231,10 @@ def test_an_sft_run_into_a_file_has_no_bar_and_one_line_per_step(tmp_path):
 
 
 def test_an_sft_run_in_a_terminal_draws_one_bar(tmp_path):
-    from rlt_mono.runtime import PROGRESS_BAR_SWITCHES
-
-    leader, follower = pty.openpty()
-    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     # as from a shell: without the switches an in-process cli.main of an earlier test left off a terminal
-    env = {name: value for name, value in os.environ.items() if name not in PROGRESS_BAR_SWITCHES}
-    process = subprocess.Popen([sys.executable, "-m", "rlt_mono.cli", *SFT_RUN, f"output_dir={tmp_path / 'run'}"],
-                               cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # the terminal closed: the run has ended
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    text = b"".join(chunks).decode(errors="replace")
-    assert process.wait(timeout=60) == 0, text[-3000:]
+    code, text = run_in_terminal([sys.executable, "-m", "rlt_mono.cli", *SFT_RUN, f"output_dir={tmp_path / 'run'}"],
+                                 ROOT)
+    assert code == 0, text[-3000:]
     bars = re.findall(r"\d+%\|[^|]*\| *(\d+)/(\d+) \[", text)
     assert bars and {total for _, total in bars} == {"2"}  # the training bar only
     assert not [bar for bar in LIBRARY_BARS[:5] if bar in text] and "\x1b[A" not in text
