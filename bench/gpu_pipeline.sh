@@ -122,9 +122,8 @@ case "${1:-}" in
       --exclude='./distilled' --exclude='samples.jsonl' --exclude='./traces/traces.jsonl' . 2>/dev/null || true
     # (xz, in parts of at most 15 MiB: a file that comes back from the host is limited in size), with the rows of a
     # distill still running (its teachers/distill_*/distill.jsonl: kept by question, so a run continues from them)
-    compgen -G "distilled/*" > /dev/null || compgen -G "teachers/distill_*/distill.jsonl" > /dev/null \
-      && tar cf - $(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") | xz -T0 -6 \
-      | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
+    explanations=$(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") || true
+    [ -z "$explanations" ] || tar cf - $explanations | xz -T0 -6 | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

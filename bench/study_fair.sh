@@ -153,11 +153,9 @@ stage() {
   "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1 && return 0
   echo "bench/study_fair.sh: $log failed; trying again in 30 s" >> "$root/logs/$log.log"
   sleep 30
-  if compgen -G "$folder/checkpoint-*" > /dev/null; then
-    "$@" output_dir="$folder" resume_from_checkpoint=true >> "$root/logs/$log.log" 2>&1
-  else
-    rm -rf "$folder" && "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1
-  fi
+  local again=()
+  if compgen -G "$folder/checkpoint-*" > /dev/null; then again=(resume_from_checkpoint=true); else rm -rf "$folder"; fi
+  "$@" output_dir="$folder" "${again[@]}" >> "$root/logs/$log.log" 2>&1
 }
 evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answers each held-out question alone
   local folder=$1 prompt=$2 seed=$3; shift 3

@@ -516,9 +516,9 @@ class _OptimizerPhaseCallback(TrainerCallback):
 class TimeLimit(TrainerCallback):
     """Ends training at the end of the first optimizer step that finishes ``minutes`` after this process's first
     step began (``trainer.max_minutes``), with a held-out evaluation of that step when the run evaluates; the stage
-    then saves final/ as at ``max_steps``. ``stopped_at`` holds the
-    step it stopped at (None while it has not). ``agree`` turns this rank's verdict into the run's (data parallel:
-    rank 0's, so that every rank stops at the same step); ``clock`` returns seconds (``time.monotonic``)."""
+    then saves final/ as at ``max_steps``. ``stopped_at`` holds the step it stopped at (None while it has not).
+    ``agree`` turns this rank's verdict into the run's (data parallel: rank 0's, so that every rank stops at the same
+    step); ``clock`` returns seconds (``time.monotonic``)."""
 
     def __init__(self, minutes: float, agree=lambda over: over, clock=time.monotonic):
         self.seconds, self.agree, self.clock = 60.0 * minutes, agree, clock
