@@ -47,6 +47,7 @@ from rlt_mono.rl.trainer import RLTTrainer
 from rlt_mono.rl.vllm_server import VLLMServer, free_port, serve_command
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal, replace_progress_callback
+from rlt_mono.runs.diverged import StopOnNonFinite, divergence_hint
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import write_run_config
 from rlt_mono.runtime import set_wandb_env
@@ -161,7 +162,8 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
             rollout_server=server,
             callbacks=[RunFilesCallback(output_dir, reward, args.explanation_samples_per_step, args.plot_metrics,
                                         run_config=OmegaConf.to_container(cfg, resolve=True)),
-                       NoLearningSignalWarning()],
+                       NoLearningSignalWarning(),
+                       StopOnNonFinite(output_dir, divergence_hint("trainer", args, teacher.dtype, "model"))],
         )
     except NoMatchingPeftModuleError as err:  # none of model.lora_target_modules is in the teacher
         raise lora.no_target_error(cfg.model, err) from err

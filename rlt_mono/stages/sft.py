@@ -66,6 +66,7 @@ from rlt_mono.placement import check_gpu_kernels, warn_unused_options
 from rlt_mono.rl import lora
 from rlt_mono.runs import checkpoints, console
 from rlt_mono.runs.atomic_write import write_json
+from rlt_mono.runs.diverged import StopOnNonFinite, divergence_hint
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics, write_run_config
 from rlt_mono.runtime import set_wandb_env
@@ -364,7 +365,9 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     model = load_model(model_path, key, **model_kwargs(cfg[group]))
     # ---- trainer --------------------------------------------------------------------------------------------------
     output_dir.mkdir(parents=True, exist_ok=True)
-    callbacks = [RunFilesCallback(output_dir, samples_per_step=0, plot=False)]
+    # the run's files first: a diverged step's row is in metrics.jsonl when StopOnNonFinite stops the run
+    callbacks = [RunFilesCallback(output_dir, samples_per_step=0, plot=False),
+                 StopOnNonFinite(output_dir, divergence_hint("sft", args, model.dtype, group))]
     if args.early_stopping_patience:
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=args.early_stopping_patience))
     trainer = StageSFTTrainer(
