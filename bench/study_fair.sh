@@ -97,10 +97,13 @@ else
   # final/. lr 2e-6: at the RLT student's 1e-5 the worked-solution students reach 0.79 on held-out instances but
   # fall to 0.04-0.08 on held-out templates (from the untrained 0.18-0.22: they copy the training templates' steps);
   # at 2e-6, 0.83 and 0.18; at 5e-7, 0.74 and 0.14 (docs/STUDY.md, one seed each for 2e-6 and 5e-7).
+  # Float32 throughout (sft.bf16=false): under bfloat16 autocast over the float32 weights 8 of 11 students had a
+  # NaN gradient at a random step (one at step 2, from the pretrained weights; the loss before it finite), and
+  # the run trained on to a model that wrote one token over and over (docs/STUDY.md, "The students").
   sft_size=(sft.num_train_epochs=2 sft.max_steps=-1 sft.per_device_train_batch_size=16
             sft.gradient_accumulation_steps=1 sft.per_device_eval_batch_size=64 sft.learning_rate=2.0e-6
             sft.max_length=1024 sft.optim=adamw_torch sft.gradient_checkpointing=false sft.save_steps=100000
-            sft.eval_strategy=epoch logging=local)
+            sft.eval_strategy=epoch sft.bf16=false logging=local)
   # Greedy answers of at most 512 tokens; a fixed 3 GiB KV cache (runs side by side); vLLM at 0.08 of the card.
   eval_size=(eval.student_max_new_tokens=512 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
   # The untrained students write longer answers: at 512 tokens the plain prompt cut 5.1% of the 0.5B's answers on
