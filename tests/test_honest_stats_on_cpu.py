@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, main, warn_too_few
+from rlt_mono.stages.eval import EVAL_FILE, ROWS_FILE, main, warn_capped, warn_too_few
 from rlt_mono.stages.eval_compare import compare_table, questions_fingerprint
 from rlt_mono.study.eval_stats import MIN_ROWS_FOR_INTERVAL, summarize
 
@@ -87,3 +87,17 @@ def test_compare_of_a_missing_file_and_rescore_without_rows(tmp_path, capsys):
     assert main(["rescore", str(folder)]) == 2
     assert capsys.readouterr().err == (f"error: {folder}: no eval_rows.jsonl here; pass an eval run folder (with "
                                        "eval.json and eval_rows.jsonl)\n")
+
+
+def test_the_eval_warns_when_most_answers_run_to_the_cap(caplog):
+    def summary(capped):
+        return {"metrics": {"student/capped_frac": summarize([1.0] * capped + [0.0] * (10 - capped), 0.95, 10, 0)}}
+
+    with caplog.at_level(logging.WARNING, logger="rlt_mono.stages.eval"):
+        warn_capped(summary(4), 512)  # 40%: long answers happen, no warning
+        warn_capped({"metrics": {}}, 512)  # no student half
+        warn_capped(summary(10), 512)
+    assert [r.getMessage() for r in caplog.records] == [
+        "eval: 100% of the student's answers ran to eval.student_max_new_tokens=512 tokens without ending: look at "
+        "its answers in eval_rows.jsonl; a model that repeats one token is broken (its training diverged), one whose "
+        "answers are long needs a higher cap"]

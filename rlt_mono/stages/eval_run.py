@@ -24,6 +24,7 @@ from rlt_mono.stages.eval import (
     answer_record,
     student_question,
     summarize_records,
+    warn_capped,
     warn_too_few,
 )
 from rlt_mono.stages.eval_compare import compare_table, questions_fingerprint
@@ -149,6 +150,7 @@ def evaluate(cfg: DictConfig, options: EvalConfig, reward_config: TeacherRewardC
         **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
     }
     warn_too_few(result)
+    warn_capped(result, options.student_max_new_tokens)
     write_text(output_dir / ROWS_FILE, "".join(json.dumps(record) + "\n" for record in records))
     eval_path = output_dir / EVAL_FILE
     write_json(eval_path, result, indent=2)

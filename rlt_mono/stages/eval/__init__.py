@@ -179,6 +179,23 @@ def warn_too_few(summary: dict) -> None:
                        "too_few in %s); evaluate more held-out rows", ", ".join(few), MIN_ROWS_FOR_INTERVAL, EVAL_FILE)
 
 
+# A student that runs to its token cap on at least this share of the questions is reported: a broken model (one
+# token over and over, as a student SFT whose weights went NaN wrote) or a cap too low for its answers.
+CAPPED_WARNING_SHARE = 0.5
+
+
+def warn_capped(summary: dict, max_new_tokens: int) -> None:
+    """One warning when the student's answers ran to ``eval.student_max_new_tokens`` on at least
+    ``CAPPED_WARNING_SHARE`` of the questions (``summarize_records``' output, ``capped`` figure)."""
+    capped = summary["metrics"].get(METRICS["capped"])
+    if capped is None or capped["mean"] < CAPPED_WARNING_SHARE:
+        return
+    logger.warning("eval: %.0f%% of the student's answers ran to eval.student_max_new_tokens=%d tokens without "
+                   "ending: look at its answers in %s; a model that repeats one token is broken (its training "
+                   "diverged), one whose answers are long needs a higher cap", 100 * capped["mean"], max_new_tokens,
+                   ROWS_FILE)
+
+
 # ---- the stage --------------------------------------------------------------------------------------------
 def check_options(cfg: DictConfig) -> tuple[EvalConfig, TeacherRewardConfig]:
     """The stage's options and the reward's, checked before any model loads (also by the pipeline, when it plans)."""
