@@ -39,9 +39,14 @@ models=(
 setup() {
   bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1   # skips a bundle already unpacked
   eval "$(tail -1 "$OUT/install.log")"
-  # gguf, math-verify and liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml; all pure
-  # Python) travel as wheels in the carried .whl folder: `pip download --no-deps gguf==0.19.0 math-verify==0.9.0
-  # latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 liger-kernel==0.8.5 -d .whl`.
+  # gguf, math-verify, liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml), reasoning-gym
+  # (data=gsm_symbolic) and what `vllm serve` (placement=async's rollout server: its HTTP server, metrics and
+  # routers) needs beyond the bundle travel as wheels in the carried .whl folder: `pip download --no-deps
+  # gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 liger-kernel==0.8.5
+  # reasoning-gym==0.1.25 uvicorn==0.54.0 prometheus-fastapi-instrumentator==8.1.0
+  # model-hosting-container-standards==0.1.16 jmespath==1.1.0 -d .whl`, all pure Python, and the one compiled
+  # wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
+  # watchfiles==1.3.0 -d .whl`.
   [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
   export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
   mkdir -p "$cache/pypi" "$cache/reasoning-gym"
