@@ -18,7 +18,7 @@ port, delay, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 with open(out, "w") as f:
     json.dump({"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "dev": os.environ.get("VLLM_SERVER_DEV_MODE"),
-               "child": child.pid}, f)
+               "host": os.environ.get("VLLM_HOST_IP"), "child": child.pid}, f)
 print("loading the model", flush=True)
 time.sleep(delay)
 class Health(http.server.BaseHTTPRequestHandler):
@@ -40,7 +40,8 @@ def _alive(pid: int) -> bool:
         return stat.read().split()[2] != "Z"
 
 
-def test_the_server_sees_only_its_gpu_is_waited_for_and_stops_with_its_children(tmp_path):
+def test_the_server_sees_only_its_gpu_is_waited_for_and_stops_with_its_children(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
     port, facts = free_port(), tmp_path / "facts.json"
     server = VLLMServer([sys.executable, "-c", STAND_IN, str(port), "1.0", str(facts)], port, "1",
                         tmp_path / "rollout_server.log", poll_s=0.1)
@@ -49,7 +50,8 @@ def test_the_server_sees_only_its_gpu_is_waited_for_and_stops_with_its_children(
         assert time.monotonic() - started >= 1.0 and server.healthy()
         assert server.base_url == f"http://127.0.0.1:{port}"
         seen = json.loads(facts.read_text())
-        assert (seen["cuda"], seen["dev"]) == ("1", "1")
+        assert (seen["cuda"], seen["dev"], seen["host"]) == ("1", "1", "127.0.0.1")
+        assert os.environ["VLLM_HOST_IP"] == "127.0.0.1"  # the trainer's end of the weight transfer too
         pid, child = server.process.pid, seen["child"]
         server.check_alive()
     assert not _alive(pid) and not _alive(child)  # the whole process group

@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"  # the server listens on this host only
 
 # Lines of the server's log quoted in an error.
 LOG_TAIL_LINES = 15
@@ -55,7 +56,7 @@ def serve_command(model: str, port: int, *, dtype: str, gpu_memory_utilization: 
     """The ``vllm serve`` command line TRL's server mode expects (``trl.scripts.vllm_serve.build_command``)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    return build_command(ScriptArguments(model=model, host="127.0.0.1", port=port, dtype=dtype,
+    return build_command(ScriptArguments(model=model, host=LOOPBACK, port=port, dtype=dtype,
                                          gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
                                          enforce_eager=enforce_eager, log_level="warning"))
 
@@ -73,9 +74,13 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{LOOPBACK}:{self.port}"
 
     def start(self) -> VLLMServer:
+        # The weight-transfer group's address: TRL's client names this host by vLLM's get_ip(), which looks for the
+        # route to the internet (none on an offline host); the server runs here, so the loopback address (unless
+        # VLLM_HOST_IP is set already), in this process and the server's.
+        os.environ.setdefault("VLLM_HOST_IP", LOOPBACK)
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": self.gpu, "VLLM_SERVER_DEV_MODE": "1"}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
