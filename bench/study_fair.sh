@@ -36,7 +36,10 @@
 #   STUDY_UNTRAINED  0: leave out the untrained students (when their evals are in the study already)
 #   STUDY_GPUS       GPUs to spread the runs over, comma-separated (default: every GPU nvidia-smi lists; none on CPU):
 #                    the traces and the untrained evals go to the first, seed i's student to GPU (i+1) mod count
-#   STUDY_SERIAL     1: each GPU's students one after another (a 1.5B student SFT takes about 50 GB: one per H100)
+#   STUDY_SLOTS      students part: students side by side on a GPU (default 2); the students are dealt
+#                    round-robin to the slots, each slot's one after another
+#   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1; a 1.5B student SFT takes about 50 GB:
+#                    one per H100)
 # Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
 # distill...}; logs in <root>/logs; <root>/DONE holds the exit codes.
 # bench/study_fair.py summarize <root> writes study.json (arms, intervals, differences) from the eval folders.
@@ -253,9 +256,9 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
   evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
 }
-taught_chain() {  # <arm> <seed...>: one arm's students one after another
-  local arm=$1 seed status=0; shift
-  for seed in "$@"; do taught "$seed" "$arm" || status=1; done
+taught_jobs() {  # <arm:seed...>: those students one after another
+  local job status=0
+  for job in "$@"; do taught "${job#*:}" "${job%:*}" || status=1; done
   return $status
 }
 
@@ -269,22 +272,28 @@ for one in $parts; do
     teachers & pids+=($!) names+=(teachers)
     continue
   fi
-  if [ "$one" = students ]; then  # one GPU per arm; an arm's seeds side by side (one after another: STUDY_SERIAL)
+  if [ "$one" = students ]; then
+    # Every (arm, seed) student is a job; the jobs are dealt round-robin to STUDY_SLOTS lanes a GPU, each lane's
+    # jobs one after another (on CPU each job is a lane of its own).
+    slots=${STUDY_SLOTS:-2}
+    [ "${STUDY_SERIAL:-0}" = 1 ] && slots=1
     for student in $students; do
       student_cfg=$student
       [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
-      lane=0
+      jobs=()
       for arm in $arms; do
         arm_seeds=$seeds
         [[ $arm == rl_teacher_step* ]] && arm_seeds=0  # seed 0's checkpoints teach seed 0's students
-        if [ "${STUDY_SERIAL:-0}" = 1 ]; then
-          on_gpu $lane taught_chain "$arm" $arm_seeds & pids+=($!) names+=("$student/$arm")
-        else
-          for seed in $arm_seeds; do
-            on_gpu $lane taught "$seed" "$arm" & pids+=($!) names+=("$student/${arm}_s$seed")
-          done
-        fi
-        lane=$((lane + 1))
+        for seed in $arm_seeds; do jobs+=("$arm:$seed"); done
+      done
+      lanes=${#jobs[@]}
+      [ ${#gpus[@]} -eq 0 ] || lanes=$((${#gpus[@]} * slots))
+      for ((lane = 0; lane < lanes; lane++)); do
+        mine=() label=()
+        for ((j = lane; j < ${#jobs[@]}; j += lanes)); do mine+=("${jobs[$j]}") label+=("${jobs[$j]/:/_s}"); done
+        [ ${#mine[@]} -gt 0 ] || continue
+        label=${label[*]}
+        on_gpu $lane taught_jobs "${mine[@]}" & pids+=($!) names+=("$student/${label// /+}")
       done
     done
     continue
