@@ -577,8 +577,10 @@ def _server_greedy(trainer) -> list[list[int]]:
     """Greedy completions of PROMPTS from the rollout server after the teacher's current weights are pushed."""
     trainer.one_step_off.drain()
     trainer.vllm_generation.sync_weights()
+    # (transformers 5 tokenizes a chat into a BatchEncoding: its input_ids are the prompt)
     prompts = [trainer.processing_class.apply_chat_template([{"role": "user", "content": p}], tokenize=True,
-                                                            add_generation_prompt=True) for p in PROMPTS]
+                                                            add_generation_prompt=True, return_dict=True)["input_ids"]
+               for p in PROMPTS]
     output = trainer.vllm_generation.vllm_client.generate(prompts=[list(ids) for ids in prompts], n=1,
                                                           temperature=0.0, max_tokens=24)
     return output["completion_ids"]
