@@ -19,7 +19,10 @@
 #             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only), worked_common (the
 #             worked solutions alone, of the questions the SFT teacher's file holds: the teachers' arms' questions when
 #             the files hold the questions every teacher explained, bench/study_fair.py common). The distilled files
-#             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED.
+#             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED. The
+#             control's arms run here too, so that every arm runs at one commit on one machine: untrained and
+#             untrained_plain (the two untrained evals, once each) and worked (every training question's worked
+#             solution).
 # Environment:
 #   STUDY_STUDENTS   students, comma-separated config names (default qwen2.5_coder_0.5b_instruct)
 #   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only,
@@ -57,9 +60,9 @@ distilled=${STUDY_DISTILLED:-$root/distilled}
 rl_steps=${STUDY_RL_STEPS:-188}
 for arm in $arms; do
   case "$arm" in
-    traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*|worked_common) ;;
-    *) echo "bench/study_fair.sh: unknown arm '$arm' (arms: traces, sft_teacher, rl_teacher, rl_teacher_answer_only," \
-            "rl_teacher_step<N>, worked_common)" >&2; exit 2 ;;
+    untrained|untrained_plain|worked|traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*|worked_common) ;;
+    *) echo "bench/study_fair.sh: unknown arm '$arm' (arms: untrained, untrained_plain, worked, traces, sft_teacher," \
+            "rl_teacher, rl_teacher_answer_only, rl_teacher_step<N>, worked_common)" >&2; exit 2 ;;
   esac
 done
 parts=${part//,/ }
@@ -150,6 +153,9 @@ else
   custom_sft=()
 fi
 
+size_source=gsm_symbolic  # the worked-solution students' data
+[ "${STUDY_TINY:-0}" = 1 ] && size_source=embedded
+
 # <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
 # A stage that fails is tried once more 30 s later (an engine start can fail while another run on the same GPU
 # frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint.
@@ -238,6 +244,11 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
 }
 taught() {  # <seed> <arm>: a student trained on that arm's explanations + solutions, then evaluated
   local seed=$1 arm=$2 file column=explanation data=()
+  case "$arm" in  # the control's arms, in the same job slots
+    untrained) evaluate "$root/$student/untrained/eval" student 0 "${untrained_size[@]}"; return ;;
+    untrained_plain) evaluate "$root/$student/untrained_plain/eval" plain 0 "${untrained_size[@]}"; return ;;
+    worked) worked "$seed"; return ;;
+  esac
   case "$arm" in
     traces) file=$root/traces/traces.jsonl column=trace
             [ -s "$file" ] || { mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$file"; } ;;
@@ -283,7 +294,8 @@ for one in $parts; do
       jobs=()
       for arm in $arms; do
         arm_seeds=$seeds
-        [[ $arm == rl_teacher_step* ]] && arm_seeds=0  # seed 0's checkpoints teach seed 0's students
+        # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
+        [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
         for seed in $arm_seeds; do jobs+=("$arm:$seed"); done
       done
       lanes=${#jobs[@]}
@@ -301,8 +313,6 @@ for one in $parts; do
   for student in $students; do
     student_cfg=$student
     [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
-    size_source=gsm_symbolic
-    [ "${STUDY_TINY:-0}" = 1 ] && size_source=embedded
     if [ "${STUDY_UNTRAINED:-1}" != 0 ]; then
       on_gpu 0 evaluate "$root/$student/untrained/eval" student 0 "${untrained_size[@]}" &
       pids+=($!) names+=("$student/untrained")

@@ -199,11 +199,17 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     stamp = (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns
 
     taught = _fair_sh("students", root, "0", timeout=600,
-                      env={"STUDY_UNTRAINED": "0", "STUDY_ARMS": "rl_teacher,rl_teacher_step1,worked_common"})
+                      env={"STUDY_UNTRAINED": "0",
+                           "STUDY_ARMS": "untrained_plain,worked,rl_teacher,rl_teacher_step1,worked_common"})
     assert taught.returncode == 0, taught.stdout + taught.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"  # the folder is named for the student the full study trains
-    done = f"{student.name}/rl_teacher_s0=0 {student.name}/rl_teacher_step1_s0=0 {student.name}/worked_common_s0=0 "
-    assert (root / "DONE").read_text().startswith(done)
+    done = " ".join(f"{student.name}/{arm}=0" for arm in ("untrained_plain_s0", "worked_s0", "rl_teacher_s0",
+                                                             "rl_teacher_step1_s0", "worked_common_s0"))
+    assert (root / "DONE").read_text().startswith(done + " ")
+    # the control's arms in the same slots: the plain-prompt untrained eval, the worked solutions of every question
+    assert "student_prompt: plain" in (student / "untrained_plain" / "eval" / "config.yaml").read_text()
+    config = (student / "worked_s0" / "sft" / "config.yaml").read_text()
+    assert "source: embedded" in config and "explanation_column: none" in config
     # the worked solutions alone, of the SFT teacher's questions
     config = (student / "worked_common_s0" / "sft" / "config.yaml").read_text()
     assert f"source: {root / 'distilled' / 'sft.jsonl'}" in config and "explanation_column: none" in config
@@ -216,9 +222,9 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
 
 def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
     bad = _fair_sh("students", tmp_path / "x", env={"STUDY_ARMS": "traces,rl"})
-    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown arm 'rl' (arms: traces, sft_teacher, "
-                                                  "rl_teacher, rl_teacher_answer_only, rl_teacher_step<N>, "
-                                                  "worked_common)\n")
+    assert bad.returncode == 2 and bad.stderr == ("bench/study_fair.sh: unknown arm 'rl' (arms: untrained, "
+                                                  "untrained_plain, worked, traces, sft_teacher, rl_teacher, "
+                                                  "rl_teacher_answer_only, rl_teacher_step<N>, worked_common)\n")
 
 
 def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple[int, float]],
