@@ -37,6 +37,17 @@ def test_finite_and_absent_values_pass():
         stop.on_log(None, SimpleNamespace(global_step=1), None, logs=logs)  # no error
 
 
+def test_every_step_that_saves_is_logged_so_its_values_are_checked_first():
+    from transformers import TrainerControl
+
+    stop = StopOnNonFinite("/nowhere", "hint")
+    cases = ((True, False, 4, True), (False, True, 4, True), (False, False, 10, True), (False, False, 4, False))
+    for should_save, stopping, step, logged in cases:
+        control = TrainerControl(should_save=should_save, should_training_stop=stopping)
+        stop.on_step_end(None, SimpleNamespace(global_step=step, max_steps=10), control)
+        assert control.should_log is logged
+
+
 def test_the_hint_names_bf16_autocast_only_over_float32_weights():
     args = SimpleNamespace(bf16=True, learning_rate=2e-6)
     over_fp32 = divergence_hint("sft", args, torch.float32, "student")
@@ -47,13 +58,16 @@ def test_the_hint_names_bf16_autocast_only_over_float32_weights():
     assert divergence_hint("sft", args, torch.float32, "student") == "lower sft.learning_rate (it is 2e-06)"
 
 
-def test_a_diverging_sft_run_stops_at_its_first_non_finite_step_without_a_final_model(tmp_path, tiny_pair):
+@pytest.mark.parametrize(("logging_steps", "save_steps"), [(1, 1), (3, 2)])
+def test_a_diverging_sft_run_stops_at_its_first_non_finite_step_without_a_final_model(tmp_path, tiny_pair,
+                                                                                      logging_steps, save_steps):
     out = tmp_path / "run"
-    # Adam's first updates move every weight by about the learning rate: at 1e30 the next forward overflows.
+    # Adam's first updates move every weight by about the learning rate: at 1e30 the next forward overflows. Logged
+    # every 3 steps and saved every 2, step 2 is still checked before it saves.
     overrides = ["size=tiny", f"output_dir={out}", "data.source=embedded", "data.embedded_rows=48",
                  "data.eval_rows=0", "sft.explanation_column=none", "sft.eval_strategy=no", "sft.learning_rate=1e30",
-                 "sft.warmup_steps=0", "sft.max_steps=6", "sft.save_steps=1", "sft.per_device_train_batch_size=8",
-                 "+sft.disable_tqdm=true"]
+                 "sft.warmup_steps=0", "sft.max_steps=6", f"sft.save_steps={save_steps}",
+                 "sft.per_device_train_batch_size=8", "+sft.disable_tqdm=true", f"sft.logging_steps={logging_steps}"]
     with pytest.raises(TrainingDiverged) as caught:
         run_sft(compose("student_sft", overrides))
     rows = [row for row in read_metrics(out / METRICS_FILE) if "loss" in row]
@@ -63,6 +77,9 @@ def test_a_diverging_sft_run_stops_at_its_first_non_finite_step_without_a_final_
     message = str(caught.value)
     assert message.startswith(f"step {diverged['step']}: grad_norm ")
     assert "lower sft.learning_rate (it is 1e+30)" in message
-    last_saved = diverged["step"] - 1
-    assert f"last complete checkpoint: {out / f'checkpoint-{last_saved}'}" in message
-    assert not (out / "final").exists() and not (out / f"checkpoint-{diverged['step']}").exists()
+    assert diverged["step"] == 2  # step 1's update overflows step 2's forward
+    if save_steps == 1:
+        assert f"last complete checkpoint: {out / 'checkpoint-1'}" in message
+    else:
+        assert "start the run again" in message
+    assert not (out / "final").exists() and not (out / "checkpoint-2").exists()

@@ -33,11 +33,18 @@ class StopOnNonFinite(TrainerCallback):
     """Raise ``TrainingDiverged`` at the first logged step with a non-finite ``grad_norm`` or ``loss``.
 
     ``hint`` is what to change, for the message (the settings that stage's user controls); ``output_dir`` is the run
-    folder, for the resume line. transformers logs before it saves a step's checkpoint, so the step's (non-finite)
-    weights are never saved as a checkpoint."""
+    folder, for the resume line. transformers logs before it saves a step's checkpoint, and every step that saves is
+    logged (``on_step_end``), so a step's non-finite weights are never saved."""
 
     def __init__(self, output_dir: str | Path, hint: str):
         self.output_dir, self.hint = Path(output_dir), hint
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # A step that saves (a checkpoint, or the last step's final model) is logged too, so that its values are
+        # checked before its weights are written, whatever logging_steps is (transformers' flow logs only every
+        # logging_steps steps; this callback runs after its flow callback has decided).
+        if control.should_save or control.should_training_stop or state.global_step >= state.max_steps:
+            control.should_log = True
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         bad = {key: logs[key] for key in WATCHED if _non_finite((logs or {}).get(key))}
