@@ -41,7 +41,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_the_server_sees_only_its_gpu_is_waited_for_and_stops_with_its_children(tmp_path, monkeypatch):
-    monkeypatch.delenv("VLLM_HOST_IP", raising=False)
+    monkeypatch.setenv("VLLM_HOST_IP", "unset by this test")  # recorded, so the server's default is undone after
+    monkeypatch.delenv("VLLM_HOST_IP")
     port, facts = free_port(), tmp_path / "facts.json"
     server = VLLMServer([sys.executable, "-c", STAND_IN, str(port), "1.0", str(facts)], port, "1",
                         tmp_path / "rollout_server.log", poll_s=0.1)
