@@ -38,7 +38,8 @@
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
 #   STUDY_UNTRAINED  0: leave out the untrained students (when their evals are in the study already)
 #   STUDY_GPUS       GPUs to spread the runs over, comma-separated (default: every GPU nvidia-smi lists; none on CPU):
-#                    the traces and the untrained evals go to the first, seed i's student to GPU (i+1) mod count
+#                    the traces and the control part's untrained evals go to the first, its seed i's student to
+#                    GPU (i+1) mod count; the students part deals its runs to STUDY_SLOTS lanes a GPU
 #   STUDY_SLOTS      students part: students side by side on a GPU (default 2); the students are dealt
 #                    round-robin to the slots, each slot's one after another
 #   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1; a 1.5B student SFT takes about 50 GB:
@@ -158,11 +159,14 @@ size_source=gsm_symbolic  # the worked-solution students' data
 
 # <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
 # A stage that fails is tried once more 30 s later (an engine start can fail while another run on the same GPU
-# frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint.
+# frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint; not one
+# whose training diverged.
 stage() {
   local folder=$1 log=$2; shift 2
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
   "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1 && return 0
+  # a run whose weights went non-finite (rlt_mono.runs.diverged) would only diverge again
+  if tail -n 5 "$root/logs/$log.log" | grep -q "made the weights non-finite"; then return 1; fi
   echo "bench/study_fair.sh: $log failed; trying again in 30 s" >> "$root/logs/$log.log"
   sleep 30
   local again=()
@@ -267,9 +271,14 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
   evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
 }
-taught_jobs() {  # <arm:seed...>: those students one after another
-  local job status=0
-  for job in "$@"; do taught "${job#*:}" "${job%:*}" || status=1; done
+taught_jobs() {  # <student:arm:seed...>: those runs one after another; a failed one is named in the log
+  local job arm seed status=0
+  for job in "$@"; do
+    IFS=: read -r student arm seed <<< "$job"
+    student_cfg=$student
+    [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
+    taught "$seed" "$arm" || { status=1; echo "bench/study_fair.sh: $student $arm seed $seed failed" >&2; }
+  done
   return $status
 }
 
@@ -284,29 +293,37 @@ for one in $parts; do
     continue
   fi
   if [ "$one" = students ]; then
-    # Every (arm, seed) student is a job; the jobs are dealt round-robin to STUDY_SLOTS lanes a GPU, each lane's
-    # jobs one after another (on CPU each job is a lane of its own).
+    # Every (student, arm, seed) run is a job; the jobs are dealt round-robin to STUDY_SLOTS lanes a GPU, each lane's
+    # jobs one after another (on CPU each job is a lane of its own). STUDY_ARMS' order is the dealing order.
     slots=${STUDY_SLOTS:-2}
     [ "${STUDY_SERIAL:-0}" = 1 ] && slots=1
+    [[ $slots =~ ^[1-9][0-9]*$ ]] || { echo "bench/study_fair.sh: STUDY_SLOTS=$slots: a whole number >= 1" >&2; exit 2; }
+    # each input unpacked once, before lanes that share it start
+    for file in "$distilled"/*.jsonl.gz; do
+      [ -f "$file" ] && [ ! -s "${file%.gz}" ] && gzip -dc "$file" > "${file%.gz}.tmp" && mv "${file%.gz}.tmp" "${file%.gz}"
+    done
+    if [[ " $arms " == *" traces "* ]] && [ ! -s "$root/traces/traces.jsonl" ]; then
+      mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
+    fi
+    jobs=() labels=()
     for student in $students; do
-      student_cfg=$student
-      [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
-      jobs=()
       for arm in $arms; do
         arm_seeds=$seeds
         # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
         [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
-        for seed in $arm_seeds; do jobs+=("$arm:$seed"); done
+        for seed in $arm_seeds; do
+          jobs+=("$student:$arm:$seed")
+          if [[ $arm == untrained* ]]; then labels+=("$student/$arm"); else labels+=("$student/${arm}_s$seed"); fi
+        done
       done
-      lanes=${#jobs[@]}
-      [ ${#gpus[@]} -eq 0 ] || lanes=$((${#gpus[@]} * slots))
-      for ((lane = 0; lane < lanes; lane++)); do
-        mine=() label=()
-        for ((j = lane; j < ${#jobs[@]}; j += lanes)); do mine+=("${jobs[$j]}") label+=("${jobs[$j]/:/_s}"); done
-        [ ${#mine[@]} -gt 0 ] || continue
-        label=${label[*]}
-        on_gpu $lane taught_jobs "${mine[@]}" & pids+=($!) names+=("$student/${label// /+}")
-      done
+    done
+    lanes=${#jobs[@]}
+    [ ${#gpus[@]} -eq 0 ] || lanes=$((${#gpus[@]} * slots))
+    for ((lane = 0; lane < lanes; lane++)); do
+      mine=() label=""
+      for ((j = lane; j < ${#jobs[@]}; j += lanes)); do mine+=("${jobs[$j]}") label+="${label:++}${labels[$j]}"; done
+      [ ${#mine[@]} -gt 0 ] || continue
+      on_gpu $lane taught_jobs "${mine[@]}" & pids+=($!) names+=("$label")
     done
     continue
   fi

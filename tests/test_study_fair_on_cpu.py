@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
                            "STUDY_ARMS": "untrained_plain,worked,rl_teacher,rl_teacher_step1,worked_common"})
     assert taught.returncode == 0, taught.stdout + taught.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"  # the folder is named for the student the full study trains
-    done = " ".join(f"{student.name}/{arm}=0" for arm in ("untrained_plain_s0", "worked_s0", "rl_teacher_s0",
+    done = " ".join(f"{student.name}/{arm}=0" for arm in ("untrained_plain", "worked_s0", "rl_teacher_s0",
                                                              "rl_teacher_step1_s0", "worked_common_s0"))
     assert (root / "DONE").read_text().startswith(done + " ")
     # the control's arms in the same slots: the plain-prompt untrained eval, the worked solutions of every question
@@ -218,6 +219,24 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     assert (student / "rl_teacher_s0" / "eval" / "eval.json").is_file()
     again = _fair_sh("teachers", root, "0", timeout=300)
     assert again.returncode == 0 and (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_a_student_whose_training_diverges_is_not_tried_again_and_is_named(tmp_path):
+    root = tmp_path / "study"
+    started = time.monotonic()
+    run = _fair_sh("students", root, "0", timeout=600,
+                   env={"STUDY_ARMS": "worked", "STUDY_SFT": "sft.learning_rate=1e30 sft.warmup_steps=0"})
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("qwen2.5_coder_0.5b_instruct/worked_s0=1 ")
+    assert "qwen2.5_coder_0.5b_instruct worked seed 0 failed" in run.stdout + run.stderr
+    log = (root / "logs" / "qwen2.5_coder_0.5b_instruct_worked_s0_sft.log").read_text()
+    assert "the update made the weights non-finite" in log and "trying again" not in log
+    assert not (root / "qwen2.5_coder_0.5b_instruct" / "worked_s0" / "sft" / "final").exists()
+    assert time.monotonic() - started < 300  # no 30-second wait and second run on top of the first
+
+
+def test_study_slots_must_be_a_whole_number(tmp_path):
+    bad = _fair_sh("students", tmp_path / "x", env={"STUDY_SLOTS": "0"})
+    assert bad.returncode == 2 and bad.stderr == "bench/study_fair.sh: STUDY_SLOTS=0: a whole number >= 1\n"
 
 
 def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
