@@ -10,7 +10,6 @@ what ``how_to_continue`` says.
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from transformers import TrainerCallback
 
 from rlt_mono.errors import UserError
 from rlt_mono.runs.checkpoints import how_to_continue
-
-logger = logging.getLogger(__name__)
 
 # The logged values whose non-finite value means the weights went (or are about to go) non-finite.
 WATCHED = ("grad_norm", "loss")
