@@ -230,11 +230,13 @@ distill() {  # <teacher folder> <name> [data override]: every training question 
     "model.model_name_or_path=$teacher" seed=0 || return 1
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
+unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unless the traces part wrote it
+  [ -s "$root/traces/traces.jsonl" ] && return 0
+  mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
+}
 teachers() {  # the SFT teacher on the traces, then the RL teachers side by side (one per GPU where there are several)
   local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0
-  if [ ! -s "$traces" ]; then
-    mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$traces" || return 1
-  fi
+  unpack_traces || return 1
   stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
   on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
@@ -254,15 +256,13 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     worked) worked "$seed"; return ;;
   esac
   case "$arm" in
-    traces) file=$root/traces/traces.jsonl column=trace
-            [ -s "$file" ] || { mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$file"; } ;;
+    traces) file=$root/traces/traces.jsonl column=trace ;;
     sft_teacher) file=$distilled/sft.jsonl ;;
     rl_teacher) file=$distilled/rl_s$seed.jsonl ;;
     rl_teacher_answer_only) file=$distilled/rl_answer_s0.jsonl ;;
     rl_teacher_step*) file=$distilled/rl_step${arm#rl_teacher_step}.jsonl ;;
     worked_common) file=$distilled/sft.jsonl column=none ;;  # the same questions, the worked solutions alone
   esac
-  [ -s "$file" ] || { [ -s "$file.gz" ] && gzip -dc "$file.gz" > "$file"; }
   [ -s "$file" ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
   local dir=$root/$student/${arm}_s$seed
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
@@ -302,9 +302,7 @@ for one in $parts; do
     for file in "$distilled"/*.jsonl.gz; do
       [ -f "$file" ] && [ ! -s "${file%.gz}" ] && gzip -dc "$file" > "${file%.gz}.tmp" && mv "${file%.gz}.tmp" "${file%.gz}"
     done
-    if [[ " $arms " == *" traces "* ]] && [ ! -s "$root/traces/traces.jsonl" ]; then
-      mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
-    fi
+    [[ " $arms " != *" traces "* ]] || unpack_traces
     jobs=() labels=()
     for student in $students; do
       for arm in $arms; do
