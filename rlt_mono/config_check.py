@@ -418,11 +418,16 @@ def _allows(rule: Rule, value: Any) -> bool:
 def unknown_key(cfg: DictConfig, dotted: str, known: Iterable[str] | None = None) -> str:
     """The one line for ``dotted``, a key ``cfg`` does not have: up to ``SUGGESTIONS`` close names of the level
     where it goes astray (``known``: that level's names, when they are more than the config holds, e.g. the
-    fields of the group's dataclass), or what that level is."""
+    fields of the group's dataclass), or what that level is; a field of the dataclass that the YAML leaves out
+    is added with ``+``."""
     parts = dotted.split(".")
     node, depth = cfg, 0
     while depth < len(parts) - 1 and isinstance(node, DictConfig) and isinstance(node.get(parts[depth]), DictConfig):
         node, depth = node[parts[depth]], depth + 1
+    if depth == len(parts) - 1 and parts[depth] in set(known or ()) - (set(node) if isinstance(node, DictConfig)
+                                                                        else set()):
+        return (f"unknown key {dotted}: a field of the {parts[0]} group's dataclass that its YAML does not set "
+                f"(it keeps the library's default): add it with +{dotted}=...")
     names = set(known or ()) | (set(node) if isinstance(node, DictConfig) else set())
     names.discard(parts[depth])  # a key added with +group.key=... is in the config, and no answer to itself
     close = difflib.get_close_matches(parts[depth], sorted(names), n=SUGGESTIONS)

@@ -85,6 +85,15 @@ def test_unknown_keys_get_close_names_never_the_whole_list():
     assert _unknown("demo_tiny", ["sft.learning_rate=1"]) == (
         "unknown key sft.learning_rate: stage teacher_rlt has no sft group (its groups: model, student, data, reward, "
         "trainer, placement, logging)")
+    # a library field the group's YAML does not set (trl.SFTConfig's tf32) is added with +; set with + it passes
+    assert _unknown("teacher_sft", ["size=tiny", "sft.tf32=true"]) == (
+        "unknown key sft.tf32: a field of the sft group's dataclass that its YAML does not set (it keeps the "
+        "library's default): add it with +sft.tf32=...")
+    from rlt_mono.cli import compose_naming_unknown_keys
+
+    added = compose_naming_unknown_keys("teacher_sft", ["size=tiny", "+sft.tf32=true"])
+    config_check.check_config(added, ["size=tiny", "+sft.tf32=true"])
+    assert added.sft.tf32 is True
     assert _unknown("demo_tiny", ["+reward.zzzzzzz=1"]) == (
         "unknown key reward.zzzzzzz: reward has no key zzzzzzz and none close to it")
     # a notebook building the dataclass itself gets the same kind of line
