@@ -100,6 +100,11 @@ case "${1:-}" in
     # From a copy of the code: .snap/code.tar (git archive of a commit, its id in .snap/commit) when carried.
     code=/root/code-$(date +%s) && mkdir -p "$code"
     if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
+    # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
+    # not run again.
+    export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
+    echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash bench/gpu_pipeline.sh fair $2 $3" \
+      > /root/study/command
     cd "$code"
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
       >> /root/study/orchestrator.log 2>&1 < /dev/null &
@@ -117,7 +122,15 @@ case "${1:-}" in
     sleep 5; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
     end=$((SECONDS + $2))
-    while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do sleep 10; done
+    while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do
+      if ! pgrep -f '[b]ench/(study_fair|study_gsm|time_to_reward)[.]sh' > /dev/null; then
+        echo "bench/gpu_pipeline.sh wait: no study is running and none has ended here (no /root/study/DONE):" \
+             "its start failed, or this host is a new one (stash the parts again)" >&2
+        tail -n 5 /root/study/orchestrator.log 2>/dev/null
+        exit 1
+      fi
+      sleep 10
+    done
     nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h /root | tail -1
     tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
     cd /root/study
@@ -130,6 +143,17 @@ case "${1:-}" in
     explanations=$(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") || true
     [ -z "$explanations" ] || tar cf - $explanations | xz -T0 -6 | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
+    # Each finished student's answers (a few tens of KB a run): committed, they spare the run on a later host
+    # (STUDY_ANSWERS).
+    if [ -s /root/study/commit ] && [ -s /root/study/command ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
+      gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
+      device=$(head -1 <<< "$gpus" | sed 's/^NVIDIA //' | tr 'A-Z ' 'a-z-')
+      [ "$(wc -l <<< "$gpus")" -gt 1 ] && device=nvidia-$device-x$(wc -l <<< "$gpus") || device=nvidia-$device
+      # (omegaconf from the GPU stack, in /tmp/gpu-site)
+      PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" export . \
+        --out "$OUT/answers" --device "$device" --commit "$(cat commit)" --command "$(cat command)" \
+        || echo "bench/gpu_pipeline.sh wait: the students' answers were not exported (above); study.tgz has them" >&2
+    fi
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
     sed -n 2,21p "$0"; exit 2 ;;

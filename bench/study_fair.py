@@ -142,6 +142,9 @@ def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
         rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
         if not rows:
             raise StudyError(f"{rows_file} is empty: that eval did not finish; run its part again")
+        if not (rows_file.parent / "eval.json").is_file():  # its rows are written, its summary not yet
+            logger.warning("%s: no eval.json beside its rows yet (the eval is ending): left out", rows_file.parent)
+            continue
         runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"])}
                                                      for row in rows]))
     return runs
@@ -160,6 +163,18 @@ def _exported_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
                                          saved["capped"], strict=True)]
         runs.append((path.parent.name, match["arm"], int(match["seed"]), rows))
     return runs
+
+
+def is_answered(answers: Path, student: str, label: str, commit: str | None) -> bool:
+    """Whether ``answers/<student>/<label>.json`` (``export``'s file of that run, e.g. ``rl_teacher_s0``) is there,
+    and, given ``commit``, was run at that commit (either id may be the other's short form)."""
+    path = answers / student / f"{label}.json"
+    if not path.is_file():
+        return False
+    if commit is None:
+        return True
+    saved = str(json.loads(path.read_text()).get("commit", ""))
+    return bool(saved) and (saved.startswith(commit) or commit.startswith(saved))
 
 
 def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
@@ -814,6 +829,11 @@ def main(argv: list[str] | None = None) -> int:
     exporting.add_argument("--device", required=True)
     exporting.add_argument("--commit", required=True)
     exporting.add_argument("--command", required=True)
+    asking = sub.add_parser("answered", help="exit 0 when a run's answers were exported (at --commit), else 1")
+    asking.add_argument("answers", type=Path, help="export's --out folder")
+    asking.add_argument("student")
+    asking.add_argument("label", help="the run's file name without .json, e.g. rl_teacher_s0 or untrained_s0")
+    asking.add_argument("--commit", default=None)
     tracing = sub.add_parser("traces", help="the right, uncut answers of an eval.split=train eval as traces.jsonl")
     tracing.add_argument("folder", type=Path)
     tracing.add_argument("--out", type=Path, required=True)
@@ -831,6 +851,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
+        if args.action == "answered":
+            return 0 if is_answered(args.answers, args.student, args.label, args.commit) else 1
         if args.action == "traces":
             kept, answered = traces(args.folder, args.out)
             print(f"{args.out}: {kept} of {answered} training questions answered right within the cap, kept as traces")

@@ -42,6 +42,9 @@
 #                    GPU (i+1) mod count; the students part deals its runs to STUDY_SLOTS lanes a GPU
 #   STUDY_SLOTS      students part: students side by side on a GPU (default 2); the students are dealt
 #                    round-robin to the slots, each slot's one after another
+#   STUDY_ANSWERS    students part: a folder of exported answers (bench/study_fair.py export's --out, e.g. the
+#                    committed results/study_gsm_symbolic_v2/answers): a run whose file is there, exported at this
+#                    study's commit (<root>/commit, when there is one), is not run again
 #   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1; a 1.5B student SFT takes about 50 GB:
 #                    one per H100)
 # Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
@@ -106,11 +109,13 @@ else
   # at 2e-6, 0.83 and 0.18; at 5e-7, 0.74 and 0.14 (docs/STUDY.md, one seed each for 2e-6 and 5e-7).
   # Float32 throughout (sft.bf16=false): under bfloat16 autocast over the float32 weights 8 of 11 students had a
   # NaN gradient at a random step (one at step 2, from the pretrained weights; the loss before it finite), and
-  # the run trained on to a model that wrote one token over and over (docs/STUDY.md, "The students").
+  # the run trained on to a model that wrote one token over and over (docs/STUDY.md, "The students"). Matmuls in
+  # TensorFloat-32 (float32 range, 10-bit mantissa inputs, float32 sums): a 0.5B-shaped step 0.151 s against 0.475 s
+  # in float32 on an H200 (bench/sft_precision.py, results/sft_precision/h200.json).
   sft_size=(sft.num_train_epochs=2 sft.max_steps=-1 sft.per_device_train_batch_size=16
             sft.gradient_accumulation_steps=1 sft.per_device_eval_batch_size=64 sft.learning_rate=2.0e-6
             sft.max_length=1024 sft.optim=adamw_torch sft.gradient_checkpointing=false sft.save_steps=100000
-            sft.eval_strategy=epoch sft.bf16=false logging=local)
+            sft.eval_strategy=epoch sft.bf16=false +sft.tf32=true logging=local)
   # Greedy answers of at most 512 tokens; a fixed 3 GiB KV cache (runs side by side); vLLM at 0.08 of the card.
   eval_size=(eval.student_max_new_tokens=512 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
   # The untrained students write longer answers: at 512 tokens the plain prompt cut 5.1% of the 0.5B's answers on
@@ -265,18 +270,31 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
   esac
   [ -s "$file" ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
   local dir=$root/$student/${arm}_s$seed
+  [ -f "$dir/eval/eval.json" ] && return 0  # evaluated: its SFT folder is not needed again
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
   stage "$dir/sft" "${student}_${arm}_s${seed}_sft" ./launch_mono.sh student_sft "${custom_sft[@]}" "${sft_size[@]}" \
     "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
     sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
   evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
 }
+answered() {  # <student> <label>: its answers are in STUDY_ANSWERS, from this study's commit
+  [ -n "${STUDY_ANSWERS:-}" ] || return 1
+  local commit=()
+  [ -s "$root/commit" ] && commit=(--commit "$(cat "$root/commit")")
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py answered "$STUDY_ANSWERS" "$1" \
+    "$2" "${commit[@]}"
+}
 taught_jobs() {  # <student:arm:seed...>: those runs one after another; a failed one is named in the log
-  local job arm seed status=0
+  local job arm seed status=0 label
   for job in "$@"; do
     IFS=: read -r student arm seed <<< "$job"
     student_cfg=$student
     [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
+    label=${arm}_s$seed
+    if answered "$student" "$label"; then
+      echo "bench/study_fair.sh: $student $label: its answers are in $STUDY_ANSWERS; not run again" >&2
+      continue
+    fi
     taught "$seed" "$arm" || { status=1; echo "bench/study_fair.sh: $student $arm seed $seed failed" >&2; }
   done
   return $status

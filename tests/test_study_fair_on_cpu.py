@@ -22,6 +22,7 @@ def _eval_folder(root: Path, student: str, arm: str, correct: dict[str, list[boo
     folder = root / student / arm / "eval"
     folder.mkdir(parents=True)
     (folder / "eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "eval.json").write_text("{}\n")  # the summary the eval writes after its rows
 
 
 def _run(*args):
@@ -112,6 +113,31 @@ def test_no_eval_folder_is_one_line_and_a_run_is_exported_once(tmp_path):
     again = _run("export", tmp_path / "study", "--out", tmp_path / "answers", "--device", "d", "--commit", "c",
                  "--command", "x")
     assert again.returncode == 2 and "untrained_s0.json exists: a run is exported once" in again.stderr
+
+
+def test_an_eval_whose_summary_is_not_written_yet_is_left_out_of_the_export(tmp_path):
+    _eval_folder(tmp_path / "study", "s", "untrained", {"instances": [True, False]})
+    _eval_folder(tmp_path / "study", "s", "worked_s0", {"instances": [True, True]})
+    (tmp_path / "study" / "s" / "worked_s0" / "eval" / "eval.json").unlink()
+    exported = _run("export", tmp_path / "study", "--out", tmp_path / "answers", "--device", "d", "--commit", "c",
+                    "--command", "x")
+    assert exported.returncode == 0 and exported.stdout == f"{tmp_path / 'answers' / 's' / 'untrained_s0.json'}\n"
+    assert "worked_s0/eval: no eval.json beside its rows yet (the eval is ending): left out" in exported.stderr
+
+
+def test_answered_finds_a_run_exported_at_the_same_commit_in_either_form(tmp_path):
+    _eval_folder(tmp_path / "study", "s", "rl_teacher_s1", {"instances": [True]})
+    assert _run("export", tmp_path / "study", "--out", tmp_path / "answers", "--device", "d", "--commit",
+                "abc1234def", "--command", "x").returncode == 0
+
+    def asked(*extra):
+        return _run("answered", tmp_path / "answers", "s", *extra).returncode
+
+    assert asked("rl_teacher_s1", "--commit", "abc1234") == 0  # the short id of the exported one
+    assert asked("rl_teacher_s1", "--commit", "abc1234def5678") == 0  # the exported one is the short id
+    assert asked("rl_teacher_s1", "--commit", "abc9999") == 1  # another commit: run again
+    assert asked("rl_teacher_s1") == 0  # no commit asked: any
+    assert asked("rl_teacher_s0") == 1  # another seed
 
 
 @pytest.mark.parametrize("empty", [True])
@@ -232,6 +258,24 @@ def test_a_student_whose_training_diverges_is_not_tried_again_and_is_named(tmp_p
     assert "the update made the weights non-finite" in log and "trying again" not in log
     assert not (root / "qwen2.5_coder_0.5b_instruct" / "worked_s0" / "sft" / "final").exists()
     assert time.monotonic() - started < 300  # no 30-second wait and second run on top of the first
+
+
+def test_a_student_whose_answers_are_exported_at_the_study_commit_is_not_run_again(tmp_path):
+    root, student = tmp_path / "study", "qwen2.5_coder_0.5b_instruct"
+    root.mkdir()
+    (root / "commit").write_text("abc1234\n")
+    for arm, commit in (("untrained_plain", "abc1234def"), ("untrained", "0000000")):
+        _eval_folder(tmp_path / "earlier" / arm, student, arm, {"instances": [True]})
+        assert _run("export", tmp_path / "earlier" / arm, "--out", tmp_path / "answers", "--device", "d",
+                    "--commit", commit, "--command", "x").returncode == 0
+    run = _fair_sh("students", root, "0", timeout=600,
+                   env={"STUDY_ARMS": "untrained,untrained_plain", "STUDY_ANSWERS": str(tmp_path / "answers")})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (f"bench/study_fair.sh: {student} untrained_plain_s0: its answers are in {tmp_path / 'answers'}; not run "
+            "again") in run.stderr
+    assert not (root / student / "untrained_plain").exists()
+    # the other's answers are of another commit: it runs
+    assert (root / student / "untrained" / "eval" / "eval.json").is_file()
 
 
 def test_study_slots_must_be_a_whole_number(tmp_path):
