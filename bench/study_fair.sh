@@ -36,6 +36,9 @@
 #   STUDY_DISTILL_SAMPLES  explanations per question, the best by the RLT reward kept (default 4)
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
+#   STUDY_CHECK      1: run nothing; compose and check every command the parts would run (launch_mono.sh --check,
+#                    each into its log; exit codes in DONE), on any machine: a typo costs seconds here, not a GPU
+#                    host's start
 #   STUDY_UNTRAINED  0: leave out the untrained students (when their evals are in the study already)
 #   STUDY_GPUS       GPUs to spread the runs over, comma-separated (default: every GPU nvidia-smi lists; none on CPU):
 #                    the traces and the control part's untrained evals go to the first, its seed i's student to
@@ -166,8 +169,13 @@ size_source=gsm_symbolic  # the worked-solution students' data
 # A stage that fails is tried once more 30 s later (an engine start can fail while another run on the same GPU
 # frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint; not one
 # whose training diverged.
+check=${STUDY_CHECK:-0}
 stage() {
   local folder=$1 log=$2; shift 2
+  if [ "$check" = 1 ]; then  # as on a GPU host: where no GPU is named, the config is checked as for one
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$@" output_dir="$folder" --check >> "$root/logs/$log.log" 2>&1
+    return
+  fi
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
   "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1 && return 0
   # a run whose weights went non-finite (rlt_mono.runs.diverged) would only diverge again
@@ -195,9 +203,10 @@ worked() {  # <seed>: a student trained on the worked solutions, then evaluated
 traces() {  # the eval on the training split, then its right answers as traces
   local dir=$root/traces
   stage "$dir/eval" traces_eval ./launch_mono.sh eval "${size[@]}" "${traces_eval[@]}" model.model_name_or_path=null \
-    eval.split=train eval.student_prompt=plain seed=0 \
-    && { PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py traces "$dir/eval" \
-         --out "$dir/traces.jsonl" >> "$root/logs/traces.log" 2>&1; }
+    eval.split=train eval.student_prompt=plain seed=0 || return 1
+  [ "$check" != 1 ] || return 0
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py traces "$dir/eval" \
+    --out "$dir/traces.jsonl" >> "$root/logs/traces.log" 2>&1
 }
 worked_chain() {  # <seed...>: each seed's worked student, one after another
   local seed status=0
@@ -233,6 +242,7 @@ distill() {  # <teacher folder> <name> [data override]: every training question 
   [ -f "$distilled/$name.jsonl" ] && return 0
   stage "$root/teachers/distill_$name" "distill_$name" ./launch_mono.sh distill "${size[@]}" "${distill_size[@]}" "$@" \
     "model.model_name_or_path=$teacher" seed=0 || return 1
+  [ "$check" != 1 ] || return 0
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
 unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unless the traces part wrote it
@@ -268,7 +278,7 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     rl_teacher_step*) file=$distilled/rl_step${arm#rl_teacher_step}.jsonl ;;
     worked_common) file=$distilled/sft.jsonl column=none ;;  # the same questions, the worked solutions alone
   esac
-  [ -s "$file" ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
+  [ -s "$file" ] || [ "$check" = 1 ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
   local dir=$root/$student/${arm}_s$seed
   [ -f "$dir/eval/eval.json" ] && return 0  # evaluated: its SFT folder is not needed again
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.

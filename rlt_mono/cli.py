@@ -97,6 +97,10 @@ def _run(argv: list[str] | None) -> tuple[int, str]:
         check_run_keys(cfg, args.overrides)
         config_check.check_config(cfg, args.overrides)
         check_steps(cfg)
+        if args.check:
+            logger.info("%s: the config and its overrides pass every check a run makes before it starts",
+                        args.config)
+            return 0, ""
         runtime.quiet_progress_bars()
         if auto_picks_split(cfg):
             args.overrides = [o for o in args.overrides if override_key(o) != "placement"]
@@ -338,6 +342,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("config", help="run config: cfgs/run_cfg/<name>.yaml or <name>")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. trainer.max_steps=3 placement=mono")
     parser.add_argument("--show-config", action="store_true", help="print the composed config and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="compose the config and run every check a run makes before it starts, then exit "
+                             "(nothing runs, no folder is made): a script's commands checked before a long job")
     return parser
 
 

@@ -63,6 +63,20 @@ def test_the_launcher_answers_a_mistake_in_one_line_within_seconds():
     assert cpu < 2 and wall < 10, f"{cpu:.1f} s of CPU, {wall:.1f} s of wall time"
 
 
+def test_check_runs_every_check_then_stops_before_torch_and_makes_no_folder(tmp_path):
+    """--check: what a script runs first to check its commands; a pipeline's later steps are checked too."""
+    script = ("import sys\nfrom rlt_mono import cli\ncode = cli.main(sys.argv[1:])\n"
+              f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\nsys.exit(code)")
+    good, _, _ = _timed([sys.executable, "-c", script, "student_sft", "size=tiny", "data=embedded",
+                         f"output_dir={tmp_path / 'run'}", "--check"])
+    assert (good.returncode, good.stdout) == (0, "[]\n") and not (tmp_path / "run").exists()
+    assert "student_sft: the config and its overrides pass every check a run makes before it starts" in good.stderr
+    # a value out of range fails it, as it fails the run (--show-config only composes)
+    bad, _, _ = _timed([sys.executable, "-c", script, "student_sft", "size=tiny", "data=embedded",
+                        "sft.learning_rate=-1", "--check"])
+    assert bad.returncode == 2 and bad.stderr.endswith("error: sft.learning_rate must be >= 0, got -1\n")
+
+
 def _unknown(config: str, overrides: list[str]) -> str:
     from rlt_mono.cli import compose_naming_unknown_keys
 

@@ -278,6 +278,31 @@ def test_a_student_whose_answers_are_exported_at_the_study_commit_is_not_run_aga
     assert (root / student / "untrained" / "eval" / "eval.json").is_file()
 
 
+def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_path):
+    """STUDY_CHECK=1 on the full-size study (not STUDY_TINY): every part, both students, every arm; each command
+    composed and checked as on a GPU host (an empty liger_kernel package stands in for the GPU one)."""
+    (tmp_path / "site" / "liger_kernel").mkdir(parents=True)
+    (tmp_path / "site" / "liger_kernel" / "__init__.py").write_text("")
+    root = tmp_path / "study"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", STUDY_STUDENTS="qwen2.5_coder_0.5b_instruct,qwen2.5_coder_1.5b_instruct",
+               STUDY_ARMS="worked_common,rl_teacher,sft_teacher,untrained,untrained_plain,traces,"
+                          "rl_teacher_answer_only,worked,rl_teacher_step47",
+               PYTHONPATH=f"{tmp_path / 'site'}:{env.get('PYTHONPATH', '')}".rstrip(":"))
+    run = subprocess.run(["bash", "bench/study_fair.sh", "control,traces,teachers,students", str(root), "0,1,2"],
+                         cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True, timeout=600)
+    codes = [item.rpartition("=") for item in (root / "DONE").read_text().split() if not item.startswith("seconds")]
+    assert run.returncode == 0 and [c for c in codes if c[2] != "0"] == []
+    # traces, teachers; a student's control part (untrained x 2, worked x 3 seeds) and students part (6 arms x 3
+    # seeds, rl_teacher_step47, untrained x 2), for each student
+    assert len(codes) == 1 + 1 + 2 * (2 + 3) + 2 * (6 * 3 + 1 + 2)
+    logs = sorted((root / "logs").iterdir())
+    failed = [log.name for log in logs if "pass every check a run makes" not in log.read_text()]
+    assert failed == [] and len(logs) >= 60
+    # nothing ran: no run folder, no distilled file
+    assert sorted(p.name for p in root.iterdir()) == ["DONE", "logs", "traces"]
+
+
 def test_study_slots_must_be_a_whole_number(tmp_path):
     bad = _fair_sh("students", tmp_path / "x", env={"STUDY_SLOTS": "0"})
     assert bad.returncode == 2 and bad.stderr == "bench/study_fair.sh: STUDY_SLOTS=0: a whole number >= 1\n"
