@@ -6,9 +6,10 @@
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
-# Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw) and the
-# sleep/wake leak test's readings, $OUT/sleep_leak_readings.json. All the tests took over 9 minutes on one H200: run
-# them in two calls, 'not fsdp2' then fsdp2.
+# Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed
+# test's report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
+# $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
+# (default 420). All the tests took over 9 minutes on one H200: run them in two calls, 'not fsdp2' then fsdp2.
 set -euo pipefail
 arms=$1 tests=${2:-}
 # The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts), else the parts unpacked under .gpu-stack/.
@@ -26,12 +27,16 @@ optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a call
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
 run_tests() {
-  local filter=()
+  local filter=() timeout=()
   [ "$tests" = all ] || filter=(-k "$tests")
+  ! python3 -c "import pytest_timeout" 2> /dev/null || timeout=(--timeout "${GPU_TEST_TIMEOUT:-420}")
   # -v names each test as it finishes, so a log cut by a timeout still says which passed; the leak test writes its
   # per-cycle memory readings beside the log.
-  RLT_MONO_SLEEP_LEAK_READINGS="$OUT/sleep_leak_readings.json" \
-    python3 -m pytest -v -rs tests/test_gpu.py "${filter[@]}" > "$OUT/gpu_tests_$gpus.log" 2>&1 \
+  # A failed test's report goes to gpu_test_failures.txt as it ends (tests/conftest.py): a call cut by its time
+  # limit still says why; pytest-timeout stops a test that hangs, with its stack.
+  RLT_MONO_SLEEP_LEAK_READINGS="$OUT/sleep_leak_readings.json" RLT_MONO_TEST_FAILURES="$OUT/gpu_test_failures.txt" \
+    python3 -m pytest -v -rs "${timeout[@]}" tests/test_gpu.py "${filter[@]}" \
+    > "$OUT/gpu_tests_$gpus.log" 2>&1 \
     || echo "GPU tests failed: $OUT/gpu_tests_$gpus.log"
   tail -n 5 "$OUT/gpu_tests_$gpus.log"
 }

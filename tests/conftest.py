@@ -25,6 +25,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
 
 
+def pytest_runtest_logreport(report):
+    """With RLT_MONO_TEST_FAILURES set, each failed test's report is appended to that file when the test ends, not
+    only at the session's end: a GPU test run cut by its time limit still says why the finished ones failed."""
+    path = os.environ.get("RLT_MONO_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a", encoding="utf-8") as failures:
+            failures.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+
+
 @pytest.fixture(scope="session")
 def tiny_pair():
     from rlt_mono.data.embedded import build_tiny_pair
