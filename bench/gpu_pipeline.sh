@@ -147,7 +147,7 @@ case "${1:-}" in
     # (STUDY_ANSWERS).
     if [ -s /root/study/commit ] && [ -s /root/study/command ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
       gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
-      device=$(head -1 <<< "$gpus" | sed 's/^NVIDIA //' | tr 'A-Z ' 'a-z-')
+      device=$(head -1 <<< "$gpus" | awk '{print tolower($2)}')  # "NVIDIA H100 80GB HBM3" -> h100
       [ "$(wc -l <<< "$gpus")" -gt 1 ] && device=nvidia-$device-x$(wc -l <<< "$gpus") || device=nvidia-$device
       # (omegaconf from the GPU stack, in /tmp/gpu-site)
       PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" export . \
