@@ -18,11 +18,14 @@ class BuildWithConfigs(build_py):
     """``build_py`` that also copies every YAML file of ``cfgs/`` to ``<build>/rlt_mono/cfgs``."""
 
     def run(self) -> None:
+        if not self.editable_mode:
+            # A module moved or deleted since the last build in this checkout (a build/ folder left over) must not
+            # ship beside the current ones, nor a config deleted since.
+            shutil.rmtree(Path(self.build_lib) / "rlt_mono", ignore_errors=True)
         super().run()
         if self.editable_mode:  # an editable install reads the checkout's cfgs/ in place
             return
         target = Path(self.build_lib) / "rlt_mono" / "cfgs"
-        shutil.rmtree(target, ignore_errors=True)  # a config deleted since the last build leaves no stale copy
         for source in sorted(CONFIGS.rglob("*.yaml")):
             destination = target / source.relative_to(CONFIGS)
             destination.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """``pip install .`` (not editable) ships the configs inside the package: ``rlt-mono`` runs from any folder."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -11,11 +12,24 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_carries_every_config_and_the_installed_command_runs_the_demo_from_another_folder(tmp_path):
+    # Built from a copy of the checkout whose build/ folder holds a module and a config of an older layout: neither
+    # ships.
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__",
+                                                               ".*cache", "outputs", ".gpu-stack", ".parts", ".study",
+                                                               ".snap", ".whl", "notebooks"))
+    stale = source / "build" / "lib" / "rlt_mono"
+    (stale / "cfgs" / "run_cfg").mkdir(parents=True)
+    (stale / "teacher_rlt.py").write_text("# a module of an older layout\n")
+    (stale / "cfgs" / "run_cfg" / "gone.yaml").write_text("stage: rl\n")
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(source),
                     "-w", str(wheels)], check=True, capture_output=True, cwd=tmp_path)
     wheel = next(wheels.glob("rlt_mono-*.whl"))
-    shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("rlt_mono/cfgs/")}
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = {name for name in names if name.endswith(".py")}
+    assert modules == {path.relative_to(REPO).as_posix() for path in (REPO / "rlt_mono").rglob("*.py")}
+    shipped = {name for name in names if name.startswith("rlt_mono/cfgs/")}
     configs = REPO / "cfgs"
     expected = {f"rlt_mono/cfgs/{path.relative_to(configs).as_posix()}" for path in configs.rglob("*.yaml")}
     assert shipped == expected and "rlt_mono/cfgs/run_cfg/demo_tiny.yaml" in shipped
