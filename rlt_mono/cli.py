@@ -239,7 +239,7 @@ def check_run_keys(cfg, overrides: list[str] | tuple[str, ...] = ()) -> None:
     pipeline_options(cfg, stage.config_groups)  # the pipeline's settings typed; another stage warns it ignores one
     if not isinstance(cfg.get("seed"), int) or isinstance(cfg.get("seed"), bool):
         raise UserError(f"seed must be an integer, got {cfg.get('seed')!r}")
-    if cfg.get("memory", "manual") not in MEMORY_MODES:
+    if cfg.memory not in MEMORY_MODES:
         raise UserError(f"memory={cfg.get('memory')!r}: choose one of {', '.join(MEMORY_MODES)}")
     # Without checkpoints, a stage run again with the same output_dir continues (distill, the pipeline) or redoes
     # its results (eval): resume_from_checkpoint means nothing to it.

@@ -59,7 +59,7 @@ def test_a_null_model_or_a_run_folder_for_its_final(tmp_path):
 
 def test_lora_on_lm_head_is_refused():
     with pytest.raises(ConfigError) as err:
-        lora_rank({"lora_r": 4, "lora_target_modules": ["lm_head"]})
+        lora_rank({**compose("demo_tiny").model, "lora_r": 4, "lora_target_modules": ["lm_head"]})
     assert str(err.value) == ("model.lora_target_modules=['lm_head']: lm_head cannot carry an adapter (TRL reads its "
                               "weight directly for the log-probs): remove lm_head, e.g. [q_proj,v_proj]")
 

@@ -95,25 +95,37 @@ def test_rl_stage_with_a_lora_teacher_trains_adapters_and_saves_the_merged_teach
     assert not (out / "checkpoint-1" / "reference_model.safetensors").exists()
 
 
+def model_group(**keys) -> dict:
+    """The model group as the configs compose it (every model.lora_* key with cfgs/model/_base.yaml's value), with
+    ``keys`` changed."""
+    from omegaconf import OmegaConf
+
+    return {**OmegaConf.to_container(compose("demo_tiny").model), **keys}
+
+
 def test_lora_config_errors_say_what_to_set():
     with pytest.raises(ConfigError, match="model.lora_r"):
-        lora.lora_rank({"lora_r": 0, "load_in_4bit": True})
+        lora.lora_rank(model_group(lora_r=0, load_in_4bit=True))
     with pytest.raises(ConfigError, match="model.lora_r=-1"):
-        lora.lora_rank({"lora_r": -1})
+        lora.lora_rank(model_group(lora_r=-1))
     with pytest.raises(ConfigError, match="needs a CUDA GPU"):
-        lora.quantization_kwargs({"lora_r": 8, "load_in_4bit": True}, "cpu")
+        lora.quantization_kwargs(model_group(lora_r=8, load_in_4bit=True), "cpu")
     for key, value, expected in (("load_in_4bit", "maybe", "true or false"),
                                  ("lora_alpha", "x", "a positive number"), ("lora_alpha", 0, "a positive number"),
                                  ("lora_dropout", 1.0, r"a probability in \[0, 1\)"),
                                  ("lora_target_modules", [], "all-linear or a list of module names"),
                                  ("lora_target_modules", [3], "all-linear or a list of module names")):
         with pytest.raises(ConfigError, match=f"model.{key}=.*: {expected}"):
-            lora.lora_rank({"lora_r": 8, key: value})
-    assert lora.quantization_kwargs({"lora_r": 8}, "cpu") == {}
-    assert lora.peft_config({"lora_r": 0}) is None
-    config = lora.peft_config({"lora_r": 8, "lora_alpha": 32, "lora_dropout": 0.0,
-                               "lora_target_modules": "all-linear"})
-    assert (config.r, config.lora_alpha, config.target_modules) == (8, 32, "all-linear")
+            lora.lora_rank(model_group(lora_r=8, **{key: value}))
+    assert lora.quantization_kwargs(model_group(lora_r=8), "cpu") == {}
+    assert lora.peft_config(model_group(lora_r=0)) is None
+    # the adapters' settings are the model group's: alpha 32 (the YAML's), not one the code makes up
+    config = lora.peft_config(model_group(lora_r=8))
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (8, 32, 0.0, "all-linear")
+    config = lora.peft_config(model_group(lora_r=4, lora_alpha=8, lora_target_modules=["q_proj"]))
+    assert (config.r, config.lora_alpha, config.target_modules) == (4, 8, {"q_proj"})
+    # a group without LoRA keys (the student's) has no adapters
+    assert "lora_r" not in compose("demo_tiny").student and lora.lora_rank(compose("demo_tiny").student) == 0
 
 
 def test_the_lora_config_turns_the_reference_mixup_off(tmp_path):

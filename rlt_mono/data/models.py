@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 def model_path(group: DictConfig, seed: int, name: str) -> str:
     """The folder or hub id to load for config group ``name`` (``model`` or ``student``), GGUF files included."""
     return resolve_model_path(group.model_name_or_path, seed, f"{name}.model_name_or_path",
-                              gguf_file=group.get("gguf_file"), dtype=group.get("dtype", "bfloat16"))
+                              gguf_file=group.gguf_file, dtype=group.dtype)
 
 
 def resolve_model_path(name_or_path: str, seed: int, key: str = "model.model_name_or_path",

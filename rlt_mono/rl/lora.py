@@ -41,23 +41,27 @@ BASE_LAYER = ".base_layer"
 
 def lora_rank(model_cfg) -> int:
     """``model.lora_r`` (0: every weight is trained), after checking every ``model.lora_*`` key and
-    ``model.load_in_4bit``: a wrong value is a one-line ``ConfigError`` saying what to set."""
-    rank = model_cfg.get("lora_r", 0) or 0
+    ``model.load_in_4bit``: a wrong value is a one-line ``ConfigError`` saying what to set. A group without LoRA keys
+    (the student's: it is never trained with adapters) has rank 0; a model group has every key (cfgs/model/_base.yaml
+    holds their defaults)."""
+    if "lora_r" not in model_cfg:
+        return 0
+    rank = model_cfg["lora_r"]
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         raise ConfigError(f"model.lora_r={rank!r}: 0 (train every weight) or the adapters' rank, e.g. 16")
-    four_bit = model_cfg.get("load_in_4bit", False)
+    four_bit = model_cfg["load_in_4bit"]
     if not isinstance(four_bit, bool):
         raise ConfigError(f"model.load_in_4bit={four_bit!r}: true or false")
     if four_bit and rank == 0:
         raise ConfigError("model.load_in_4bit=true freezes the 4-bit base weights, so only adapters can train: "
                           "set model.lora_r (e.g. model.lora_r=16)")
-    alpha = model_cfg.get("lora_alpha", 2 * max(rank, 1))
+    alpha = model_cfg["lora_alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
         raise ConfigError(f"model.lora_alpha={alpha!r}: a positive number (the update is scaled by alpha / r)")
-    dropout = model_cfg.get("lora_dropout", 0.0)
+    dropout = model_cfg["lora_dropout"]
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ConfigError(f"model.lora_dropout={dropout!r}: a probability in [0, 1)")
-    targets = model_cfg.get("lora_target_modules", "all-linear")
+    targets = model_cfg["lora_target_modules"]
     if not isinstance(targets, str) and not (_is_sequence(targets) and targets
                                              and all(isinstance(t, str) for t in targets)):
         raise ConfigError(f"model.lora_target_modules={targets!r}: all-linear or a list of module names, "
@@ -82,7 +86,7 @@ def check_target_modules(model_cfg, model: nn.Module) -> None:
     """Every name of a ``model.lora_target_modules`` list names a linear layer of ``model`` (the teacher, loaded),
     as peft matches it (the layer's full name, or its last parts): peft adapts the names it finds and drops the
     rest without a word. A ``ConfigError`` names the unknown ones and lists the teacher's linear layers."""
-    targets = model_cfg.get("lora_target_modules", "all-linear")
+    targets = model_cfg["lora_target_modules"]
     if not lora_rank(model_cfg) or isinstance(targets, str):  # all-linear, or a regex peft matches itself
         return
     linear = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name]
@@ -101,7 +105,7 @@ def _is_sequence(value) -> bool:
 
 def no_target_error(model_cfg, err: Exception) -> ConfigError:
     """The ``ConfigError`` for peft finding none of ``model.lora_target_modules`` in the teacher."""
-    targets = model_cfg.get("lora_target_modules", "all-linear")
+    targets = model_cfg["lora_target_modules"]
     return ConfigError(f"model.lora_target_modules={targets}: {err} Use all-linear, or names of the teacher's "
                        "linear layers, e.g. [q_proj,k_proj,v_proj,o_proj]")
 
@@ -113,9 +117,8 @@ def peft_config(model_cfg):
         return None
     from peft import LoraConfig
 
-    targets = model_cfg.get("lora_target_modules", "all-linear")
-    return LoraConfig(r=rank, lora_alpha=model_cfg.get("lora_alpha", 2 * rank),
-                      lora_dropout=model_cfg.get("lora_dropout", 0.0),
+    targets = model_cfg["lora_target_modules"]
+    return LoraConfig(r=rank, lora_alpha=model_cfg["lora_alpha"], lora_dropout=model_cfg["lora_dropout"],
                       target_modules=targets if isinstance(targets, str) else list(targets), task_type="CAUSAL_LM")
 
 
@@ -124,7 +127,7 @@ def quantization_kwargs(model_cfg, device: torch.device | str) -> dict:
     quantization, computing in the model's dtype, loaded straight onto ``device``. A CPU run or a missing
     bitsandbytes is a ``ConfigError`` saying what to change."""
     lora_rank(model_cfg)
-    if not model_cfg.get("load_in_4bit", False):
+    if not model_cfg["load_in_4bit"]:
         return {}
     if torch.device(device).type != "cuda":
         raise ConfigError("model.load_in_4bit=true needs a CUDA GPU (bitsandbytes 4-bit layers): set "
@@ -135,7 +138,7 @@ def quantization_kwargs(model_cfg, device: torch.device | str) -> dict:
         raise ConfigError("model.load_in_4bit=true needs bitsandbytes: pip install -e '.[gpu]'") from err
     from transformers import BitsAndBytesConfig
 
-    dtype = getattr(torch, model_cfg.get("dtype", "bfloat16"))
+    dtype = getattr(torch, model_cfg["dtype"])
     config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                                 bnb_4bit_compute_dtype=dtype)
     return {"quantization_config": config, "device_map": {"": str(torch.device(device))}}
