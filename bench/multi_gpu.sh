@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
-# Scaling runs and GPU tests on a host with several GPUs (nvidia-h200-x2 / -x4), each call under 10 minutes. The
+# Scaling runs and GPU tests on a host with several GPUs (nvidia-h200-x2 / -x4), each command under 10 minutes. The
 # tests run after the arms, never beside them: a test on other GPUs of the same host would share its CPUs and PCIe
 # with the arms being timed. Run from the repository root on the GPU host, once the GPU stack is installed
-# (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the calls):
+# (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the commands):
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
 # Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed
 # test's report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
-# (default 420). All the tests took over 9 minutes on one H200: run them in two calls, 'not fsdp2' then fsdp2.
+# (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
 set -euo pipefail
 arms=$1 tests=${2:-}
-# The GPU stack from bench/gpu_pipeline.sh's stash (/root/parts), else the parts unpacked under .gpu-stack/.
-if [ -f /root/parts/install_gpu_stack.sh ]; then install=(/root/parts/install_gpu_stack.sh /root/parts)
-else install=(.gpu-stack/call-3/install_gpu_stack.sh); fi
-stack=$(bash "${install[@]}" | tail -1)  # stops here (set -e) if the install fails
+OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
+mkdir -p "$OUT"
+# The offline GPU stack (vLLM, TRL and their wheels) from the folder bench/gpu_pipeline.sh stashes its parts in.
+parts=${GPU_STACK_PARTS:-/root/parts}
+[ -f "$parts/install_gpu_stack.sh" ] || { echo "bench/multi_gpu.sh: no $parts/install_gpu_stack.sh: stash the GPU" \
+  "stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2; exit 2; }
+stack=$(bash "$parts/install_gpu_stack.sh" "$parts" | tail -1)  # stops here (set -e) if the install fails
 eval "$stack"
 # The carried pure-Python wheels beside the stack.
 source bench/carried_wheels.sh
@@ -23,7 +26,7 @@ install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
 name=${arms//[:,]/_}
-optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a call takes plain AdamW
+optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
 run_tests() {
@@ -32,8 +35,8 @@ run_tests() {
   ! python3 -c "import pytest_timeout" 2> /dev/null || timeout=(--timeout "${GPU_TEST_TIMEOUT:-420}")
   # -v names each test as it finishes, so a log cut by a timeout still says which passed; the leak test writes its
   # per-cycle memory readings beside the log.
-  # A failed test's report goes to gpu_test_failures.txt as it ends (tests/conftest.py): a call cut by its time
-  # limit still says why; pytest-timeout stops a test that hangs, with its stack.
+  # A failed test's report goes to gpu_test_failures.txt as it ends (tests/conftest.py): a command cut by its
+  # time limit still says why; pytest-timeout stops a test that hangs, with its stack.
   RLT_MONO_SLEEP_LEAK_READINGS="$OUT/sleep_leak_readings.json" RLT_MONO_TEST_FAILURES="$OUT/gpu_test_failures.txt" \
     python3 -m pytest -v -rs "${timeout[@]}" tests/test_gpu.py "${filter[@]}" \
     > "$OUT/gpu_tests_$gpus.log" 2>&1 \

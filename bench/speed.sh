@@ -30,6 +30,8 @@
 # Each run writes its JSON after every arm, so a run stopped early keeps the arms that finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
+OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
+mkdir -p "$OUT"
 root=/root/speed
 usage="usage: bash bench/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b [steps] \
 [arms] [profiled step] | start '05b ...' '7b ...' | wait <seconds>"
@@ -121,7 +123,7 @@ $runs"
     [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "$usage" >&2; exit 2; }
     end=$((SECONDS + $2))
     while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do sleep 10; done
-    # One archive (a call brings back at most 8 files): every JSON and log the runs wrote so far.
+    # One archive (at most 8 files come back from the host): every JSON and log the runs wrote so far.
     (cd "$root" && tar czf "$OUT/speed_results.tgz" $(ls *.json *.log 2>/dev/null)) || true
     tail -n 3 "$root"/gpu_tests*.log 2>/dev/null || true
     grep -h '"mode"' "$root"/*.log 2>/dev/null | cut -c1-200 | tail -12

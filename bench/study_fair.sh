@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# "Does it teach?", the fair test on GSM-Symbolic (docs/STUDY.md): one part of the study per call, resumable (a
+# "Does it teach?", the fair test on GSM-Symbolic (docs/STUDY.md): one part of the study per command, resumable (a
 # finished run folder, one with eval.json, final/ or distill.jsonl's DONE mark, is skipped), runs side by side on
 # the GPUs there are.
 #   bash bench/study_fair.sh <part[,part...]> <root> [seeds, e.g. 0,1,2]     (parts in a list run side by side)

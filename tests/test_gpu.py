@@ -2,7 +2,7 @@
 frozen models live on CPU outside their phase, the one-call weight sync is installed and visible in vLLM's
 greedy output, and the reward reuses TRL's policy log-probs instead of running the teacher.
 
-Marked ``gpu``: skipped without CUDA (run on the device machine before calling GPU work done).
+Marked ``gpu``: skipped without CUDA (run them on a GPU host before a change to GPU code counts as done).
 """
 
 import contextlib

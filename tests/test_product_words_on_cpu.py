@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # or none (a number joined to the word, as in a file name). "iss[u]es?" is a word alone or a number's label (with
 # "#12" or "9" after it), never part of a longer word (issued, issuer).
 WORDS = re.compile(r"\blease|\bsession[ -]?\d|\biss[u]es?(?![a-z])|\bround[ -]?\d|\bsprints?\b"
-                   r"|(?<![\w-])GPU[ ]machine|\bdevice[ ]tools?\b|\bstash[ ]calls?\b|\bdevice[ ]calls?\b",
+                   r"|(?<![\w-])GPU[ ]machine|\bdevice[ ]tools?\b|\bstash[ ]calls?\b|\bdevice[ ]calls?\b"
+                   r"|\bdevice[ ]machine\b|\bcall-\d|\bmachine's[ ]time\b",
                    re.IGNORECASE)
 # A link to an upstream project's bug tracker (vLLM's, TRL's) is about the world, not about rlt_mono's work: the URL
 # alone is left out of the line before it is searched.
@@ -90,6 +91,11 @@ def test_the_words_are_found_with_their_file_and_line(tmp_path):
     assert hits([page], tmp_path) == [f"page.md:2: {ran}", f"page.md:4: {numbered}", f"page.md:6: {named_file}",
                                       f"page.md:8: {worded}", f"page.md:9: {plural}", f"page.md:10: {reviewed}",
                                       f"page.md:11: {logger}", f"page.md:14: {own}"]
+    # said another way: where the work ran, not what the product does
+    said, folder = "run on the dev" "ice machine", ".gpu-stack/ca" "ll-3/install.sh"
+    budget = "when the mach" "ine's time ran out"
+    page.write_text(f"{said}\n{folder}\na call to the engine, the machine's memory\n{budget}\n")
+    assert hits([page], tmp_path) == [f"page.md:1: {said}", f"page.md:2: {folder}", f"page.md:4: {budget}"]
 
 
 def test_the_words_are_found_in_file_and_folder_names_git_lists(tmp_path):
