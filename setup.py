@@ -20,8 +20,8 @@ class BuildWithConfigs(build_py):
     def run(self) -> None:
         if not self.editable_mode:
             # A module moved or deleted since the last build in this checkout (a build/ folder left over) must not
-            # ship beside the current ones, nor a config deleted since.
-            shutil.rmtree(Path(self.build_lib) / "rlt_mono", ignore_errors=True)
+            # ship beside the current ones, nor a config deleted since: the wheel holds this build alone.
+            shutil.rmtree(self.build_lib, ignore_errors=True)
         super().run()
         if self.editable_mode:  # an editable install reads the checkout's cfgs/ in place
             return

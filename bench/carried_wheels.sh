@@ -2,7 +2,7 @@
 # wheels carried in .whl (gguf, math-verify, liger-kernel, reasoning-gym, and the HTTP server packages vLLM's
 # `vllm serve` imports for placement=async; bench/gpu_pipeline.sh's setup lists them with the command that fetches
 # them) into /tmp/gguf-site, on PYTHONPATH. Each run installs them again (seconds), so a wheel added to .whl
-# since the last call on the same host is not missed.
+# since the last run on the same host is not missed.
 install_carried_wheels() {
   compgen -G ".whl/*.whl" > /dev/null || return 0
   python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/gguf-site .whl/*.whl

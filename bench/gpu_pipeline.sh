@@ -66,8 +66,8 @@ setup() {
 
 case "${1:-}" in
   stash)
-    # A part too large for one call travels as halves <part>.h0, <part>.h1 (`split -n 2 -d -a 1
-    # --additional-suffix=`, renamed): the call that brings the second half joins them.
+    # A part too large for one transfer travels as halves <part>.h0, <part>.h1 (`split -n 2 -d -a 1
+    # --additional-suffix=`, renamed): the stash of the second half joins them.
     mkdir -p "$parts" && cp -f "$2"/* "$parts"/
     for first in "$parts"/*.h0; do
       [ -f "$first" ] && [ -f "${first%.h0}.h1" ] && cat "$first" "${first%.h0}.h1" > "${first%.h0}" \

@@ -11,7 +11,8 @@
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
 set -euo pipefail
-arms=$1 tests=${2:-}
+arms=${1:?usage: bash bench/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none> [<pytest -k expression> | all]}
+tests=${2:-}
 OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
 mkdir -p "$OUT"
 # The offline GPU stack (vLLM, TRL and their wheels) from the folder bench/gpu_pipeline.sh stashes its parts in.
