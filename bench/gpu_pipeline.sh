@@ -64,6 +64,16 @@ setup() {
   export RLT_MONO_CACHE=$cache PYTHONUNBUFFERED=1
 }
 
+# Into a fresh copy of the code, from which a background job runs (the working tree may be replaced while it
+# runs; later stages must not see that): .snap/code.tar when carried (git archive of a commit, its id in
+# .snap/commit, kept as /root/study/commit), else this tree.
+enter_code_copy() {
+  code=/root/code-$(date +%s) && mkdir -p "$code"
+  if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit
+  else cp -a . "$code"; fi
+  cd "$code"
+}
+
 case "${1:-}" in
   stash)
     # A part too large for one transfer travels as halves <part>.h0, <part>.h1 (`split -n 2 -d -a 1
@@ -87,12 +97,7 @@ case "${1:-}" in
   study)
     setup
     mkdir -p /root/study
-    # The study runs from a copy of the code (the working tree may be replaced while it runs; later stages
-    # must not see that):
-    # .snap/code.tar when carried (git archive of a commit), else this tree.
-    code=/root/code-$(date +%s) && mkdir -p "$code"
-    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; else cp -a . "$code"; fi
-    cd "$code"
+    enter_code_copy
     setsid nohup bash bench/study_gsm.sh /root/study "$2" "${3:-2}" >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   fair)
@@ -100,15 +105,12 @@ case "${1:-}" in
     mkdir -p /root/study && rm -f /root/study/DONE
     # The teachers' explanations from an earlier machine (the students part), carried in .study/distilled.
     if [ -d .study/distilled ]; then mkdir -p /root/study/distilled && cp -n .study/distilled/* /root/study/distilled/; fi
-    # From a copy of the code: .snap/code.tar (git archive of a commit, its id in .snap/commit) when carried.
-    code=/root/code-$(date +%s) && mkdir -p "$code"
-    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
     export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
     echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash bench/gpu_pipeline.sh fair $2 $3" \
       > /root/study/command
-    cd "$code"
+    enter_code_copy
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
       >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
@@ -117,9 +119,7 @@ case "${1:-}" in
     # background, from a copy of the code as `fair`; `wait` brings it back.
     setup
     mkdir -p /root/study && rm -f /root/study/DONE
-    code=/root/code-$(date +%s) && mkdir -p "$code"
-    if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit; else cp -a . "$code"; fi
-    cd "$code"
+    enter_code_copy
     setsid nohup bash bench/time_to_reward.sh /root/study "${2:-0,1,2}" "${3:-auto,speed}" \
       >> /root/study/orchestrator.log 2>&1 < /dev/null &
     sleep 5; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;

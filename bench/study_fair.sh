@@ -357,9 +357,9 @@ for one in $parts; do
     student_cfg=$student
     [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
     if [ "${STUDY_UNTRAINED:-1}" != 0 ]; then
-      on_gpu 0 evaluate "$root/$student/untrained/eval" student 0 "${untrained_size[@]}" &
+      on_gpu 0 taught 0 untrained &
       pids+=($!) names+=("$student/untrained")
-      on_gpu 0 evaluate "$root/$student/untrained_plain/eval" plain 0 "${untrained_size[@]}" &
+      on_gpu 0 taught 0 untrained_plain &
       pids+=($!) names+=("$student/untrained_plain")
     fi
     lane=1
