@@ -81,6 +81,10 @@ SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as
 # The positive control: students trained on the dataset's own worked solutions against the better untrained prompt,
 # on held-out instances of the training templates, must gain at least this much with the interval above zero.
 CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained_plain"), 0.05
+# A cut answer counts as wrong. Where an arm's answers are cut at the token cap more often than this on a held-out
+# set, a difference with it is also given on the questions neither arm's answer was cut on (``uncut``), and the
+# table says so: the cap, not the teaching, may be what the difference measures.
+CAP_BAR = 0.05
 # The comparisons the study exists for, each as (arm, minus arm), per student, wherever both arms were run.
 # worked_common: the worked solutions alone on the teachers' questions (the teacher arms' like-for-like control).
 DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
@@ -504,15 +508,17 @@ def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[
     return added, kept, common
 
 
-def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """Correctness (seeds x questions, questions in one sorted order), the questions, and each one's template."""
+def _matrix(per_seed: dict[int, list[dict]], held_out: str) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray]:
+    """Correctness (seeds x questions, questions in one sorted order), the questions, each one's template, and
+    whether each answer was cut at the cap (seeds x questions)."""
     by_seed = {seed: {row["question"]: row for row in rows if row.get("heldout") == held_out
                       and row.get("correct") is not None} for seed, rows in per_seed.items()}
     questions = sorted(set.intersection(*(set(rows) for rows in by_seed.values())))
     first = next(iter(by_seed.values()))
     templates = np.array([first[q].get("template", -1) for q in questions])
     correct = np.array([[float(by_seed[s][q]["correct"]) for q in questions] for s in sorted(by_seed)])
-    return correct, questions, templates
+    capped = np.array([[bool(by_seed[s][q].get("capped")) for q in questions] for s in sorted(by_seed)])
+    return correct, questions, templates, capped
 
 
 def _question_weights(templates: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -553,10 +559,12 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
             keep = {arm: np.isin(m[1], shared) for arm, m in matrices.items()}
             templates = next(iter(matrices.values()))[2][keep[next(iter(matrices))]]
             weights = _question_weights(templates, resamples, rng)
-            boot = {}
-            for arm, (correct, _, _) in matrices.items():
+            boot, seed_means, cut = {}, {}, {}
+            for arm, (correct, _, _, capped_matrix) in matrices.items():
                 correct = correct[:, keep[arm]]
-                boot[arm] = (weights * _seed_means(correct, resamples, rng)).sum(1) / weights.sum(1)
+                cut[arm] = capped_matrix[:, keep[arm]].any(axis=0)  # a question some seed's answer was cut on
+                seed_means[arm] = _seed_means(correct, resamples, rng)
+                boot[arm] = (weights * seed_means[arm]).sum(1) / weights.sum(1)
                 capped = [row.get("capped") for rows in per_arm[arm].values() for row in rows
                           if row.get("heldout") == held_out]
                 entry["arms"].setdefault(arm, {"seeds": sorted(per_arm[arm])})[name] = {
@@ -567,13 +575,33 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
             for arm, minus in DIFFERENCES:
                 if arm in boot and minus in boot:
                     point = entry["arms"][arm][name]["accuracy"] - entry["arms"][minus][name]["accuracy"]
-                    entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = {
-                        "difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
+                    figures = {"difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
+                    over = {a: entry["arms"][a][name]["capped_frac"] for a in (arm, minus)
+                            if (entry["arms"][a][name]["capped_frac"] or 0) > CAP_BAR}
+                    if over:  # a cut answer counts as wrong: the difference is also given where neither arm cut
+                        figures["cut_above_bar"] = over
+                        figures["uncut"] = _uncut_difference(
+                            [matrices[a][0][:, keep[a]] for a in (arm, minus)], [seed_means[a] for a in (arm, minus)],
+                            ~(cut[arm] | cut[minus]), weights)
+                    entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = figures
         entry["arms"] = {arm: entry["arms"][arm] for arm in sorted(entry["arms"], key=arm_rank)}
         entry["positive_control"] = positive_control(entry)
         entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed)
         students[student] = entry
     return students
+
+
+def _uncut_difference(correct: list[np.ndarray], seed_means: list[np.ndarray], uncut: np.ndarray,
+                      weights: np.ndarray) -> dict:
+    """Two arms' difference on the questions no seed of either cut at the cap, with the same resamples of templates,
+    questions and seeds as the full difference, restricted to those questions."""
+    if not uncut.any():
+        return {"questions": 0}
+    w = weights[:, uncut]
+    total = np.maximum(w.sum(1), 1e-12)  # a resample that drew none of these questions adds a zero
+    boot = [(w * means[:, uncut]).sum(1) / total for means in seed_means]
+    point = float(correct[0][:, uncut].mean() - correct[1][:, uncut].mean())
+    return {"questions": int(uncut.sum()), "difference": round(point, 4), "ci95": _interval(boot[0] - boot[1])}
 
 
 def positive_control(entry: dict) -> dict | None:
@@ -763,8 +791,16 @@ def table(students: dict) -> str:
                          f"{'passes' if control['passes'] else 'FAILS'} ({control['rule']}).")
         for pair, sets in entry["differences"].items():
             for name, d in sets.items():
-                lines.append(f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
-                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                line = (f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
+                        f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                if "cut_above_bar" in d:
+                    over = ", ".join(f"{arm} {frac:.1%}" for arm, frac in d["cut_above_bar"].items())
+                    uncut = d["uncut"]
+                    line += f"; answers cut at the cap above {CAP_BAR:.0%}: {over}; on the {uncut['questions']} " \
+                            "questions neither arm cut: " + ("none" if not uncut["questions"] else
+                                                              f"{uncut['difference']:+.3f} [{uncut['ci95'][0]:+.3f}, "
+                                                              f"{uncut['ci95'][1]:+.3f}]")
+                lines.append(line)
         if "correlation" in entry:
             lines += ["", correlation_line(student, entry["correlation"])]
         lines.append("")

@@ -98,7 +98,6 @@ if [ "${STUDY_TINY:-0}" = 1 ]; then
         "data.heldout_templates=[]" data.heldout_template_rows=null)
   sft_size=(sft.max_steps=2)
   eval_size=(eval.student_max_new_tokens=16)
-  untrained_size=()
   traces_eval=(student=tiny eval.student_max_new_tokens=16)
   teacher_sft_size=(size=tiny sft.max_steps=2 data.eval_rows=2)
   rl_run=demo_tiny rl_size=(trainer.max_steps=2 trainer.eval_strategy=no) rl_checkpoints=(trainer.save_steps=1)
@@ -119,11 +118,11 @@ else
             sft.gradient_accumulation_steps=1 sft.per_device_eval_batch_size=64 sft.learning_rate=2.0e-6
             sft.max_length=1024 sft.optim=adamw_torch sft.gradient_checkpointing=false sft.save_steps=100000
             sft.eval_strategy=epoch sft.bf16=false +sft.tf32=true logging=local)
-  # Greedy answers of at most 512 tokens; a fixed 3 GiB KV cache (runs side by side); vLLM at 0.08 of the card.
-  eval_size=(eval.student_max_new_tokens=512 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
-  # The untrained students write longer answers: at 512 tokens the plain prompt cut 5.1% of the 0.5B's answers on
-  # held-out templates (the study's bar is 5%), so they get 768.
-  untrained_size=(eval.student_max_new_tokens=768)
+  # Greedy answers of at most 1,024 tokens, every arm's (the untrained's too); a fixed 3 GiB KV cache (runs side by
+  # side); vLLM at 0.08 of the card. At 512 tokens the students taught by explanations had 2-31% of their answers
+  # cut (thought + solution is long; about half of the cut answers loop) and a cut answer counts as wrong; the
+  # untrained plain prompt was cut on 5.1% (docs/STUDY.md, "The students at one commit").
+  eval_size=(eval.student_max_new_tokens=1024 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
   # The larger model, a fixed 12 GiB KV cache (other runs may share the card); answers of at most 768 tokens (the
   # plain prompt cut 1.9-5.1% of the 0.5B's answers at 512).
   traces_eval=(student=qwen2.5_coder_1.5b_instruct eval.student_max_new_tokens=768
@@ -165,27 +164,8 @@ fi
 size_source=gsm_symbolic  # the worked-solution students' data
 [ "${STUDY_TINY:-0}" = 1 ] && size_source=embedded
 
-# <folder> <log name> <command...>: run unless <folder> holds what the stage leaves when it ends
-# A stage that fails is tried once more 30 s later (an engine start can fail while another run on the same GPU
-# frees or takes memory): in an empty folder if it left no checkpoint, else from its newest checkpoint; not one
-# whose training diverged.
 check=${STUDY_CHECK:-0}
-stage() {
-  local folder=$1 log=$2; shift 2
-  if [ "$check" = 1 ]; then  # as on a GPU host: where no GPU is named, the config is checked as for one
-    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$@" output_dir="$folder" --check >> "$root/logs/$log.log" 2>&1
-    return
-  fi
-  if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
-  "$@" output_dir="$folder" >> "$root/logs/$log.log" 2>&1 && return 0
-  # a run whose weights went non-finite (rlt_mono.runs.diverged) would only diverge again
-  if tail -n 5 "$root/logs/$log.log" | grep -q "made the weights non-finite"; then return 1; fi
-  echo "bench/study_fair.sh: $log failed; trying again in 30 s" >> "$root/logs/$log.log"
-  sleep 30
-  local again=()
-  if compgen -G "$folder/checkpoint-*" > /dev/null; then again=(resume_from_checkpoint=true); else rm -rf "$folder"; fi
-  "$@" output_dir="$folder" "${again[@]}" >> "$root/logs/$log.log" 2>&1
-}
+source bench/study_stage.sh  # stage: one run, skipped when finished, tried again when it fails
 evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answers each held-out question alone
   local folder=$1 prompt=$2 seed=$3; shift 3
   local log=${folder#"$root"/}
@@ -266,8 +246,8 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
 taught() {  # <seed> <arm>: a student trained on that arm's explanations + solutions, then evaluated
   local seed=$1 arm=$2 file column=explanation data=()
   case "$arm" in  # the control's arms, in the same job slots
-    untrained) evaluate "$root/$student/untrained/eval" student 0 "${untrained_size[@]}"; return ;;
-    untrained_plain) evaluate "$root/$student/untrained_plain/eval" plain 0 "${untrained_size[@]}"; return ;;
+    untrained) evaluate "$root/$student/untrained/eval" student 0; return ;;
+    untrained_plain) evaluate "$root/$student/untrained_plain/eval" plain 0; return ;;
     worked) worked "$seed"; return ;;
   esac
   case "$arm" in

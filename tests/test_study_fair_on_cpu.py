@@ -14,10 +14,11 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "study_fair.py"
 
 
-def _eval_folder(root: Path, student: str, arm: str, correct: dict[str, list[bool]]) -> None:
-    """``correct[set]``: one answer per question; 10 templates of the questions in order."""
+def _eval_folder(root: Path, student: str, arm: str, correct: dict[str, list[bool]], cut=lambda i: i == 0) -> None:
+    """``correct[set]``: one answer per question; 10 templates of the questions in order; ``cut(i)``: question i's
+    answer was cut at the cap."""
     rows = [{"question": f"{held_out} question {i}", "heldout": held_out, "template": i % 10, "correct": ok,
-             "capped": i == 0}
+             "capped": cut(i)}
             for held_out, answers in correct.items() for i, ok in enumerate(answers)]
     folder = root / student / arm / "eval"
     folder.mkdir(parents=True)
@@ -86,6 +87,37 @@ def test_a_worked_arm_no_better_than_untrained_fails_the_control(tmp_path):
     control = json.loads((out / "study.json").read_text())["students"]["s"]["positive_control"]
     assert control["difference"] == 0.02 and not control["passes"]
     assert "FAILS" in result.stdout
+
+
+def test_a_difference_with_an_arm_cut_at_the_cap_is_also_given_where_neither_arm_cut(tmp_path):
+    root = tmp_path / "study"
+    n = 200
+    # sft_teacher: 0.40, but 40 of its answers (i % 5 == 4) cut at the cap and wrong; right on 80 of the other 160
+    _eval_folder(root, "s", "sft_teacher_s0", {"instances": [i % 5 != 4 and i % 2 == 0 for i in range(n)]},
+                 cut=lambda i: i % 5 == 4)
+    # rl_teacher: 0.50 (every even question), one answer cut (0.5% is under the bar)
+    _eval_folder(root, "s", "rl_teacher_s0", {"instances": [i % 2 == 0 for i in range(n)]})
+    result, out = _summarize(tmp_path, root)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((out / "study.json").read_text())["students"]["s"]["differences"]["rl_teacher - sft_teacher"]
+    d = figures["held_out_instances"]
+    assert d["difference"] == 0.1 and d["cut_above_bar"] == {"sft_teacher": 0.2}
+    # neither cut: the 159 questions with i % 5 != 4 and i != 0; rl right on 79 of them, sft on the same 79
+    assert d["uncut"]["questions"] == 159 and d["uncut"]["difference"] == 0.0
+    low, high = d["uncut"]["ci95"]
+    assert low <= 0.0 <= high and high - low < 1e-9  # the same answers: every resample gives zero
+    assert ("rl_teacher - sft_teacher, held out instances: +0.100" in (out / "study_table.md").read_text()
+            and "above 5%: sft_teacher 20.0%; on the 159 questions neither arm cut: +0.000" in result.stdout)
+
+
+def test_a_difference_without_an_arm_over_the_bar_has_no_uncut_figure(tmp_path):
+    root = tmp_path / "study"
+    _eval_folder(root, "s", "sft_teacher_s0", {"instances": [i % 3 == 0 for i in range(100)]})
+    _eval_folder(root, "s", "rl_teacher_s0", {"instances": [i % 2 == 0 for i in range(100)]})
+    result, out = _summarize(tmp_path, root)
+    d = json.loads((out / "study.json").read_text())["students"]["s"]["differences"]["rl_teacher - sft_teacher"]
+    assert set(d["held_out_instances"]) == {"difference", "ci95"}, result.stderr
+    assert "neither arm cut" not in result.stdout
 
 
 def test_templates_are_resampled_as_clusters():

@@ -1,0 +1,77 @@
+"""bench/study_stage.sh's stage: a study run skipped when finished, tried again while another run holds the GPU's
+memory, once more after any other failure, never after its weights went non-finite."""
+
+import subprocess
+from pathlib import Path
+
+STAGE = Path(__file__).resolve().parents[1] / "bench" / "study_stage.sh"
+
+# A stand-in for launch_mono.sh: each call counts itself in <root>/calls, prints the message of its call number
+# (FAILS[n], or nothing), and fails while one is given; the last call writes the finished run's eval.json.
+FAKE_RUN = r"""#!/usr/bin/env bash
+root=$(dirname "$0")
+n=$(( $(cat "$root/calls" 2>/dev/null || echo 0) + 1 )); echo $n > "$root/calls"
+echo "call $n: $*"
+mapfile -t fails < "$root/fails"
+if [ "$n" -le "${#fails[@]}" ]; then echo "${fails[$((n - 1))]}"; exit 1; fi
+out=${@: -1}; out=${out#output_dir=}; [ "$out" = resume_from_checkpoint=true ] && out=${@: -2:1} && out=${out#output_dir=}
+mkdir -p "$out" && echo '{}' > "$out/eval.json"
+"""
+
+
+def _stage(tmp_path, fails, memory_tries=10, folder_setup=None):
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    (tmp_path / "fails").write_text("".join(f + "\n" for f in fails))
+    run = tmp_path / "run.sh"
+    run.write_text(FAKE_RUN)
+    run.chmod(0o755)
+    folder = tmp_path / "arm" / "eval"
+    if folder_setup:
+        folder_setup(folder)
+    script = (f"root={tmp_path} check=0 STUDY_RETRY_SECONDS=0 STUDY_MEMORY_TRIES={memory_tries}; "
+              f"source {STAGE}; stage {folder} arm_eval {run} eval seed=0")
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    calls = int((tmp_path / "calls").read_text()) if (tmp_path / "calls").exists() else 0
+    log = tmp_path / "logs" / "arm_eval.log"
+    return result.returncode, calls, log.read_text() if log.exists() else "", folder
+
+
+VLLM_SHORT = ("ValueError: Free memory on device cuda:0 (10.1/139.8 GiB) on startup is less than desired GPU memory "
+              "utilization (0.08, 11.18 GiB).")
+TRAIN_OOM = "error: out of GPU memory at step 4: lower sft.max_length"
+
+
+def test_a_run_short_of_gpu_memory_is_tried_until_it_gets_it(tmp_path):
+    status, calls, log, folder = _stage(tmp_path, [VLLM_SHORT, TRAIN_OOM, VLLM_SHORT])
+    assert status == 0 and calls == 4 and (folder / "eval.json").is_file()
+    assert log.count("stopped for want of GPU memory") == 3 and "(3 of 10)" in log
+
+
+def test_memory_tries_run_out(tmp_path):
+    status, calls, log, _ = _stage(tmp_path, [VLLM_SHORT] * 5, memory_tries=2)
+    assert status == 1 and calls == 3 and "(2 of 2)" in log
+
+
+def test_any_other_failure_is_tried_once_more_and_only_its_own_output_counts(tmp_path):
+    # the first failure is for memory; the second and third are not, though the memory line is still in the log
+    status, calls, log, _ = _stage(tmp_path, [VLLM_SHORT, "KeyError: 'x'", "KeyError: 'x'", "KeyError: 'x'"])
+    assert status == 1 and calls == 3
+    assert log.count("failed; trying again") == 1
+
+
+def test_a_diverged_run_is_not_tried_again(tmp_path):
+    status, calls, _, _ = _stage(tmp_path, ["the step made the weights non-finite"])
+    assert status == 1 and calls == 1
+
+
+def test_a_finished_run_is_skipped_and_a_failed_one_resumes_from_its_checkpoint(tmp_path):
+    status, calls, _, _ = _stage(tmp_path, [], folder_setup=lambda f: (f.mkdir(parents=True),
+                                                                     (f / "eval.json").write_text("{}")))
+    assert status == 0 and calls == 0
+    other = tmp_path / "b"
+    other.mkdir()
+    status, calls, log, folder = _stage(other, [TRAIN_OOM], folder_setup=lambda f: (f / "checkpoint-10").mkdir(
+        parents=True))
+    assert status == 0 and calls == 2
+    assert "call 2: eval seed=0 output_dir=" in log and log.rstrip().endswith("resume_from_checkpoint=true")
+    assert (folder / "checkpoint-10").is_dir()  # resumed, not emptied
