@@ -18,7 +18,8 @@
 #       the same set-up, then bench/time_to_reward.sh in /root/study, in the background.
 #   bash bench/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
-#       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`).
+#       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`; the finished
+#       students' answers in answers.tgz).
 # Order: stash the stack parts, stash the model parts, then `run` as often as needed (a rerun continues where the
 # last stopped: rlt_mono.stages.pipeline), or `study`/`fair` then `wait` until it is done; each `wait` returns everything
 # so far, so a host reclaimed mid-run loses only what ran since the last one.
@@ -146,18 +147,21 @@ case "${1:-}" in
     explanations=$(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") || true
     [ -z "$explanations" ] || tar cf - $explanations | xz -T0 -6 | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
     tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
-    # Each finished student's answers (a few tens of KB a run): committed, they spare the run on a later host
-    # (STUDY_ANSWERS).
+    # Each finished student's answers (a few tens of KB a run), in one archive (a host returns a limited number of
+    # files): `tar xzf answers.tgz --skip-old-files -C results/study_gsm_symbolic_v2/answers`; committed, they
+    # spare the run on a later host (STUDY_ANSWERS).
     if [ -s /root/study/commit ] && [ -s /root/study/command ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
       gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
       device=$(head -1 <<< "$gpus" | awk '{print tolower($2)}')  # "NVIDIA H100 80GB HBM3" -> h100
       [ "$(wc -l <<< "$gpus")" -gt 1 ] && device=nvidia-$device-x$(wc -l <<< "$gpus") || device=nvidia-$device
       # (omegaconf from the GPU stack, in /tmp/gpu-site)
+      rm -rf /tmp/study-answers
       PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" export . \
-        --out "$OUT/answers" --device "$device" --commit "$(cat commit)" --command "$(cat command)" \
+        --out /tmp/study-answers --device "$device" --commit "$(cat commit)" --command "$(cat command)" \
+        && tar czf "$OUT/answers.tgz" -C /tmp/study-answers . \
         || echo "bench/gpu_pipeline.sh wait: the students' answers were not exported (above); study.tgz has them" >&2
     fi
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)
-    sed -n 2,21p "$0"; exit 2 ;;
+    sed -n 2,22p "$0"; exit 2 ;;
 esac
