@@ -81,9 +81,11 @@ SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as
 # The positive control: students trained on the dataset's own worked solutions against the better untrained prompt,
 # on held-out instances of the training templates, must gain at least this much with the interval above zero.
 CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained_plain"), 0.05
-# A cut answer counts as wrong. Where an arm's answers are cut at the token cap more often than this on a held-out
-# set, a difference with it is also given on the questions neither arm's answer was cut on (``uncut``), and the
-# table says so: the cap, not the teaching, may be what the difference measures.
+# An answer cut at the token cap is graded on its text like any other, and is mostly wrong (it seldom reaches its
+# final line). Where an arm's answers are cut more often than this on a held-out set, a difference with it is also
+# given on the questions no seed of either arm cut (``uncut``), and the table says so: the cap may be part of what
+# the difference measures. That subset is picked by the arms' own outputs (how long they write): a conditional
+# comparison that locates a difference, not a cause.
 CAP_BAR = 0.05
 # The comparisons the study exists for, each as (arm, minus arm), per student, wherever both arms were run.
 # worked_common: the worked solutions alone on the teachers' questions (the teacher arms' like-for-like control).
@@ -578,7 +580,7 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
                     figures = {"difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
                     over = {a: entry["arms"][a][name]["capped_frac"] for a in (arm, minus)
                             if (entry["arms"][a][name]["capped_frac"] or 0) > CAP_BAR}
-                    if over:  # a cut answer counts as wrong: the difference is also given where neither arm cut
+                    if over:  # the difference is also given where neither arm cut (CAP_BAR)
                         figures["cut_above_bar"] = over
                         figures["uncut"] = _uncut_difference(
                             [matrices[a][0][:, keep[a]] for a in (arm, minus)], [seed_means[a] for a in (arm, minus)],

@@ -4,9 +4,17 @@
 # stopped for want of GPU memory (vLLM's engine found too little free memory; training ran out of it) is tried again
 # every STUDY_RETRY_SECONDS (default 60) up to STUDY_MEMORY_TRIES times (default 10); any other failure once more,
 # STUDY_RETRY_SECONDS / 2 later; a run whose weights went non-finite (rlt_mono.runs.diverged) not at all, as it would
-# only diverge again. A run tried again starts in an empty folder if it left no checkpoint, else resumes from its
-# newest one. Needs root and check (1: compose and check the command only: launch_mono.sh --check).
+# only diverge again. A run resumes from its newest whole checkpoint (one with rlt_mono.runs.checkpoints' manifest)
+# when its folder holds one, the first try included; tried again without one, it starts in an empty folder, except
+# a distill, which continues from the explanations it wrote (distill.jsonl). Needs root and check (1: compose and
+# check the command only: launch_mono.sh --check).
 GPU_MEMORY_FAILURE='less than desired GPU memory utilization|out of GPU memory|CUDA out of memory'
+CHECKPOINT_MANIFEST=rlt_mono_checkpoint.json  # rlt_mono.runs.checkpoints.MANIFEST: written last, when a save is whole
+
+# <folder>: the override that resumes it, when it holds a whole checkpoint
+resume_override() {
+  if compgen -G "$1/checkpoint-*/$CHECKPOINT_MANIFEST" > /dev/null; then echo resume_from_checkpoint=true; fi
+}
 
 stage() {
   local folder=$1 log=$2; shift 2
@@ -16,11 +24,11 @@ stage() {
     return
   fi
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
-  local pause=${STUDY_RETRY_SECONDS:-60} memory_tries=${STUDY_MEMORY_TRIES:-10} tries=0 others=0 again=() lines
-  local start=0
-  [ -f "$file" ] && start=$(wc -l < "$file")
-  until "$@" output_dir="$folder" "${again[@]}" >> "$file" 2>&1; do
-    lines=$(tail -n "+$((start + 1))" "$file")  # this attempt's output alone
+  local pause=${STUDY_RETRY_SECONDS:-60} memory_tries=${STUDY_MEMORY_TRIES:-10} tries=0 others=0 lines start resume
+  resume=$(resume_override "$folder")
+  start=$(stat -c %s "$file" 2>/dev/null || echo 0)  # bytes: this attempt's output starts after them
+  until "$@" output_dir="$folder" $resume >> "$file" 2>&1; do
+    lines=$(tail -c "+$((start + 1))" "$file")
     if grep -q "made the weights non-finite" <<< "$lines"; then return 1; fi
     if grep -Eq "$GPU_MEMORY_FAILURE" <<< "$lines"; then
       tries=$((tries + 1))
@@ -34,7 +42,8 @@ stage() {
       echo "bench/study_stage.sh: $log failed; trying again in $((pause / 2)) s" >> "$file"
       sleep $((pause / 2))
     fi
-    start=$(wc -l < "$file") again=()
-    if compgen -G "$folder/checkpoint-*" > /dev/null; then again=(resume_from_checkpoint=true); else rm -rf "$folder"; fi
+    resume=$(resume_override "$folder")
+    [ -n "$resume" ] || [ -f "$folder/distill.jsonl" ] || rm -rf "$folder"
+    start=$(stat -c %s "$file")
   done
 }

@@ -110,6 +110,41 @@ def test_a_difference_with_an_arm_cut_at_the_cap_is_also_given_where_neither_arm
             and "above 5%: sft_teacher 20.0%; on the 159 questions neither arm cut: +0.000" in result.stdout)
 
 
+def test_the_uncut_questions_are_those_no_seed_of_either_arm_cut(tmp_path):
+    root = tmp_path / "study"
+    n = 100  # templates i % 10
+    for seed, cut_template in ((0, 3), (1, 7)):  # each seed of sft_teacher cuts another template's answers (10%)
+        _eval_folder(root, "s", f"sft_teacher_s{seed}", {"instances": [i % 4 == 0 for i in range(n)]},
+                     cut=lambda i, t=cut_template: i % 10 == t)
+        _eval_folder(root, "s", f"rl_teacher_s{seed}", {"instances": [i % 2 == 0 for i in range(n)]},
+                     cut=lambda i: False)
+    result, out = _summarize(tmp_path, root)
+    d = json.loads((out / "study.json").read_text())["students"]["s"]["differences"]["rl_teacher - sft_teacher"]
+    d = d["held_out_instances"]
+    assert d["difference"] == 0.25 and d["cut_above_bar"] == {"sft_teacher": 0.1}, result.stderr
+    # uncut: the 80 questions of templates other than 3 and 7; rl right on the even ones (50), sft on i % 4 == 0 (25)
+    assert d["uncut"]["questions"] == 80 and d["uncut"]["difference"] == 0.3125
+    # per template the difference is 0.5 (even templates) or 0 (1, 5, 9): a resample lies between
+    low, high = d["uncut"]["ci95"]
+    assert 0 <= low < 0.3125 < high <= 0.5
+
+
+def test_the_uncut_bootstrap_averages_over_the_uncut_questions_each_resample_drew():
+    sys.path.insert(0, str(SCRIPT.parent))
+    import numpy as np
+    from study_fair import _uncut_difference
+
+    correct = [np.array([[1.0, 1.0, 0.0, 1.0]]), np.array([[0.0, 1.0, 0.0, 0.0]])]
+    uncut = np.array([True, True, True, False])  # question 3 was cut
+    weights = np.array([[1.0, 1.0, 1.0, 1.0],   # every question once: uncut means 2/3 and 1/3
+                        [2.0, 0.0, 1.0, 5.0]])  # question 0 twice, question 2 once: 2/3 and 0/3
+    d = _uncut_difference(correct, [c.repeat(2, axis=0) for c in correct], uncut, weights)
+    assert d["questions"] == 3 and d["difference"] == round(2 / 3 - 1 / 3, 4)
+    # resample differences 1/3 and 2/3: the percentiles interpolate between them
+    assert d["ci95"] == [round(1 / 3 + 0.025 / 3, 4), round(1 / 3 + 0.975 / 3, 4)]
+    assert _uncut_difference(correct, correct, np.zeros(4, dtype=bool), weights) == {"questions": 0}
+
+
 def test_a_difference_without_an_arm_over_the_bar_has_no_uncut_figure(tmp_path):
     root = tmp_path / "study"
     _eval_folder(root, "s", "sft_teacher_s0", {"instances": [i % 3 == 0 for i in range(100)]})

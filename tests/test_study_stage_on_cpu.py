@@ -5,6 +5,8 @@ import subprocess
 from pathlib import Path
 
 STAGE = Path(__file__).resolve().parents[1] / "bench" / "study_stage.sh"
+CHECKPOINT_MANIFEST = next(line.split("=")[1].split()[0] for line in STAGE.read_text().splitlines()
+                           if line.startswith("CHECKPOINT_MANIFEST="))
 
 # A stand-in for launch_mono.sh: each call counts itself in <root>/calls, prints the message of its call number
 # (FAILS[n], or nothing), and fails while one is given; the last call writes the finished run's eval.json.
@@ -14,7 +16,7 @@ n=$(( $(cat "$root/calls" 2>/dev/null || echo 0) + 1 )); echo $n > "$root/calls"
 echo "call $n: $*"
 mapfile -t fails < "$root/fails"
 if [ "$n" -le "${#fails[@]}" ]; then echo "${fails[$((n - 1))]}"; exit 1; fi
-out=${@: -1}; out=${out#output_dir=}; [ "$out" = resume_from_checkpoint=true ] && out=${@: -2:1} && out=${out#output_dir=}
+out=${@: -1}; [ "$out" = resume_from_checkpoint=true ] && out=${@: -2:1}; out=${out#output_dir=}
 mkdir -p "$out" && echo '{}' > "$out/eval.json"
 """
 
@@ -64,14 +66,47 @@ def test_a_diverged_run_is_not_tried_again(tmp_path):
     assert status == 1 and calls == 1
 
 
-def test_a_finished_run_is_skipped_and_a_failed_one_resumes_from_its_checkpoint(tmp_path):
+def test_a_finished_run_is_skipped(tmp_path):
     status, calls, _, _ = _stage(tmp_path, [], folder_setup=lambda f: (f.mkdir(parents=True),
                                                                      (f / "eval.json").write_text("{}")))
     assert status == 0 and calls == 0
-    other = tmp_path / "b"
-    other.mkdir()
-    status, calls, log, folder = _stage(other, [TRAIN_OOM], folder_setup=lambda f: (f / "checkpoint-10").mkdir(
-        parents=True))
-    assert status == 0 and calls == 2
-    assert "call 2: eval seed=0 output_dir=" in log and log.rstrip().endswith("resume_from_checkpoint=true")
-    assert (folder / "checkpoint-10").is_dir()  # resumed, not emptied
+
+
+def _whole_checkpoint(folder):
+    (folder / "checkpoint-10").mkdir(parents=True)
+    (folder / "checkpoint-10" / CHECKPOINT_MANIFEST).write_text("{}")
+
+
+def test_a_run_with_a_whole_checkpoint_resumes_from_the_first_try(tmp_path):
+    status, calls, log, folder = _stage(tmp_path, [], folder_setup=_whole_checkpoint)
+    assert status == 0 and calls == 1 and "call 1: eval seed=0 output_dir=" in log
+    assert log.rstrip().endswith("resume_from_checkpoint=true") and (folder / "checkpoint-10").is_dir()
+
+
+def test_a_failed_run_does_not_resume_from_a_half_written_checkpoint(tmp_path):
+    status, calls, log, folder = _stage(tmp_path, [TRAIN_OOM], folder_setup=lambda f: (
+        (f / "checkpoint-10").mkdir(parents=True), (f / "checkpoint-20").mkdir()))  # no manifest: not whole
+    assert status == 0 and calls == 2 and "resume_from_checkpoint" not in log
+    assert not (folder / "checkpoint-10").exists()  # tried again in an empty folder
+
+
+def test_a_distill_tried_again_keeps_the_explanations_it_wrote(tmp_path):
+    def half_distill(folder):
+        folder.mkdir(parents=True)
+        (folder / "distill.jsonl").write_text('{"question": "q"}\n')
+
+    status, calls, _, folder = _stage(tmp_path, ["KeyError: 'x'"], folder_setup=half_distill)
+    assert status == 0 and calls == 2 and (folder / "distill.jsonl").read_text() == '{"question": "q"}\n'
+
+
+def test_an_earlier_runs_last_log_line_does_not_count_as_this_runs_failure(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "arm_eval.log").write_text("torch.OutOfMemoryError: CUDA out of memory")  # no newline
+    status, calls, log, _ = _stage(tmp_path, ["KeyError: 'x'", "KeyError: 'x'"])
+    assert status == 1 and calls == 2 and "want of GPU memory" not in log
+
+
+def test_the_manifest_name_is_the_checkpoints_own():
+    from rlt_mono.runs.checkpoints import MANIFEST
+
+    assert CHECKPOINT_MANIFEST == MANIFEST
