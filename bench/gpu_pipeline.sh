@@ -48,7 +48,8 @@ setup() {
   # routers) needs beyond the bundle travel as wheels in the carried .whl folder: `pip download --no-deps
   # gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 liger-kernel==0.8.5
   # reasoning-gym==0.1.25 uvicorn==0.54.0 prometheus-fastapi-instrumentator==8.1.0
-  # model-hosting-container-standards==0.1.16 jmespath==1.1.0 -d .whl`, all pure Python, and the one compiled
+  # model-hosting-container-standards==0.1.16 jmespath==1.1.0 pytest-timeout==2.4.0 -d .whl`, all pure Python
+  # (pytest-timeout: bench/multi_gpu.sh stops a GPU test that hangs), and the one compiled
   # wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
   # watchfiles==1.3.0 -d .whl`.
   install_carried_wheels  # bench/carried_wheels.sh
