@@ -58,6 +58,15 @@ def test_speed_sh_without_a_known_command_prints_its_usage_and_exits_2(args, tmp
     assert (done.returncode, done.stderr, done.stdout) == (2, USAGE + "\n", "")
 
 
+def test_speed_sh_start_without_the_gpu_stack_says_where_it_looked_and_writes_nothing(tmp_path):
+    done = subprocess.run(["bash", "bench/speed.sh", "start", "05b"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                           "GPU_STACK_PARTS": str(tmp_path / "parts"), "OUT": str(tmp_path / "out")})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"bench/speed.sh: no {tmp_path / 'parts'}/install_gpu_stack.sh: stash the GPU stack's "
+                           "parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS\n")
+
+
 @pytest.mark.parametrize("measured, message", [
     ("train=abc", "'train=abc': the seconds must be a number, as in train=19.8"),
     ("train", "'train': the seconds must be a number, as in train=19.8"),
