@@ -17,7 +17,7 @@ accuracy on a held-out set is the mean over its seeds of the mean over questions
 bootstrap that resamples, in turn, seeds (with replacement), templates (clusters: the questions of one template
 share wording and method) and questions within each drawn template. A difference between two arms of one student
 resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
-``study.json`` and ``study_table.md`` into ``--out``.
+``study.json``, ``study_table.md`` and ``study.png`` into ``--out``.
 
 ``teachers`` keeps of the teachers part's runs (``<root>/teachers``) what the study reports, in a few kilobytes:
 per RL teacher that saved its trained teacher (its ``final/``, or where an archive left that out, its README.md
@@ -809,6 +809,44 @@ def table(students: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(students: dict, path: Path) -> None:
+    """study.png: per student, a panel per held-out set with each arm's accuracy and its 95% interval, arms in
+    study order (top down); an arm whose answers were cut at the cap above ``CAP_BAR`` on that set is drawn hollow
+    and says how many were cut."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = ("held_out_instances", "held_out_templates")
+    rows = max(len(entry["arms"]) for entry in students.values())
+    figure = Figure(figsize=(11, 0.45 * rows * len(students) + 1.2 * len(students)), layout="constrained")
+    axes = figure.subplots(len(students), len(names), squeeze=False, sharex=True)
+    for row, (student, entry) in enumerate(students.items()):
+        arms = list(entry["arms"])
+        for column, name in enumerate(names):
+            ax = axes[row][column]
+            for y, arm in enumerate(arms):
+                figures = entry["arms"][arm].get(name)
+                if figures is None:
+                    continue
+                accuracy, (low, high), cut = figures["accuracy"], figures["ci95"], figures["capped_frac"] or 0
+                over = cut > CAP_BAR
+                ax.barh(y, accuracy, color="white" if over else "tab:blue", edgecolor="tab:blue", hatch="//" if over
+                        else None)
+                ax.errorbar(accuracy, y, xerr=[[accuracy - low], [high - accuracy]], color="black", capsize=3)
+                label = f"{accuracy:.3f}" + (f"  ({cut:.0%} cut)" if over else "")
+                ax.text(high + 0.01, y, label, va="center", fontsize=8)
+            ax.set_yticks(range(len(arms)), [f"{arm} (s{','.join(map(str, entry['arms'][arm]['seeds']))})"
+                                             for arm in arms] if column == 0 else [""] * len(arms))
+            ax.invert_yaxis()
+            ax.set_xlim(0, 1.2)
+            ax.set_xticks([0, 0.2, 0.4, 0.6, 0.8, 1.0])
+            ax.set_title(f"{student}: {name.replace('_', ' ')}", fontsize=10)
+            ax.grid(axis="x", alpha=0.3)
+        for ax in axes[row]:
+            ax.set_xlabel("accuracy (95% bootstrap: seeds, templates, questions)")
+    FigureCanvasAgg(figure).print_png(str(path))
+
+
 def correlation_line(student: str, entry: dict) -> str:
     """The table's line for a student's correlation: r and rho per held-out set, or why there is none."""
     cells = []
@@ -928,6 +966,8 @@ def main(argv: list[str] | None = None) -> int:
               "students": students}
     (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "study_table.md").write_text(table(students))
+    if students:
+        plot(students, args.out / "study.png")
     print(table(students))
     return 0
 

@@ -76,6 +76,7 @@ def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
     assert 0 < control["ci95"][0] < 0.2 and control["ci95"][1] > 0.35
     assert "Positive control (s): worked - untrained_plain on held out instances: +0.275" in \
         (out / "study_table.md").read_text()
+    assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot of the arms
 
 
 def test_a_worked_arm_no_better_than_untrained_fails_the_control(tmp_path):
