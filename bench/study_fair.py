@@ -10,14 +10,15 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py common <root> --out <folder of the students' distilled files>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
-``template``, ``correct``, ``capped``). ``export`` keeps of each what the summary needs, in a few kilobytes
-(``<student>/<arm><suffix>_s<seed>.json``: question hashes, sets, templates, right/wrong, cut at the cap, and where
-it ran), so the study's summary is recomputed from committed files as its parts are run at different times. An arm's
-accuracy on a held-out set is the mean over its seeds of the mean over questions. Its interval is a percentile
-bootstrap that resamples, in turn, seeds (with replacement), templates (clusters: the questions of one template
-share wording and method) and questions within each drawn template. A difference between two arms of one student
-resamples the same templates and questions for both (paired over questions) and each arm's seeds apart. Writes
-``study.json``, ``study_table.md`` and ``study.png`` into ``--out``.
+``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
+few kilobytes (``<student>/<arm><suffix>_s<seed>.json``: question hashes, sets, templates, right/wrong, cut at the
+cap, whether the answer loops (``looped``), and where it ran), so the study's summary is recomputed from committed
+files as its parts are run at different times. An arm's accuracy on a held-out set is the mean over its seeds of the
+mean over questions. Its interval is a percentile bootstrap that resamples, in turn, seeds (with replacement),
+templates (clusters: the questions of one template share wording and method) and questions within each drawn
+template. A difference between two arms of one student resamples the same templates and questions for both (paired
+over questions) and each arm's seeds apart. Writes ``study.json``, ``study_table.md`` and ``study.png`` into
+``--out``.
 
 ``teachers`` keeps of the teachers part's runs (``<root>/teachers``) what the study reports, in a few kilobytes:
 per RL teacher that saved its trained teacher (its ``final/``, or where an archive left that out, its README.md
@@ -55,6 +56,7 @@ import json
 import logging
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -130,6 +132,18 @@ CORRELATION_LEFT_OUT = {
                               "reward of the other teachers"}
 
 
+# An answer loops when one of its lines of at least LOOP_MIN_CHARS characters (stripped) comes back LOOP_LINES times
+# or more: a student that repeats itself until the cap, which a larger cap does not help. Shorter lines repeat in
+# sound answers (LaTeX's "\[" and "\]", code fences, "Step 2:"), so they do not count.
+LOOP_LINES, LOOP_MIN_CHARS = 4, 10
+
+
+def looped(answer: str) -> bool:
+    """Whether one line of ``LOOP_MIN_CHARS`` characters or more occurs ``LOOP_LINES`` times or more in ``answer``."""
+    counts = Counter(line.strip() for line in answer.splitlines() if len(line.strip()) >= LOOP_MIN_CHARS)
+    return bool(counts) and max(counts.values()) >= LOOP_LINES
+
+
 class StudyError(ValueError):
     """What the user must fix: one line."""
 
@@ -151,7 +165,8 @@ def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
         if not (rows_file.parent / "eval.json").is_file():  # its rows are written, its summary not yet
             logger.warning("%s: no eval.json beside its rows yet (the eval is ending): left out", rows_file.parent)
             continue
-        runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"])}
+        runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"]),
+                                                      "looped": looped(row.get("student_output") or "")}
                                                      for row in rows]))
     return runs
 
@@ -164,9 +179,11 @@ def _exported_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
         if match is None:
             continue
         saved = json.loads(path.read_text())
-        rows = [{"question": q, "heldout": SHORT_SETS[h], "template": t, "correct": c == "1", "capped": x == "1"}
-                for q, h, t, c, x in zip(saved["question"], saved["heldout"], saved["template"], saved["correct"],
-                                         saved["capped"], strict=True)]
+        loops = saved.get("looped") or [None] * len(saved["question"])  # exports before it kept no loop bit
+        rows = [{"question": q, "heldout": SHORT_SETS[h], "template": t, "correct": c == "1", "capped": x == "1",
+                 "looped": None if loop is None else loop == "1"}
+                for q, h, t, c, x, loop in zip(saved["question"], saved["heldout"], saved["template"],
+                                               saved["correct"], saved["capped"], loops, strict=True)]
         runs.append((path.parent.name, match["arm"], int(match["seed"]), rows))
     return runs
 
@@ -225,7 +242,8 @@ def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
             **where, "question": [row["question"] for row in rows],
             "heldout": "".join(row["heldout"][0] for row in rows), "template": [row.get("template") for row in rows],
             "correct": "".join("1" if row["correct"] else "0" for row in rows),
-            "capped": "".join("1" if row.get("capped") else "0" for row in rows)}) + "\n")
+            "capped": "".join("1" if row.get("capped") else "0" for row in rows),
+            "looped": "".join("1" if row["looped"] else "0" for row in rows)}) + "\n")
         written.append(path)
     if not written:
         raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {root}: pass the folder bench/study_fair.sh "
@@ -573,7 +591,8 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
                     "accuracy": round(float(correct.mean()), 4), "ci95": _interval(boot[arm]),
                     "questions": int(correct.shape[1]), "templates": int(len(np.unique(templates))),
                     "per_seed": [round(float(x), 4) for x in correct.mean(axis=1)],
-                    "capped_frac": round(float(np.mean([bool(c) for c in capped])), 4) if capped else None}
+                    "capped_frac": round(float(np.mean([bool(c) for c in capped])), 4) if capped else None,
+                    "looped_frac": _looped_frac(per_arm[arm], held_out)}
             for arm, minus in DIFFERENCES:
                 if arm in boot and minus in boot:
                     point = entry["arms"][arm][name]["accuracy"] - entry["arms"][minus][name]["accuracy"]
@@ -591,6 +610,15 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
         entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed)
         students[student] = entry
     return students
+
+
+def _looped_frac(per_seed: dict[int, list[dict]], held_out: str) -> float | None:
+    """The share of an arm's answers on ``held_out`` that loop (``looped``); None where a run's export kept no loop
+    bit."""
+    loops = [row.get("looped") for rows in per_seed.values() for row in rows if row.get("heldout") == held_out]
+    if not loops or any(loop is None for loop in loops):
+        return None
+    return round(float(np.mean(loops)), 4)
 
 
 def _uncut_difference(correct: list[np.ndarray], seed_means: list[np.ndarray], uncut: np.ndarray,
@@ -770,8 +798,8 @@ def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int) ->
 
 def table(students: dict) -> str:
     """study_table.md: one row per student and arm."""
-    lines = ["| student | arm | seeds | held-out templates | held-out instances | answers cut at the cap |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| student | arm | seeds | held-out templates | held-out instances | answers cut at the cap "
+             "| answers that loop |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for student, entry in students.items():
         for arm, figures in entry["arms"].items():
             cells = []
@@ -782,8 +810,11 @@ def table(students: dict) -> str:
             capped = [figures[n]["capped_frac"] for n in SETS.values() if figures.get(n, {}).get("capped_frac")
                       is not None]
             cut = f"{max(capped):.1%}" if capped else "—"
+            loops = [figures[n]["looped_frac"] for n in SETS.values() if figures.get(n, {}).get("looped_frac")
+                     is not None]
+            loop = f"{max(loops):.1%}" if loops else "—"
             lines.append(f"| {student} | {arm} | {', '.join(map(str, figures['seeds']))} | {cells[0]} | {cells[1]} | "
-                         f"{cut} |")
+                         f"{cut} | {loop} |")
         control = entry.get("positive_control")
         if control:
             lines.append("")

@@ -156,6 +156,42 @@ def test_a_difference_without_an_arm_over_the_bar_has_no_uncut_figure(tmp_path):
     assert "neither arm cut" not in result.stdout
 
 
+def test_an_answer_loops_when_one_line_comes_back_four_times():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import looped
+
+    line = "So 3 + 4 = 7 apples."
+    assert looped(f"Step 1.\n{line}\n\n{line}\n  {line}  \n{line}")  # stripped; blank lines between do not count
+    assert not looped(f"{line}\n{line}\n{line}\nSo 7 apples.")  # three times
+    assert not looped("\\[\nx = 2\n\\]\n" * 5)  # short lines (LaTeX delimiters, equations) repeat in sound answers
+    assert not looped("")
+
+
+def test_the_share_of_answers_that_loop_is_exported_and_summarised(tmp_path):
+    root = tmp_path / "study"
+    folder = root / "s" / "rl_teacher_s0" / "eval"
+    folder.mkdir(parents=True)
+    loop, plain = "Add the two numbers.\n\\[\n" * 4, "Add the two numbers.\n\\[\nThe answer is 1."
+    rows = [{"question": f"q{i}", "heldout": "instances", "template": i % 5, "correct": i % 2 == 0,
+             "capped": i < 3, "student_output": loop if i < 3 else plain} for i in range(20)]
+    (folder / "eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "eval.json").write_text("{}\n")
+    result, out = _summarize(tmp_path, root)
+    assert result.returncode == 0, result.stderr
+    exported = json.loads((tmp_path / "answers" / "s" / "rl_teacher_s0.json").read_text())
+    assert exported["looped"] == "111" + "0" * 17
+    figures = json.loads((out / "study.json").read_text())["students"]["s"]["arms"]["rl_teacher"]
+    assert figures["held_out_instances"]["looped_frac"] == 0.15
+    assert (out / "study_table.md").read_text().splitlines()[2].endswith("| 15.0% | 15.0% |")
+    # an export written before the loop bit: no share, said as unknown
+    del exported["looped"]
+    (tmp_path / "answers" / "s" / "rl_teacher_s0.json").write_text(json.dumps(exported))
+    again = _run("summarize", tmp_path / "answers", "--out", tmp_path / "old", "--resamples", 50)
+    figures = json.loads((tmp_path / "old" / "study.json").read_text())["students"]["s"]["arms"]["rl_teacher"]
+    assert figures["held_out_instances"]["looped_frac"] is None, again.stderr
+    assert (tmp_path / "old" / "study_table.md").read_text().splitlines()[2].endswith("| 15.0% | — |")
+
+
 def test_templates_are_resampled_as_clusters():
     sys.path.insert(0, str(SCRIPT.parent))
     import numpy as np
