@@ -56,7 +56,6 @@ import json
 import logging
 import re
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -132,16 +131,24 @@ CORRELATION_LEFT_OUT = {
                               "reward of the other teachers"}
 
 
-# An answer loops when one of its lines of at least LOOP_MIN_CHARS characters (stripped) comes back LOOP_LINES times
-# or more: a student that repeats itself until the cap, which a larger cap does not help. Shorter lines repeat in
-# sound answers (LaTeX's "\[" and "\]", code fences, "Step 2:"), so they do not count.
-LOOP_LINES, LOOP_MIN_CHARS = 4, 10
+# An answer loops when its last LOOP_TAIL_CHARS characters (trailing space dropped) occur LOOP_TIMES times or more in
+# it: a student that repeats itself until the cap (a line, a block of lines or a phrase inside one line), which a
+# larger cap does not help. An answer that ends normally ("The answer is 7.") does not repeat its ending, and a list
+# whose items repeat a fact line does not end on a repeat unless it is still repeating.
+LOOP_TAIL_CHARS, LOOP_TIMES = 40, 4
 
 
 def looped(answer: str) -> bool:
-    """Whether one line of ``LOOP_MIN_CHARS`` characters or more occurs ``LOOP_LINES`` times or more in ``answer``."""
-    counts = Counter(line.strip() for line in answer.splitlines() if len(line.strip()) >= LOOP_MIN_CHARS)
-    return bool(counts) and max(counts.values()) >= LOOP_LINES
+    """Whether ``answer``'s last ``LOOP_TAIL_CHARS`` characters occur ``LOOP_TIMES`` times or more in it (counted
+    where they overlap, too: a loop shorter than the ending repeats it at each turn)."""
+    answer = answer.rstrip()
+    tail = answer[-LOOP_TAIL_CHARS:]
+    if len(tail) < LOOP_TAIL_CHARS:
+        return False
+    found, start = 0, answer.find(tail)
+    while start != -1 and found < LOOP_TIMES:
+        found, start = found + 1, answer.find(tail, start + 1)
+    return found >= LOOP_TIMES
 
 
 class StudyError(ValueError):

@@ -120,7 +120,7 @@ else
             sft.eval_strategy=epoch sft.bf16=false +sft.tf32=true logging=local)
   # Greedy answers of at most 1,024 tokens, every arm's (the untrained's too); a fixed 3 GiB KV cache (runs side by
   # side); vLLM at 0.08 of the card. At 512 tokens the students taught by explanations had 2-31% of their answers
-  # cut (thought + solution is long; on held-out instances almost none of them loop) and a cut answer is mostly
+  # cut (thought + solution is long; on held-out instances few of them loop) and a cut answer is mostly
   # wrong; the untrained plain prompt was cut on 5.1% (docs/STUDY.md, "The students at one commit").
   eval_size=(eval.student_max_new_tokens=1024 eval.vllm_gpu_memory_utilization=0.08 eval.vllm_kv_cache_gib=3)
   # The larger model, a fixed 12 GiB KV cache (other runs may share the card); answers of at most 768 tokens (the

@@ -156,22 +156,31 @@ def test_a_difference_without_an_arm_over_the_bar_has_no_uncut_figure(tmp_path):
     assert "neither arm cut" not in result.stdout
 
 
-def test_an_answer_loops_when_one_line_comes_back_four_times():
+def test_an_answer_loops_when_its_ending_came_four_times():
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import looped
+    from study_fair import LOOP_TAIL_CHARS, looped
 
-    line = "So 3 + 4 = 7 apples."
-    assert looped(f"Step 1.\n{line}\n\n{line}\n  {line}  \n{line}")  # stripped; blank lines between do not count
-    assert not looped(f"{line}\n{line}\n{line}\nSo 7 apples.")  # three times
-    assert not looped("\\[\nx = 2\n\\]\n" * 5)  # short lines (LaTeX delimiters, equations) repeat in sound answers
-    assert not looped("")
+    assert LOOP_TAIL_CHARS == 40
+    unit = "149 - 248 = "  # 12 characters, so the 40-character ending comes back at each turn
+    # 7 turns and a part: 89 characters of loop hold the ending at 5 places (they overlap); 4 turns: at 2
+    assert looped("Step 1: subtract. " + unit * 7 + "149 -")  # inside one line, cut mid-repeat
+    assert looped("Step 1: subtract. " + unit * 6 + "149 -")  # 77 characters: 4 places
+    assert not looped("Step 1: subtract. " + unit * 5 + "149 -")  # 65 characters: 3 places
+    block = "\\[\n0.8x = 10\\% of x\n\\]\n"  # a block of short lines, 23 characters: 5 turns hold the ending 4 times
+    assert looped("So:\n" + block * 5)
+    assert not looped("So:\n" + block * 4)
+    # a list whose items repeat a fact line, then an ending of its own
+    items = "".join(f"- {thing}: Mary has 5 grandchildren, so 5 {thing}s.\n" for thing in ("hat", "scarf", "mitten",
+                                                                                         "sweater", "sock"))
+    assert not looped(items + "So Mary knits 25 things in all. The answer is 25.")
+    assert not looped("ab" * 19) and not looped("")  # shorter than the ending it would repeat
 
 
 def test_the_share_of_answers_that_loop_is_exported_and_summarised(tmp_path):
     root = tmp_path / "study"
     folder = root / "s" / "rl_teacher_s0" / "eval"
     folder.mkdir(parents=True)
-    loop, plain = "Add the two numbers.\n\\[\n" * 4, "Add the two numbers.\n\\[\nThe answer is 1."
+    loop, plain = "Add the two numbers: 3 + 4 = 7.\n" * 6, "Add the two numbers: 3 + 4 = 7.\nThe answer is 7."
     rows = [{"question": f"q{i}", "heldout": "instances", "template": i % 5, "correct": i % 2 == 0,
              "capped": i < 3, "student_output": loop if i < 3 else plain} for i in range(20)]
     (folder / "eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
