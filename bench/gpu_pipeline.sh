@@ -30,7 +30,7 @@ set -euo pipefail
 source bench/carried_wheels.sh
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
-parts=/root/parts
+parts=${GPU_STACK_PARTS:-/root/parts}  # the stashed pieces (as bench/multi_gpu.sh and bench/speed.sh read them)
 cache=/root/rltcache
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
 models=(
@@ -41,7 +41,11 @@ models=(
 
 # The GPU stack, the carried wheels (gguf, math-verify), the stashed GGUF models and the reasoning-gym wheel.
 setup() {
-  bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1   # skips a bundle already unpacked
+  [ -f "$parts/install_gpu_stack.sh" ] || { echo "bench/gpu_pipeline.sh: no $parts/install_gpu_stack.sh: stash the" \
+    "GPU stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2; exit 2; }
+  bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1 \
+    || { echo "bench/gpu_pipeline.sh: the GPU stack did not install; $OUT/install.log ends:" >&2
+         tail -n 5 "$OUT/install.log" >&2; exit 2; }  # (it skips a bundle already unpacked)
   eval "$(tail -1 "$OUT/install.log")"
   # gguf, math-verify, liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml), reasoning-gym
   # (data=gsm_symbolic) and what `vllm serve` (placement=async's rollout server: its HTTP server, metrics and

@@ -67,6 +67,29 @@ def test_speed_sh_start_without_the_gpu_stack_says_where_it_looked_and_writes_no
                            "parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS\n")
 
 
+def _gpu_pipeline(tmp_path, parts, *args):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts), "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", "bench/gpu_pipeline.sh", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60, env=env)
+
+
+def test_gpu_pipeline_without_the_gpu_stack_says_where_it_looked(tmp_path):
+    done = _gpu_pipeline(tmp_path, tmp_path / "parts", "run", "demo_tiny", "10")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"bench/gpu_pipeline.sh: no {tmp_path / 'parts'}/install_gpu_stack.sh: stash the GPU "
+                           "stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS\n")
+
+
+def test_gpu_pipeline_whose_stack_does_not_install_shows_the_end_of_its_log(tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "install_gpu_stack.sh").write_text('echo unpacking; echo "xz: file is corrupt" >&2; exit 1\n')
+    done = _gpu_pipeline(tmp_path, parts, "fair", "students", "0")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"bench/gpu_pipeline.sh: the GPU stack did not install; {tmp_path / 'out'}/install.log "
+                           "ends:\nunpacking\nxz: file is corrupt\n")
+
+
 @pytest.mark.parametrize("measured, message", [
     ("train=abc", "'train=abc': the seconds must be a number, as in train=19.8"),
     ("train", "'train': the seconds must be a number, as in train=19.8"),
