@@ -27,10 +27,10 @@
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
-source bench/carried_wheels.sh
+source bench/gpu_host.sh  # GPU_STACK_PARTS, install_gpu_stack, install_carried_wheels
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
-parts=${GPU_STACK_PARTS:-/root/parts}  # the stashed pieces (as bench/multi_gpu.sh and bench/speed.sh read them)
+parts=$GPU_STACK_PARTS  # the stashed pieces: the stack's, the models', the reasoning-gym wheel
 cache=/root/rltcache
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
 models=(
@@ -41,12 +41,9 @@ models=(
 
 # The GPU stack, the carried wheels (gguf, math-verify), the stashed GGUF models and the reasoning-gym wheel.
 setup() {
-  [ -f "$parts/install_gpu_stack.sh" ] || { echo "bench/gpu_pipeline.sh: no $parts/install_gpu_stack.sh: stash the" \
-    "GPU stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2; exit 2; }
-  bash "$parts/install_gpu_stack.sh" "$parts" > "$OUT/install.log" 2>&1 \
-    || { echo "bench/gpu_pipeline.sh: the GPU stack did not install; $OUT/install.log ends:" >&2
-         tail -n 5 "$OUT/install.log" >&2; exit 2; }  # (it skips a bundle already unpacked)
-  eval "$(tail -1 "$OUT/install.log")"
+  local stack
+  stack=$(install_gpu_stack "$OUT/install.log") || exit 2  # bench/gpu_host.sh
+  eval "$stack"
   # gguf, math-verify, liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml), reasoning-gym
   # (data=gsm_symbolic) and what `vllm serve` (placement=async's rollout server: its HTTP server, metrics and
   # routers) needs beyond the bundle travel as wheels in the carried .whl folder: `pip download --no-deps
@@ -56,7 +53,7 @@ setup() {
   # (pytest-timeout: bench/multi_gpu.sh stops a GPU test that hangs), and the one compiled
   # wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
   # watchfiles==1.3.0 -d .whl`.
-  install_carried_wheels  # bench/carried_wheels.sh
+  install_carried_wheels  # bench/gpu_host.sh
   mkdir -p "$cache/pypi" "$cache/reasoning-gym"
   for model in "${models[@]}"; do
     read -r prefix file sha <<< "$model"

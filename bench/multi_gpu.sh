@@ -15,14 +15,10 @@ arms=${1:?usage: bash bench/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none> [<pyt
 tests=${2:-}
 OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
 mkdir -p "$OUT"
-# The offline GPU stack (vLLM, TRL and their wheels) from the folder bench/gpu_pipeline.sh stashes its parts in.
-parts=${GPU_STACK_PARTS:-/root/parts}
-[ -f "$parts/install_gpu_stack.sh" ] || { echo "bench/multi_gpu.sh: no $parts/install_gpu_stack.sh: stash the GPU" \
-  "stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2; exit 2; }
-stack=$(bash "$parts/install_gpu_stack.sh" "$parts" | tail -1)  # stops here (set -e) if the install fails
+# The offline GPU stack and the carried pure-Python wheels beside it (bench/gpu_host.sh).
+source bench/gpu_host.sh
+stack=$(install_gpu_stack "$OUT/install.log")  # stops here (set -e) if the install fails
 eval "$stack"
-# The carried pure-Python wheels beside the stack.
-source bench/carried_wheels.sh
 install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)

@@ -86,16 +86,13 @@ numbers, got '$n' (usage: 05b [pairs] [steps] [speed arms] [score micro-batch])"
         *) echo "$usage" >&2; exit 2 ;;
       esac
     done
-    # The specs are whole: install the stack (from GPU_STACK_PARTS, default /root/parts, as bench/multi_gpu.sh),
-    # and the wheels carried in .whl (bench/carried_wheels.sh: liger-kernel for trainer.use_liger_kernel) beside it.
-    parts=${GPU_STACK_PARTS:-/root/parts}
-    [ -f "$parts/install_gpu_stack.sh" ] || { echo "bench/speed.sh: no $parts/install_gpu_stack.sh: stash the GPU" \
-      "stack's parts there first (bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2; exit 2; }
-    mkdir -p "$root"
-    stack=$(bash "$parts/install_gpu_stack.sh" "$parts" | tail -1)
-    source bench/carried_wheels.sh
+    # The specs are whole: install the stack and the wheels carried in .whl (liger-kernel for
+    # trainer.use_liger_kernel) beside it (bench/gpu_host.sh); the background script exports both.
+    source bench/gpu_host.sh
+    stack=$(install_gpu_stack "$OUT/install.log")
     install_carried_wheels
-    stack+="; export PYTHONPATH=/tmp/gguf-site:\$PYTHONPATH"
+    stack+="; export PYTHONPATH=$CARRIED_SITE:\$PYTHONPATH"
+    mkdir -p "$root"
     # With SPEED_LAYERS set, bench/fused_layers.py before the benchmarks: the 7B and 0.5B layers with and without
     # liger's kernels.
     if [ -n "${SPEED_LAYERS:-}" ]; then

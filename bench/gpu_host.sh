@@ -1,0 +1,38 @@
+# Sourced by bench/gpu_pipeline.sh, bench/multi_gpu.sh and bench/speed.sh: the set-up of a GPU host without network
+# access, in one place.
+# The GPU stack (vLLM, TRL and their wheels) is an offline bundle whose pieces bench/gpu_pipeline.sh stashes in
+# GPU_STACK_PARTS (default /root/parts), with the install_gpu_stack.sh that unpacks it (it skips a bundle already
+# unpacked) and prints, last, the `export PYTHONPATH=...` line to use.
+GPU_STACK_PARTS=${GPU_STACK_PARTS:-/root/parts}
+# The pure-Python wheels carried in .whl (gguf, math-verify, liger-kernel, reasoning-gym, pytest-timeout, and the
+# HTTP server packages vLLM's `vllm serve` imports for placement=async; bench/gpu_pipeline.sh's setup lists them
+# with the command that fetches them) are installed into CARRIED_SITE.
+CARRIED_SITE=/tmp/gguf-site
+
+# install_gpu_stack <log file>: unpack the stack (its output in <log file>) and print its export line; without a
+# stack, or when it does not unpack, one line (and the log's end) on stderr and status 2.
+install_gpu_stack() {
+  local log=$1
+  if [ ! -f "$GPU_STACK_PARTS/install_gpu_stack.sh" ]; then
+    echo "$0: no $GPU_STACK_PARTS/install_gpu_stack.sh: stash the GPU stack's parts there first" \
+      "(bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2
+    return 2
+  fi
+  if ! bash "$GPU_STACK_PARTS/install_gpu_stack.sh" "$GPU_STACK_PARTS" > "$log" 2>&1; then
+    echo "$0: the GPU stack did not install; $log ends:" >&2
+    tail -n 5 "$log" >&2
+    return 2
+  fi
+  tail -n 1 "$log"
+}
+
+# install_carried_wheels: the .whl wheels into CARRIED_SITE, on PYTHONPATH. Each run installs them again (seconds),
+# so a wheel added to .whl since the last run on the same host is not missed.
+install_carried_wheels() {
+  compgen -G ".whl/*.whl" > /dev/null || return 0
+  python3 -m pip install -q --no-index --no-deps --upgrade --target "$CARRIED_SITE" .whl/*.whl
+  case ":${PYTHONPATH:-}:" in
+    *:"$CARRIED_SITE":*) ;;
+    *) export PYTHONPATH=$CARRIED_SITE${PYTHONPATH:+:$PYTHONPATH} ;;
+  esac
+}
