@@ -1003,10 +1003,11 @@ def main(argv: list[str] | None = None) -> int:
               "teachers": None if teachers_file is None else str(teachers_file),
               "students": students}
     (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "study_table.md").write_text(table(students))
+    text = table(students)
+    (args.out / "study_table.md").write_text(text)
     if students:
         plot(students, args.out / "study.png")
-    print(table(students))
+    print(text)
     return 0
 
 
