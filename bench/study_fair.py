@@ -159,8 +159,9 @@ def _question_id(question: str) -> str:
     return hashlib.sha256(" ".join(question.split()).encode()).hexdigest()[:12]
 
 
-def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
-    """``(student, arm, seed, rows)`` of every eval folder under ``root``, each row keyed by its question's id."""
+def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict], Path]]:
+    """``(student, arm, seed, rows, eval folder)`` of every eval folder under ``root``, each row keyed by its
+    question's id."""
     runs = []
     for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
         folder = rows_file.parent.parent
@@ -174,7 +175,7 @@ def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict]]]:
             continue
         runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"]),
                                                       "looped": looped(row.get("student_output") or "")}
-                                                     for row in rows]))
+                                                     for row in rows], rows_file.parent))
     return runs
 
 
@@ -212,7 +213,7 @@ def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
     exported ``<root>/<student>/<arm>_s<seed>.json``."""
     arms: dict[str, dict[str, dict[int, list[dict]]]] = {}
     for root in roots:
-        for student, arm, seed, rows in [*_eval_runs(root), *_exported_runs(root)]:
+        for student, arm, seed, rows, *_ in [*_eval_runs(root), *_exported_runs(root)]:
             seeds = arms.setdefault(student, {}).setdefault(arm, {})
             if seed in seeds:
                 raise StudyError(f"{root}: {student}/{arm} seed {seed} is there twice; pass each run once")
@@ -237,16 +238,20 @@ def provenance(roots: list[Path]) -> list[dict]:
 
 
 def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
-    """Each eval run under ``root`` as ``out/<student>/<arm><suffix>_s<seed>.json``; refuses to overwrite one."""
+    """Each eval run under ``root`` as ``out/<student>/<arm><suffix>_s<seed>.json``; refuses to overwrite one. A run
+    whose eval folder keeps the command that started it (``command``, bench/study_fair.sh) is exported with that
+    command rather than ``where``'s: one root may hold the runs of several commands."""
     written = []
-    for student, arm, seed, rows in _eval_runs(root):
+    for student, arm, seed, rows, folder in _eval_runs(root):
+        own = folder / "command"
+        run_where = {**where, "command": own.read_text().strip()} if own.is_file() else where
         rows = [row for row in rows if row.get("heldout") in SETS and row.get("correct") is not None]
         path = out / student / f"{arm}{suffix}_s{seed}.json"
         if path.exists():
             raise StudyError(f"{path} exists: a run is exported once (choose another --suffix, or delete it)")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
-            **where, "question": [row["question"] for row in rows],
+            **run_where, "question": [row["question"] for row in rows],
             "heldout": "".join(row["heldout"][0] for row in rows), "template": [row.get("template") for row in rows],
             "correct": "".join("1" if row["correct"] else "0" for row in rows),
             "capped": "".join("1" if row.get("capped") else "0" for row in rows),

@@ -92,6 +92,9 @@ on_gpu() {
 }
 mkdir -p "$root/logs"
 start=$SECONDS
+# How this study was started (<root>/command, written by bench/gpu_pipeline.sh fair), read now: each eval keeps it
+# (<eval folder>/command), as a later command on the same root writes that file again.
+study_command=$(cat "$root/command" 2> /dev/null || true)
 
 if [ "${STUDY_TINY:-0}" = 1 ]; then
   size=(size=tiny data.source=embedded data.embedded_rows=60 data.eval_rows=8
@@ -170,7 +173,9 @@ evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answer
   local folder=$1 prompt=$2 seed=$3; shift 3
   local log=${folder#"$root"/}
   stage "$folder" "${log//\//_}" ./launch_mono.sh eval "${size[@]}" "${eval_size[@]}" \
-    model.model_name_or_path=null "student=$student_cfg" "eval.student_prompt=$prompt" "seed=$seed" "$@"
+    model.model_name_or_path=null "student=$student_cfg" "eval.student_prompt=$prompt" "seed=$seed" "$@" || return
+  # the command that started this study, beside the eval it ran (a later command on the same root has its own)
+  [ "$check" = 1 ] || [ -z "$study_command" ] || [ -e "$folder/command" ] || printf '%s\n' "$study_command" > "$folder/command"
 }
 worked() {  # <seed>: a student trained on the worked solutions, then evaluated
   local dir=$root/$student/worked_s$1

@@ -2,7 +2,9 @@
 # output in <root>/logs/<log name>.log; skipped when <folder> holds what a finished run leaves (eval.json, final/).
 # Runs share GPUs, so a run can fail only because another one holds the card's memory at that moment: a run that
 # stopped for want of GPU memory (vLLM's engine found too little free memory; training ran out of it) is tried again
-# every STUDY_RETRY_SECONDS (default 60) up to STUDY_MEMORY_TRIES times (default 10); any other failure once more,
+# after STUDY_RETRY_SECONDS (default 60) plus a random part of as much again, up to STUDY_MEMORY_TRIES times (default
+# 10): two runs that ran out together on one card would otherwise start together again, and run out together, every
+# time (seen: two 1.5B students, ten tries each, the card idle between); any other failure once more,
 # STUDY_RETRY_SECONDS / 2 later; a run whose weights went non-finite (rlt_mono.runs.diverged) not at all, as it would
 # only diverge again. A run resumes from its newest whole checkpoint (one with rlt_mono.runs.checkpoints' manifest)
 # when its folder holds one, the first try included; tried again without one, it starts in an empty folder, except
@@ -24,7 +26,8 @@ stage() {
     return
   fi
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
-  local pause=${STUDY_RETRY_SECONDS:-60} memory_tries=${STUDY_MEMORY_TRIES:-10} tries=0 others=0 lines start resume
+  local pause=${STUDY_RETRY_SECONDS:-60} memory_tries=${STUDY_MEMORY_TRIES:-10} tries=0 others=0
+  local lines start resume wait_s
   resume=$(resume_override "$folder")
   start=$(stat -c %s "$file" 2>/dev/null || echo 0)  # bytes: this attempt's output starts after them
   until "$@" output_dir="$folder" $resume >> "$file" 2>&1; do
@@ -33,9 +36,10 @@ stage() {
     if grep -Eq "$GPU_MEMORY_FAILURE" <<< "$lines"; then
       tries=$((tries + 1))
       [ "$tries" -le "$memory_tries" ] || return 1
-      echo "bench/study_stage.sh: $log stopped for want of GPU memory; trying again in $pause s" \
+      wait_s=$((pause + RANDOM % (pause + 1)))  # the random part sets apart runs that failed together
+      echo "bench/study_stage.sh: $log stopped for want of GPU memory; trying again in $wait_s s" \
         "($tries of $memory_tries)" >> "$file"
-      sleep "$pause"
+      sleep "$wait_s"
     else
       others=$((others + 1))
       [ "$others" -le 1 ] || return 1

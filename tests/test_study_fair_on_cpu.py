@@ -228,6 +228,20 @@ def test_no_eval_folder_is_one_line_and_a_run_is_exported_once(tmp_path):
     assert again.returncode == 2 and "untrained_s0.json exists: a run is exported once" in again.stderr
 
 
+def test_a_run_that_keeps_its_own_command_is_exported_with_it(tmp_path):
+    # one root, two commands: the eval folder's own command wins over --command, the latest command on the root
+    _eval_folder(tmp_path / "study", "s", "untrained", {"instances": [True, False]})
+    _eval_folder(tmp_path / "study", "s", "worked_s0", {"instances": [True, True]})
+    (tmp_path / "study" / "s" / "worked_s0" / "eval" / "command").write_text("STUDY_ARMS=worked bash x.sh fair 0\n")
+    exported = _run("export", tmp_path / "study", "--out", tmp_path / "answers", "--device", "d", "--commit", "c",
+                    "--command", "STUDY_ARMS=untrained bash x.sh fair 1,2")
+    assert exported.returncode == 0, exported.stderr
+    commands = {name: json.loads((tmp_path / "answers" / "s" / f"{name}.json").read_text())["command"]
+                for name in ("untrained_s0", "worked_s0")}
+    assert commands == {"untrained_s0": "STUDY_ARMS=untrained bash x.sh fair 1,2",
+                        "worked_s0": "STUDY_ARMS=worked bash x.sh fair 0"}
+
+
 def test_an_eval_whose_summary_is_not_written_yet_is_left_out_of_the_export(tmp_path):
     _eval_folder(tmp_path / "study", "s", "untrained", {"instances": [True, False]})
     _eval_folder(tmp_path / "study", "s", "worked_s0", {"instances": [True, True]})
@@ -279,11 +293,15 @@ def test_an_unknown_part_is_one_line_naming_the_parts(tmp_path):
 
 def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
     root = tmp_path / "study"
+    root.mkdir()
+    (root / "command").write_text("STUDY_ARMS=x bash bench/gpu_pipeline.sh fair control 0\n")
     first = _fair_sh("control", root, "0")
     assert first.returncode == 0 and "worked_s0=0" in (root / "DONE").read_text(), first.stdout + first.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"
     for arm in ("untrained", "untrained_plain", "worked_s0"):
         assert (student / arm / "eval" / "eval.json").is_file(), arm
+        # each eval keeps the command that started the study, which a later command on the root may overwrite
+        assert (student / arm / "eval" / "command").read_text() == (root / "command").read_text(), arm
     assert (student / "worked_s0" / "sft" / "final").is_dir()
     prompts = {arm: (student / arm / "eval" / "config.yaml").read_text().split("student_prompt: ")[1].split("\n")[0]
                for arm in ("untrained", "untrained_plain")}

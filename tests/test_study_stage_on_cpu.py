@@ -21,7 +21,7 @@ mkdir -p "$out" && echo '{}' > "$out/eval.json"
 """
 
 
-def _stage(tmp_path, fails, memory_tries=10, folder_setup=None):
+def _stage(tmp_path, fails, memory_tries=10, folder_setup=None, prelude="STUDY_RETRY_SECONDS=0"):
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "fails").write_text("".join(f + "\n" for f in fails))
     run = tmp_path / "run.sh"
@@ -30,7 +30,7 @@ def _stage(tmp_path, fails, memory_tries=10, folder_setup=None):
     folder = tmp_path / "arm" / "eval"
     if folder_setup:
         folder_setup(folder)
-    script = (f"root={tmp_path} check=0 STUDY_RETRY_SECONDS=0 STUDY_MEMORY_TRIES={memory_tries}; "
+    script = (f"root={tmp_path} check=0 {prelude} STUDY_MEMORY_TRIES={memory_tries}; "
               f"source {STAGE}; stage {folder} arm_eval {run} eval seed=0")
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
     calls = int((tmp_path / "calls").read_text()) if (tmp_path / "calls").exists() else 0
@@ -47,6 +47,26 @@ def test_a_run_short_of_gpu_memory_is_tried_until_it_gets_it(tmp_path):
     status, calls, log, folder = _stage(tmp_path, [VLLM_SHORT, TRAIN_OOM, VLLM_SHORT])
     assert status == 0 and calls == 4 and (folder / "eval.json").is_file()
     assert log.count("stopped for want of GPU memory") == 3 and "(3 of 10)" in log
+
+
+def _waits(tmp_path, random_seed):
+    """The seconds each memory retry of a run waits, with bash's random numbers seeded and ``sleep`` recorded, not
+    slept."""
+    prelude = (f"STUDY_RETRY_SECONDS=60 RANDOM={random_seed}; sleep() {{ echo \"$1\" >> {tmp_path}/slept; }};")
+    status, calls, log, _ = _stage(tmp_path, [TRAIN_OOM] * 3, prelude=prelude)
+    waits = [int(line) for line in (tmp_path / "slept").read_text().split()]
+    assert status == 0 and calls == 4 and len(waits) == 3
+    assert [f"trying again in {w} s" in log for w in waits] == [True] * 3
+    return waits
+
+
+def test_memory_retries_wait_the_pause_plus_a_random_part_that_sets_apart_runs_that_failed_together(tmp_path):
+    one, other = tmp_path / "one", tmp_path / "other"
+    one.mkdir(), other.mkdir()
+    first, second = _waits(one, 1), _waits(other, 2)
+    assert all(60 <= wait <= 120 for wait in first + second)
+    # two runs that ran out of memory at the same moment do not try again at the same moment, each time
+    assert all(a != b for a, b in zip(first, second))
 
 
 def test_memory_tries_run_out(tmp_path):
