@@ -90,7 +90,8 @@ CONTROL_ARM, UNTRAINED_ARMS, CONTROL_MARGIN = "worked", ("untrained", "untrained
 CAP_BAR = 0.05
 # The comparisons the study exists for, each as (arm, minus arm), per student, wherever both arms were run.
 # worked_common: the worked solutions alone on the teachers' questions (the teacher arms' like-for-like control).
-DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("rl_teacher", "sft_teacher"),
+DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("worked_common", "untrained_plain"),
+               ("rl_teacher", "sft_teacher"),
                ("rl_teacher", "worked"), ("rl_teacher", "worked_common"), ("sft_teacher", "worked_common"),
                ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
 _SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
@@ -828,6 +829,10 @@ def table(students: dict) -> str:
             lines.append(f"| {student} | {arm} | {', '.join(map(str, figures['seeds']))} | {cells[0]} | {cells[1]} | "
                          f"{cut} | {loop} |")
         control = entry.get("positive_control")
+        if not control and any(arm not in (CONTROL_ARM, *UNTRAINED_ARMS) for arm in entry["arms"]):
+            lines.append("")
+            lines.append(f"Positive control ({student}): not run (it needs the {CONTROL_ARM} students and an untrained "
+                         f"one): no comparison of this student's arms rests on it.")
         if control:
             lines.append("")
             low, high = control["ci95"]

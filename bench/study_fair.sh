@@ -43,13 +43,13 @@
 #   STUDY_GPUS       GPUs to spread the runs over, comma-separated (default: every GPU nvidia-smi lists; none on CPU):
 #                    the traces and the control part's untrained evals go to the first, its seed i's student to
 #                    GPU (i+1) mod count; the students part deals its runs to STUDY_SLOTS lanes a GPU
-#   STUDY_SLOTS      students part: students side by side on a GPU (default 2); the students are dealt
-#                    round-robin to the slots, each slot's one after another
+#   STUDY_SLOTS      students part: students side by side on a GPU (default 2, and 1 where a student is the 1.5B:
+#                    one 1.5B student SFT, 16 rows of <= 1,024 tokens in float32, held 106 GiB of an H200 by
+#                    nvidia-smi); the students are dealt round-robin to the slots, each slot's one after another
 #   STUDY_ANSWERS    students part: a folder of exported answers (bench/study_fair.py export's --out, e.g. the
 #                    committed results/study_gsm_symbolic_v2/answers): a run whose file is there, exported at this
 #                    study's commit (<root>/commit, when there is one), is not run again
-#   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1; a 1.5B student SFT takes about 50 GB:
-#                    one per H100)
+#   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1)
 # Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
 # distill...}; logs in <root>/logs; <root>/DONE holds the exit codes.
 # bench/study_fair.py summarize <root> writes study.json (arms, intervals, differences) from the eval folders.
@@ -308,7 +308,9 @@ for one in $parts; do
   if [ "$one" = students ]; then
     # Every (student, arm, seed) run is a job; the jobs are dealt round-robin to STUDY_SLOTS lanes a GPU, each lane's
     # jobs one after another (on CPU each job is a lane of its own). STUDY_ARMS' order is the dealing order.
-    slots=${STUDY_SLOTS:-2}
+    default_slots=2
+    [[ $students != *1.5b* ]] || default_slots=1
+    slots=${STUDY_SLOTS:-$default_slots}
     [ "${STUDY_SERIAL:-0}" = 1 ] && slots=1
     [[ $slots =~ ^[1-9][0-9]*$ ]] || { echo "bench/study_fair.sh: STUDY_SLOTS=$slots: a whole number >= 1" >&2; exit 2; }
     # each input unpacked once, before lanes that share it start

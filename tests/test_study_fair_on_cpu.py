@@ -90,6 +90,21 @@ def test_a_worked_arm_no_better_than_untrained_fails_the_control(tmp_path):
     assert "FAILS" in result.stdout
 
 
+def test_a_student_without_the_control_arm_is_said_to_have_no_control(tmp_path):
+    root = tmp_path / "study"
+    n = 40
+    _eval_folder(root, "s", "untrained_plain", {"instances": [i % 4 == 0 for i in range(n)]})        # 0.25
+    _eval_folder(root, "s", "worked_common_s0", {"instances": [i % 2 == 0 for i in range(n)]})      # 0.50
+    _eval_folder(root, "s", "rl_teacher_s0", {"instances": [i % 2 == 0 for i in range(n)]})
+    result, out = _summarize(tmp_path, root)
+    assert result.returncode == 0, result.stderr
+    entry = json.loads((out / "study.json").read_text())["students"]["s"]
+    assert entry["positive_control"] is None
+    assert entry["differences"]["worked_common - untrained_plain"]["held_out_instances"]["difference"] == 0.25
+    assert ("Positive control (s): not run (it needs the worked students and an untrained one): no comparison of "
+            "this student's arms rests on it.") in result.stdout
+
+
 def test_a_difference_with_an_arm_cut_at_the_cap_is_also_given_where_neither_arm_cut(tmp_path):
     root = tmp_path / "study"
     n = 200
@@ -432,6 +447,22 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     assert failed == [] and len(logs) >= 60
     # nothing ran: no run folder, no distilled file
     assert sorted(p.name for p in root.iterdir()) == ["DONE", "logs", "traces"]
+
+
+@pytest.mark.parametrize(("student", "lanes"), [("qwen2.5_coder_0.5b_instruct", ["a", "b", "c", "d"]),
+                                               ("qwen2.5_coder_1.5b_instruct", ["a+c", "b+d"])])
+def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_itself(tmp_path, student, lanes):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", STUDY_GPUS="0,1", STUDY_STUDENTS=student, STUDY_UNTRAINED="0",
+               STUDY_ARMS="rl_teacher,sft_teacher")
+    run = subprocess.run(["bash", "bench/study_fair.sh", "students", str(tmp_path / "study"), "0,1"],
+                         cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    # the jobs in dealing order: a, b, c, d; a lane's jobs run one after another, joined by "+" in DONE
+    jobs = dict(zip("abcd", (f"{student}/{arm}_s{seed}" for arm in ("rl_teacher", "sft_teacher") for seed in (0, 1))))
+    names = [item.rpartition("=")[0] for item in (tmp_path / "study" / "DONE").read_text().split()
+             if not item.startswith("seconds")]
+    assert names == ["+".join(jobs[j] for j in lane.split("+")) for lane in lanes]
 
 
 def test_study_slots_must_be_a_whole_number(tmp_path):
