@@ -50,6 +50,8 @@
 #                    committed results/study_gsm_symbolic_v2/answers): a run whose file is there, exported at this
 #                    study's commit (<root>/commit, when there is one), is not run again
 #   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1)
+#   STUDY_KEEP_STUDENTS 1: keep each trained student's weights (<run>/sft/final) after its eval; by default they
+#                    are deleted once it is evaluated (answers, metrics and configs stay)
 # Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
 # distill...}; logs in <root>/logs; <root>/DONE holds the exit codes.
 # bench/study_fair.py summarize <root> writes study.json (arms, intervals, differences) from the eval folders.
@@ -169,20 +171,36 @@ size_source=gsm_symbolic  # the worked-solution students' data
 
 check=${STUDY_CHECK:-0}
 source bench/study_stage.sh  # stage: one run, skipped when finished, tried again when it fails
+for knob in STUDY_RETRY_SECONDS STUDY_MEMORY_TRIES; do  # stage's waits and tries: whole numbers, said at once
+  [[ ${!knob:-0} =~ ^[0-9]+$ ]] || { echo "bench/study_fair.sh: $knob=${!knob}: a whole number" >&2; exit 2; }
+done
 evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answers each held-out question alone
   local folder=$1 prompt=$2 seed=$3; shift 3
   local log=${folder#"$root"/}
+  local ran_before=0
+  [ -f "$folder/eval.json" ] && ran_before=1
   stage "$folder" "${log//\//_}" ./launch_mono.sh eval "${size[@]}" "${eval_size[@]}" \
     model.model_name_or_path=null "student=$student_cfg" "eval.student_prompt=$prompt" "seed=$seed" "$@" || return
-  # the command that started this study, beside the eval it ran (a later command on the same root has its own)
-  [ "$check" = 1 ] || [ -z "$study_command" ] || [ -e "$folder/command" ] || printf '%s\n' "$study_command" > "$folder/command"
+  # the command that started this study, beside the eval it ran now (one that finished before keeps its own, or
+  # none: a later command on the same root writes <root>/command again)
+  [ "$check" = 1 ] || [ "$ran_before" = 1 ] || [ -z "$study_command" ] \
+    || printf '%s\n' "$study_command" > "$folder/command"
+}
+# <run folder> <seed>: a trained student's eval, then its weights (sft/final) deleted unless STUDY_KEEP_STUDENTS=1:
+# the answers, metrics and configs are what the study keeps, and a 1.5B student is 6 GB in float32 (a host's disk
+# filled with four of them and the caches). An evaluated run is never trained again.
+evaluate_trained() {
+  local dir=$1 seed=$2
+  evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null || return
+  [ "$check" = 1 ] || [ "${STUDY_KEEP_STUDENTS:-0}" = 1 ] || rm -rf "$dir/sft/final"
 }
 worked() {  # <seed>: a student trained on the worked solutions, then evaluated
   local dir=$root/$student/worked_s$1
+  [ -f "$dir/eval/eval.json" ] && return 0  # evaluated: its SFT folder is not needed again
   stage "$dir/sft" "${student}_worked_s$1_sft" ./launch_mono.sh student_sft "${size[@]}" "${sft_size[@]}" \
     "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data.source="${size_source}" \
     sft.explanation_column=none "seed=$1" || return 1
-  evaluate "$dir/eval" student "$1" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
+  evaluate_trained "$dir" "$1"
 }
 
 traces() {  # the eval on the training split, then its right answers as traces
@@ -270,7 +288,7 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
   stage "$dir/sft" "${student}_${arm}_s${seed}_sft" ./launch_mono.sh student_sft "${custom_sft[@]}" "${sft_size[@]}" \
     "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
     sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
-  evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null
+  evaluate_trained "$dir" "$seed"
 }
 answered() {  # <student> <label>: its answers are in STUDY_ANSWERS, from this study's commit
   [ -n "${STUDY_ANSWERS:-}" ] || return 1
@@ -280,16 +298,11 @@ answered() {  # <student> <label>: its answers are in STUDY_ANSWERS, from this s
     "$2" "${commit[@]}"
 }
 taught_jobs() {  # <student:arm:seed...>: those runs one after another; a failed one is named in the log
-  local job arm seed status=0 label
+  local job arm seed status=0
   for job in "$@"; do
     IFS=: read -r student arm seed <<< "$job"
     student_cfg=$student
     [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
-    label=${arm}_s$seed
-    if answered "$student" "$label"; then
-      echo "bench/study_fair.sh: $student $label: its answers are in $STUDY_ANSWERS; not run again" >&2
-      continue
-    fi
     taught "$seed" "$arm" || { status=1; echo "bench/study_fair.sh: $student $arm seed $seed failed" >&2; }
   done
   return $status
@@ -325,6 +338,11 @@ for one in $parts; do
         # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
         [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
         for seed in $arm_seeds; do
+          # a run whose answers are committed is left out before the jobs are dealt, so lanes stay even
+          if answered "$student" "${arm}_s$seed"; then
+            echo "bench/study_fair.sh: $student ${arm}_s$seed: its answers are in $STUDY_ANSWERS; not run again" >&2
+            continue
+          fi
           jobs+=("$student:$arm:$seed")
           if [[ $arm == untrained* ]]; then labels+=("$student/$arm"); else labels+=("$student/${arm}_s$seed"); fi
         done

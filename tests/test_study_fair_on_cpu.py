@@ -4,6 +4,7 @@ control and the paired differences, from hand-made eval folders."""
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -310,7 +311,7 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
     root = tmp_path / "study"
     root.mkdir()
     (root / "command").write_text("STUDY_ARMS=x bash bench/gpu_pipeline.sh fair control 0\n")
-    first = _fair_sh("control", root, "0")
+    first = _fair_sh("control", root, "0", env={"STUDY_KEEP_STUDENTS": "1"})
     assert first.returncode == 0 and "worked_s0=0" in (root / "DONE").read_text(), first.stdout + first.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"
     for arm in ("untrained", "untrained_plain", "worked_s0"):
@@ -322,8 +323,17 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
                for arm in ("untrained", "untrained_plain")}
     assert prompts == {"untrained": "student", "untrained_plain": "plain"}
     stamp = (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns
+    sft_stamp = (student / "worked_s0" / "sft" / "metrics.jsonl").stat().st_mtime_ns
+    # a later command on the root: what finished is skipped, and an eval it did not run is not said to be its own
+    (root / "command").write_text("bash bench/gpu_pipeline.sh fair control 1\n")
+    (student / "untrained" / "eval" / "command").unlink()
+    shutil.rmtree(student / "worked_s0" / "sft" / "final")  # as after an eval without STUDY_KEEP_STUDENTS
     again = _fair_sh("control", root, "0", timeout=300)
     assert again.returncode == 0 and (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns == stamp
+    assert (student / "worked_s0" / "sft" / "metrics.jsonl").stat().st_mtime_ns == sft_stamp  # not trained again
+    assert not (student / "untrained" / "eval" / "command").exists()
+    assert (student / "worked_s0" / "eval" / "command").read_text() == "STUDY_ARMS=x bash bench/gpu_pipeline.sh " \
+                                                                       "fair control 0\n"
 
 
 def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
@@ -389,6 +399,9 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     config = (student / "rl_teacher_step1_s0" / "sft" / "config.yaml").read_text()
     assert f"source: {root / 'distilled' / 'rl_step1.jsonl'}" in config and "explanation_column: explanation" in config
     assert (student / "rl_teacher_s0" / "eval" / "eval.json").is_file()
+    # an evaluated student's weights are deleted; its config and metrics stay
+    for run in ("worked_s0", "rl_teacher_s0", "rl_teacher_step1_s0", "worked_common_s0"):
+        assert not (student / run / "sft" / "final").exists() and (student / run / "sft" / "metrics.jsonl").is_file()
     again = _fair_sh("teachers", root, "0", timeout=300)
     assert again.returncode == 0 and (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns == stamp
 
@@ -420,6 +433,8 @@ def test_a_student_whose_answers_are_exported_at_the_study_commit_is_not_run_aga
     assert (f"bench/study_fair.sh: {student} untrained_plain_s0: its answers are in {tmp_path / 'answers'}; not run "
             "again") in run.stderr
     assert not (root / student / "untrained_plain").exists()
+    # left out before the jobs are dealt: the one job left is the only lane
+    assert (root / "DONE").read_text().startswith(f"{student}/untrained=0 seconds=")
     # the other's answers are of another commit: it runs
     assert (root / student / "untrained" / "eval" / "eval.json").is_file()
 
@@ -430,6 +445,8 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     (tmp_path / "site" / "liger_kernel").mkdir(parents=True)
     (tmp_path / "site" / "liger_kernel" / "__init__.py").write_text("")
     root = tmp_path / "study"
+    root.mkdir()
+    (root / "command").write_text("bash bench/gpu_pipeline.sh fair students 0,1,2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_STUDENTS="qwen2.5_coder_0.5b_instruct,qwen2.5_coder_1.5b_instruct",
                STUDY_ARMS="worked_common,rl_teacher,sft_teacher,untrained,untrained_plain,traces,"
@@ -445,8 +462,8 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     logs = sorted((root / "logs").iterdir())
     failed = [log.name for log in logs if "pass every check a run makes" not in log.read_text()]
     assert failed == [] and len(logs) >= 60
-    # nothing ran: no run folder, no distilled file
-    assert sorted(p.name for p in root.iterdir()) == ["DONE", "logs", "traces"]
+    # nothing ran: no run folder (no eval's command file either), no distilled file
+    assert sorted(p.name for p in root.iterdir()) == ["DONE", "command", "logs", "traces"]
 
 
 @pytest.mark.parametrize(("student", "lanes"), [("qwen2.5_coder_0.5b_instruct", ["a", "b", "c", "d"]),
@@ -468,6 +485,12 @@ def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_it
 def test_study_slots_must_be_a_whole_number(tmp_path):
     bad = _fair_sh("students", tmp_path / "x", env={"STUDY_SLOTS": "0"})
     assert bad.returncode == 2 and bad.stderr == "bench/study_fair.sh: STUDY_SLOTS=0: a whole number >= 1\n"
+
+
+@pytest.mark.parametrize(("knob", "value"), [("STUDY_RETRY_SECONDS", "1.5"), ("STUDY_MEMORY_TRIES", "ten")])
+def test_the_retry_knobs_must_be_whole_numbers(tmp_path, knob, value):
+    bad = _fair_sh("students", tmp_path / "x", env={knob: value})
+    assert bad.returncode == 2 and bad.stderr == f"bench/study_fair.sh: {knob}={value}: a whole number\n"
 
 
 def test_an_unknown_arm_is_one_line_naming_the_arms(tmp_path):
