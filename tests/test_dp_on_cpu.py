@@ -119,6 +119,16 @@ def test_cpu_ranks_when_no_gpu_is_used():
     assert launch.plan_launch(compose("demo_tiny", ["placement=dp"]), 8).gpus == 0  # trainer.use_cpu
 
 
+def test_fsdp2_loads_what_trl_loads_from_a_path_without_a_device_map(tmp_path):
+    from rlt_mono.rl.build import trainer_kwargs
+
+    # TRL's default device_map ("auto") spreads a model over every GPU a rank sees: each FSDP2 rank sees them all
+    sharded = trainer_kwargs(compose("demo_tiny", ["placement=dp", "placement.strategy=fsdp2"]), tmp_path, True)
+    assert sharded["model_init_kwargs"] == {"device_map": None}
+    # under DDP (MULTI_GPU) TRL already loads without a device map
+    assert "model_init_kwargs" not in trainer_kwargs(compose("demo_tiny", ["placement=dp"]), tmp_path, True)
+
+
 def test_fsdp2_shards_the_teacher_on_gpu_ranks_through_its_accelerate_config():
     from accelerate.commands.config.config_args import load_config_from_file
 

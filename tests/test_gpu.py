@@ -42,6 +42,14 @@ def _vllm_pair(bf16_pair) -> list[str]:
             "trainer.vllm_enable_sleep_mode=true", "trainer.max_steps=2"]
 
 
+def _why(done: subprocess.CompletedProcess) -> str:
+    """What a failed child said: the first traceback of its stderr (several ranks' logs interleave there, and the
+    first error is the cause), then the ends of its stderr and stdout."""
+    first = done.stderr.find("Traceback")
+    head = done.stderr[first:first + 6000] + "\n...\n" if first >= 0 else ""
+    return head + done.stderr[-3000:] + "\n--- stdout ---\n" + done.stdout[-2000:]
+
+
 def _launch_mono(*args: str) -> subprocess.CompletedProcess:
     """``launch_mono.sh <args>`` in a child process that picks its own distributed variables (this process set
     its own for its vLLM engine)."""
@@ -430,7 +438,7 @@ def test_data_parallel_ranks_each_colocate_vllm_and_write_one_run(bf16_pair, tmp
     out = tmp_path / "dp"
     done = _launch_mono("demo_tiny", "placement=dp", f"placement.num_processes={ranks}", f"output_dir={out}",
                         *_vllm_pair(bf16_pair), "trainer.save_steps=2")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, _why(done)
     assert f"all {ranks} ranks finished" in done.stderr
     assert "destroy_process_group() was not called" not in done.stderr  # each rank closed its NCCL group
     # each rank pins its reference and student (the bf16 pair: 2 x 283,136 bytes): the launcher logged the sum
@@ -453,7 +461,7 @@ def test_auto_placement_runs_split_on_two_gpus_and_mono_on_one(bf16_pair, tmp_pa
     gpus = torch.cuda.device_count()
     out = tmp_path / "auto"
     done = _launch_mono("demo_tiny", "placement=auto", f"output_dir={out}", *_vllm_pair(bf16_pair))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, _why(done)
     assert "destroy_process_group() was not called" not in done.stderr  # the run closed its NCCL group
     relaunched = f"placement=auto: {gpus} GPUs visible, placement=split"
     if gpus >= 2:
@@ -496,7 +504,7 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
                                     "trainer.ref_model_sync_steps=1")
 
     done = launch()
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, _why(done)
     assert "strategy fsdp2" in done.stderr and f"all {ranks} ranks finished" in done.stderr
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in steps if r["event"] == "step"]
@@ -515,7 +523,7 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
         shutil.rmtree(out / name)
     # Without vLLM importance sampling TRL computes no policy log-probs: the reward runs the sharded teacher itself.
     resumed = launch("resume_from_checkpoint=true", "+trainer.vllm_importance_sampling_correction=false")
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    assert resumed.returncode == 0, _why(resumed)
     assert "reference model restored from" in resumed.stderr
     last = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step"][-1]
     assert last["step"] == 2 and last["score/reward_teacher_passes"] >= 1
@@ -539,7 +547,7 @@ def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pai
         "sft.use_cpu=false", "sft.bf16=true", "sft.max_steps=4", "sft.save_steps=2")
 
     done = launch()
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, _why(done)
     assert "strategy fsdp2" in done.stderr and f"all {ranks} ranks finished" in done.stderr
     for step in (2, 4):
         _assert_fsdp_checkpoint(out / f"checkpoint-{step}")
@@ -555,7 +563,7 @@ def test_fsdp2_sft_of_the_teacher_checkpoints_sharded_state_and_resumes(bf16_pai
         path = out / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     resumed = launch("resume_from_checkpoint=true")
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    assert resumed.returncode == 0, _why(resumed)
     resumed_summary = json.loads((out / "sft_summary.json").read_text())
     assert resumed_summary["steps"] == 4
     assert resumed_summary["heldout_loss_before"] == summary["heldout_loss_before"]  # read back, not measured again
@@ -609,7 +617,7 @@ def test_async_trains_one_step_off_with_the_weights_pushed_each_step(bf16_pair, 
     assert [r["async/overlapped"] for r in rows] == [0, 1, 1, 1]
     assert [r["async/pushes"] for r in rows] == [1, 1, 1, 1] and all(r["async/push_seconds"] > 0 for r in rows)
     assert all("sampling/importance_sampling_ratio/mean" in r for r in rows)  # TRL's correction is on
-    assert (out / "final" / "model.safetensors").is_file() and (out / "rollout_server.log").is_file()
+    assert (out / "rollout_server.log").is_file()  # (final/ is the stage's: the killed-and-resumed test's)
     with pytest.raises(ProcessLookupError):
         os.kill(server, 0)  # released with the trainer
 
@@ -635,7 +643,7 @@ def test_async_killed_after_a_checkpoint_resumes_and_leaves_no_server(bf16_pair,
         run.wait()
     time.sleep(10)  # the server ends on its parent's death (SIGTERM), freeing GPU 1
     done = _launch_mono(*args, "resume_from_checkpoint=true")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    assert done.returncode == 0, _why(done)
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in rows][-2:] == [3, 4]
     assert rows[-2]["async/staleness"] == 0 and rows[-1]["async/staleness"] == 1  # a resume starts on-policy

@@ -187,6 +187,8 @@ def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkey
         save(self, output_dir)
 
     monkeypatch.setattr(RLTTrainer, "_save_optimizer_and_scheduler", fill_the_disk_at_step_2)
+    released, release = [], RLTTrainer.release
+    monkeypatch.setattr(RLTTrainer, "release", lambda self: (released.append(self.state.global_step), release(self)))
     out = tmp_path / "run"
     cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3", "trainer.save_steps=1",
                                 "trainer.plot_metrics=false"])
@@ -194,6 +196,7 @@ def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkey
                 rf"resume_from_checkpoint=true \(last complete checkpoint: {out}/checkpoint-1\)")
     with pytest.raises(UserError, match=expected):
         run_teacher_rlt(cfg)
+    assert released == [2]  # the failed stage still let go of what its trainer held
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [
         f"{checkpoints.STAGING_PREFIX}checkpoint-2", "checkpoint-1"]
     assert checkpoints.resolve_resume(out, True, max_steps=3) == str(out / "checkpoint-1")
@@ -222,13 +225,17 @@ def test_too_few_rows_and_a_runaway_row_stop_before_training(tmp_path):
     assert "row 9: column 'question' has 1,000,000 characters" in result.stderr.splitlines()[-1]
 
 
-def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tmp_path):
+def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tmp_path, monkeypatch):
     import shutil
 
     from safetensors.torch import load_file
 
+    from rlt_mono.rl.trainer import RLTTrainer
     from rlt_mono.runs.outputs import METRICS_FILE, read_metrics
     from rlt_mono.stages.teacher_rlt import run_teacher_rlt
+
+    released, release = [], RLTTrainer.release
+    monkeypatch.setattr(RLTTrainer, "release", lambda self: (released.append(self.state.global_step), release(self)))
 
     out = tmp_path / "run"
     overrides = [f"output_dir={out}", "trainer.max_steps=2", "trainer.save_steps=1", "trainer.plot_metrics=false",
@@ -240,6 +247,7 @@ def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_final_teacher(tm
     restored = load_file(out / "final" / "model.safetensors")
     assert all(torch.equal(restored[name], trained[name]) for name in trained)  # no extra step trained
     assert [r["step"] for r in read_metrics(out / METRICS_FILE)] == [1, 2]
+    assert len(released) == 2  # each stage let go of its trainer once it was done
 
 
 def test_a_full_disk_reported_by_safetensors_is_one_line_too(tmp_path):

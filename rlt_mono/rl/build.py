@@ -207,10 +207,6 @@ def rollout_server(cfg: DictConfig, args: RLTConfig, placement: Placement, teach
     return VLLMServer(command, port, gpu, Path(output_dir) / "rollout_server.log")
 
 
-
-
-
-
 def release_trainer(trainer: RLTTrainer) -> None:
     """Free what a trainer holds so the next build in the same process fits (an alias of ``RLTTrainer.release``
     for notebooks)."""
@@ -285,14 +281,17 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
         # transformers' default (every parameter searched each step unless gradient checkpointing is on) finds
         # nothing to skip in a causal LM and costs a graph traversal per step.
         kwargs["ddp_find_unused_parameters"] = False
+    if "placement" in cfg and cfg.placement.mode == "dp" and cfg.placement.get("strategy") == "fsdp2":
+        # TRL loads the reference from its path with device_map="auto" unless the run is DDP or DeepSpeed; under
+        # FSDP each rank sees every GPU, so "auto" would spread (or stack) the reference over cards not its own
+        # before fully_shard places it. Loaded whole on the CPU instead, each rank shards it onto its own GPU.
+        kwargs["model_init_kwargs"] = {**(kwargs.get("model_init_kwargs") or {}), "device_map": None}
     if lora.lora_rank(cfg.model) and kwargs.get("sync_ref_model"):
         # The reference of a LoRA teacher is the teacher with its adapters disabled, which TRL does not mix.
         logger.info("model.lora_r=%s: the reference is the base model (adapters disabled); trainer.sync_ref_model "
                     "is off", cfg.model.lora_r)
         kwargs["sync_ref_model"] = False
     return kwargs
-
-
 
 
 def ensure_single_process_distributed_env() -> None:

@@ -33,21 +33,30 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
     trainer = build_trainer(cfg)
     output_dir = Path(trainer.args.output_dir)
     resume = trainer.resume_checkpoint
-    with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
-        if resume is not None and checkpoints.saved_step(resume) == trainer.args.max_steps:
-            # Stopped after the last checkpoint, before final/: nothing left to train, only the teacher to restore.
-            logger.info("%s holds the last step (%d): saving the final teacher from it", resume, trainer.args.max_steps)
-            trainer._load_from_checkpoint(resume)
-        else:
-            trainer.train(resume_from_checkpoint=resume)
-            stopped = trainer.time_limit is not None and trainer.time_limit.stopped_at is not None
-            if trainer.state.global_step < trainer.args.max_steps and not stopped:
-                raise UserError(
-                    f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the data "
-                    "loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
-                )
-        final = save_final(trainer, output_dir)
-    if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
+    should_save = trainer.args.should_save  # data parallel: rank 0 writes the run's files
+    try:
+        with checkpoints.training_failures(trainer, output_dir, MEMORY_HINT):
+            if resume is not None and checkpoints.saved_step(resume) == trainer.args.max_steps:
+                # Stopped after the last checkpoint, before final/: nothing left to train, only the teacher to
+                # restore.
+                logger.info("%s holds the last step (%d): saving the final teacher from it", resume,
+                            trainer.args.max_steps)
+                trainer._load_from_checkpoint(resume)
+            else:
+                trainer.train(resume_from_checkpoint=resume)
+                stopped = trainer.time_limit is not None and trainer.time_limit.stopped_at is not None
+                if trainer.state.global_step < trainer.args.max_steps and not stopped:
+                    raise UserError(
+                        f"training stopped at step {trainer.state.global_step} of {trainer.args.max_steps} (the "
+                        "data loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
+                    )
+            final = save_final(trainer, output_dir)
+    finally:
+        # What the trainer holds ends with the stage, failed or not: placement=async's rollout server and its
+        # generation thread (else the process waits at exit for a generation, and the server for its parent's
+        # death), and the GPU memory a next stage in the same process needs.
+        trainer.release()
+    if should_save:
         write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
                          read_metrics(output_dir / METRICS_FILE), command=launch_command())
     logger.info("final teacher saved to %s", final)
