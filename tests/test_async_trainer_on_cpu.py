@@ -1,13 +1,14 @@
 """placement=async on the CPU: a real tiny RL trainer whose rollout server is a fake, one optimizer step ahead.
 
-The fake stands where TRL's server-mode ``VLLMGeneration`` stands on two GPUs: ``sync_weights`` takes a copy of the
-trainer's weights (what the NCCL push would leave on the server), ``generate`` samples each prompt with that copy at
-the run's temperature and returns the sampled tokens' log-probs under it (vLLM's processed log-probs), from the
-background worker of ``OneStepOff``. It records which weights each generation used, which prompts it got, and fails
-the run if a push happens while a generation runs.
+The fake stands where TRL's server-mode ``VLLMGeneration`` and its client stand on two GPUs: ``sync_weights`` takes a
+copy of the trainer's weights (what the NCCL push would leave on the server), the client's ``generate`` samples each
+prompt with that copy at the temperature it is sent and returns the sampled tokens' log-probs under it (vLLM's
+processed log-probs), from the background worker of ``OneStepOff``. TRL's own ``generate`` (an evaluation's, on the
+training thread) reaches the same client; it runs collectives, so the fake fails a call of it from any other
+thread. It records which weights each generation used, which prompts it got, and fails the run if a push happens
+while a generation runs.
 """
 
-import contextlib
 import copy
 import threading
 
@@ -26,6 +27,13 @@ class FakeServerGeneration:
 
     def __init__(self, trainer):
         self.trainer = trainer
+        self.vllm_client = FakeClient(self)
+        # the sampling settings TRL's VLLMGeneration keeps (as its __init__ takes them from the trainer's args)
+        args = trainer.args
+        self.temperature, self.top_p, self.top_k, self.min_p = args.temperature, args.top_p, args.top_k, args.min_p
+        self.repetition_penalty, self.max_completion_length = args.repetition_penalty, args.max_completion_length
+        self.logprobs, self.structured_outputs_regex, self.generation_kwargs = 0, None, {}
+        self.sampling: list[dict] = []  # per generation: the settings the client was sent
         self.snapshot, self.snapshot_step = None, None
         self.syncs: list[int] = []  # the trainer's global step at each push
         self.calls: list[dict] = []  # per generation: the pushed weights' step, its unique prompts, its tokens
@@ -47,12 +55,23 @@ class FakeServerGeneration:
             self.events.append(("sync", self.snapshot_step))
 
     def generate(self, prompts, images, num_generations, profiler=None):
+        """TRL's VLLMGeneration.generate in one process: each prompt once to the client, the result per completion."""
+        if threading.current_thread() is not threading.main_thread():
+            raise AssertionError("TRL's generate (collectives) called off the training thread")
+        output = self.vllm_client.generate(prompts=prompts[::num_generations], n=num_generations,
+                                           temperature=self.temperature, max_tokens=self.max_completion_length)
+        prompt_ids = [ids for ids in output["prompt_ids"] for _ in range(num_generations)]
+        return prompt_ids, output["completion_ids"], output["logprobs"], None
+
+    def sample(self, prompts, n, temperature, max_tokens, features=None, **sampling):
+        """What the client's generate does: ``n`` completions of each prompt."""
         with self._lock:
             if self._generating:
                 raise AssertionError("two generations at once")
             self._generating = True
             call = len(self.calls)
-            unique = [list(ids) for ids in prompts[::num_generations]]  # TRL hands each prompt once per completion
+            unique = [list(ids) for ids in prompts]
+            self.sampling.append({"n": n, "temperature": temperature, "max_tokens": max_tokens, **sampling})
             record = {"step": self.snapshot_step, "prompts": unique, "tokens": None}
             self.calls.append(record)
             self.events.append(("generate", call))
@@ -60,28 +79,27 @@ class FakeServerGeneration:
         try:
             generator = torch.Generator().manual_seed(1000 + call)
             completions, logprobs = [], []
-            with profiler or contextlib.nullcontext():
-                for ids in unique:
-                    sampled, sampled_logprobs = self._sample(model, ids, num_generations, generator)
-                    completions += sampled
-                    logprobs += sampled_logprobs
+            for ids in unique:
+                sampled, sampled_logprobs = self._sample(model, ids, n, generator, temperature, max_tokens)
+                completions += sampled
+                logprobs += sampled_logprobs
             record["tokens"] = sum(len(ids) for ids in completions)
         finally:
             with self._lock:
                 self._generating = False
                 self.events.append(("done", call))
-        prompt_ids = [ids for ids in unique for _ in range(num_generations)]
-        return prompt_ids, completions, [[[lp] for lp in seq] for seq in logprobs], None
+        return {"prompt_ids": unique, "completion_ids": completions,
+                "logprobs": [[[lp] for lp in seq] for seq in logprobs], "logprob_token_ids": None}
 
     @torch.no_grad()
-    def _sample(self, model, prompt: list[int], n: int, generator: torch.Generator):
-        """``n`` completions of ``prompt`` (each up to and with its EOS) and their tokens' log-probs at the run's
-        temperature (log_softmax(logits / T), as TRL computes its own)."""
-        temperature = self.trainer.temperature
+    def _sample(self, model, prompt: list[int], n: int, generator: torch.Generator, temperature: float,
+                max_tokens: int):
+        """``n`` completions of ``prompt`` (each up to and with its EOS) and their tokens' log-probs at
+        ``temperature`` (log_softmax(logits / T), as TRL computes its own)."""
         eos = set(self.trainer.eos_token_ids)
         out = model(input_ids=torch.tensor([prompt] * n), use_cache=True)
         sequences, logprobs, done = [[] for _ in range(n)], [[] for _ in range(n)], [False] * n
-        for _ in range(self.trainer.args.max_completion_length):
+        for _ in range(max_tokens):
             logp = torch.log_softmax(out.logits[:, -1].float() / temperature, dim=-1)
             tokens = torch.multinomial(logp.exp(), 1, generator=generator)
             for i in range(n):
@@ -94,6 +112,16 @@ class FakeServerGeneration:
                 break
             out = model(input_ids=tokens, past_key_values=out.past_key_values, use_cache=True)
         return sequences, logprobs
+
+
+class FakeClient:
+    """TRL's VLLMClient, as far as generation goes: the fake's weights sample."""
+
+    def __init__(self, generation: FakeServerGeneration):
+        self.generation = generation
+
+    def generate(self, prompts, n=1, temperature=1.0, max_tokens=16, **sampling):
+        return self.generation.sample(prompts, n, temperature, max_tokens, **sampling)
 
 
 class FakeServer:
@@ -183,6 +211,12 @@ def test_generations_follow_the_dataloader_none_skipped_or_repeated(four_steps):
     assert len({tuple(map(tuple, call["prompts"])) for call in fake.calls}) == 5
     assert all(len(call["prompts"]) == 4 for call in fake.calls)
     assert server.checks == 5 and server.stops == 1
+    # each prompt went once, for 4 completions, with the sampling settings TRL's generation keeps
+    sent = {"n": 4, "temperature": fake.temperature, "max_tokens": fake.max_completion_length, "top_p": fake.top_p,
+            "top_k": fake.top_k, "min_p": 0.0 if fake.min_p is None else fake.min_p,
+            "repetition_penalty": fake.repetition_penalty, "logprobs": 0, "structured_outputs_regex": None,
+            "generation_kwargs": {}}
+    assert fake.sampling == [sent] * 5
 
 
 def test_importance_sampling_sees_the_one_step_lag(four_steps):

@@ -289,12 +289,22 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         return [list(ids) for ids in prompt_ids]
 
     def _rollout(self, prompt_ids: list[list[int]]):
-        """One generation on the rollout server (TRL's server-mode call): completion ids and the sampled tokens'
-        log-probs (TRL keeps the top-1 of each position)."""
+        """One generation on the rollout server: completion ids and the sampled tokens' log-probs (the top-1 of
+        each position, as TRL keeps them). ``prompt_ids`` holds each prompt once per completion, as TRL hands a
+        step's; the server gets each once with ``n`` completions and TRL's sampling settings. The client is called
+        as TRL's server-mode ``generate`` calls it, but not through that method: its gather and broadcast are
+        collectives, which on this worker thread would run beside the training thread's own on the same process
+        group (placement=async is one process: there is nothing to gather) and queue behind its kernels."""
         self.rollout_server.check_alive()
-        _, completion_ids, logprobs, _ = self.vllm_generation.generate(
-            prompts=prompt_ids, images=None, num_generations=self.num_generations, profiler=None)
-        return completion_ids, [[lp[0] for lp in seq] for seq in logprobs]
+        generation, n = self.vllm_generation, self.num_generations
+        output = generation.vllm_client.generate(
+            prompts=prompt_ids[::n], n=n, repetition_penalty=generation.repetition_penalty,
+            temperature=generation.temperature, top_p=generation.top_p, top_k=generation.top_k,
+            min_p=0.0 if generation.min_p is None else generation.min_p,
+            max_tokens=generation.max_completion_length, logprobs=generation.logprobs,
+            structured_outputs_regex=generation.structured_outputs_regex,
+            generation_kwargs=generation.generation_kwargs)
+        return output["completion_ids"], [[lp[0] for lp in seq] for seq in output["logprobs"]]
 
     def _push_weights(self) -> None:
         """The trainer's weights to the rollout server (TRL's NCCL weight sync), recorded as TRL records its own."""
