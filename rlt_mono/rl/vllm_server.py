@@ -52,13 +52,14 @@ def free_port() -> int:
 
 
 def serve_command(model: str, port: int, *, dtype: str, gpu_memory_utilization: float,
-                  max_model_len: int | None, enforce_eager: bool = False) -> list[str]:
-    """The ``vllm serve`` command line TRL's server mode expects (``trl.scripts.vllm_serve.build_command``)."""
+                  max_model_len: int | None) -> list[str]:
+    """The ``vllm serve`` command line TRL's server mode expects (``trl.scripts.vllm_serve.build_command``), with
+    vLLM's compiled graphs (a server generates for the whole run)."""
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
     return build_command(ScriptArguments(model=model, host=LOOPBACK, port=port, dtype=dtype,
                                          gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                                         enforce_eager=enforce_eager, log_level="warning"))
+                                         log_level="warning"))
 
 
 class VLLMServer:
