@@ -28,11 +28,12 @@ class FakeServerGeneration:
     def __init__(self, trainer):
         self.trainer = trainer
         self.vllm_client = FakeClient(self)
-        # the sampling settings TRL's VLLMGeneration keeps (as its __init__ takes them from the trainer's args)
+        # the sampling settings TRL's VLLMGeneration keeps: the run's temperature and length (the fake samples with
+        # them), the rest set apart from TRL's defaults, so that a rollout passing a default instead shows
         args = trainer.args
-        self.temperature, self.top_p, self.top_k, self.min_p = args.temperature, args.top_p, args.top_k, args.min_p
-        self.repetition_penalty, self.max_completion_length = args.repetition_penalty, args.max_completion_length
-        self.logprobs, self.structured_outputs_regex, self.generation_kwargs = 0, None, {}
+        self.temperature, self.max_completion_length = args.temperature, args.max_completion_length
+        self.top_p, self.top_k, self.min_p, self.repetition_penalty = 0.9, 5, None, 1.1
+        self.logprobs, self.structured_outputs_regex, self.generation_kwargs = 0, "[0-9]+", {"seed": 7}
         self.sampling: list[dict] = []  # per generation: the settings the client was sent
         self.snapshot, self.snapshot_step = None, None
         self.syncs: list[int] = []  # the trainer's global step at each push
@@ -212,10 +213,9 @@ def test_generations_follow_the_dataloader_none_skipped_or_repeated(four_steps):
     assert all(len(call["prompts"]) == 4 for call in fake.calls)
     assert server.checks == 5 and server.stops == 1
     # each prompt went once, for 4 completions, with the sampling settings TRL's generation keeps
-    sent = {"n": 4, "temperature": fake.temperature, "max_tokens": fake.max_completion_length, "top_p": fake.top_p,
-            "top_k": fake.top_k, "min_p": 0.0 if fake.min_p is None else fake.min_p,
-            "repetition_penalty": fake.repetition_penalty, "logprobs": 0, "structured_outputs_regex": None,
-            "generation_kwargs": {}}
+    sent = {"n": 4, "temperature": fake.temperature, "max_tokens": fake.max_completion_length, "top_p": 0.9,
+            "top_k": 5, "min_p": 0.0, "repetition_penalty": 1.1, "logprobs": 0,
+            "structured_outputs_regex": "[0-9]+", "generation_kwargs": {"seed": 7}}
     assert fake.sampling == [sent] * 5
 
 

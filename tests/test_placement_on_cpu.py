@@ -162,6 +162,18 @@ def test_async_refuses_what_generates_inside_a_step_before_the_server_starts(ove
         rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
 
 
+def test_async_refuses_a_second_process(monkeypatch, tmp_path):
+    from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
+
+    monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
+    cfg = compose("demo_tiny", ["placement=async"])
+    args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"^placement=async: it trains in one process .* found WORLD_SIZE=2: start "
+                                          r"it with launch_mono.sh, not torchrun$"):
+        rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
+
+
 def test_async_points_trls_server_mode_at_a_server_on_the_rollouts_gpu(monkeypatch, tmp_path):
     from rlt_mono.rl.build import rollout_server, trainer_and_reward_configs
 

@@ -174,7 +174,7 @@ def test_a_run_that_stops_before_writing_leaves_no_empty_folder(tmp_path, monkey
     assert (tmp_path / "kept" / "config.yaml").is_file() and not (tmp_path / "empty").exists()
 
 
-def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkeypatch):
+def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkeypatch, caplog):
     from rlt_mono.errors import UserError
     from rlt_mono.rl.trainer import RLTTrainer
     from rlt_mono.stages.teacher_rlt import run_teacher_rlt
@@ -188,7 +188,13 @@ def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkey
 
     monkeypatch.setattr(RLTTrainer, "_save_optimizer_and_scheduler", fill_the_disk_at_step_2)
     released, release = [], RLTTrainer.release
-    monkeypatch.setattr(RLTTrainer, "release", lambda self: (released.append(self.state.global_step), release(self)))
+
+    def release_then_fail_again(self):  # as a device that failed once may fail again while freeing memory
+        released.append(self.state.global_step)
+        release(self)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(RLTTrainer, "release", release_then_fail_again)
     out = tmp_path / "run"
     cfg = compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3", "trainer.save_steps=1",
                                 "trainer.plot_metrics=false"])
@@ -196,7 +202,9 @@ def test_disk_full_during_a_save_names_the_last_good_checkpoint(tmp_path, monkey
                 rf"resume_from_checkpoint=true \(last complete checkpoint: {out}/checkpoint-1\)")
     with pytest.raises(UserError, match=expected):
         run_teacher_rlt(cfg)
-    assert released == [2]  # the failed stage still let go of what its trainer held
+    # the failed stage still let go of what its trainer held, and its own error, not release's, reached the user
+    assert released == [2]
+    assert "releasing the trainer after the failure failed too: RuntimeError: CUDA error" in caplog.text
     assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == [
         f"{checkpoints.STAGING_PREFIX}checkpoint-2", "checkpoint-1"]
     assert checkpoints.resolve_resume(out, True, max_steps=3) == str(out / "checkpoint-1")

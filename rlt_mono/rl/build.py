@@ -193,7 +193,10 @@ def rollout_server(cfg: DictConfig, args: RLTConfig, placement: Placement, teach
                (cfg.model.get("load_in_4bit"), "a 4-bit (QLoRA) teacher reaches vLLM through the colocated engine "
                                               "only: use placement=mono"),
                (args.offload_actor_in_generation, "trainer.offload_actor_in_generation frees the actor's GPU for a "
-                                                  "colocated engine: set it to false")]
+                                                  "colocated engine: set it to false"),
+               (int(os.environ.get("WORLD_SIZE", "1")) > 1,
+                f"it trains in one process (its generation thread asks the server without TRL's gather), found "
+                f"WORLD_SIZE={os.environ.get('WORLD_SIZE')}: start it with launch_mono.sh, not torchrun")]
     for value, why in refused:
         if value:
             raise ConfigError(f"placement=async: {why}")
@@ -286,6 +289,8 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
         # FSDP each rank sees every GPU, so "auto" would spread (or stack) the reference over cards not its own
         # before fully_shard places it. Loaded whole on the CPU instead, each rank shards it onto its own GPU.
         kwargs["model_init_kwargs"] = {**(kwargs.get("model_init_kwargs") or {}), "device_map": None}
+        logger.info("placement.strategy=fsdp2: TRL loads the reference without a device map (where TRL says "
+                    "model_init_kwargs are ignored, it means for the teacher, which rlt_mono loads)")
     if lora.lora_rank(cfg.model) and kwargs.get("sync_ref_model"):
         # The reference of a LoRA teacher is the teacher with its adapters disabled, which TRL does not mix.
         logger.info("model.lora_r=%s: the reference is the base model (adapters disabled); trainer.sync_ref_model "

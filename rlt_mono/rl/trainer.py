@@ -414,12 +414,14 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         if self._student_pool is not None:
             self._student_pool.shutdown(wait=True)
             self._student_pool = None
-        if self.one_step_off is not None:
-            self.one_step_off.close()
-            self.one_step_off = None
-        if self.rollout_server is not None:
-            self.rollout_server.stop()
-            self.rollout_server = None
+        try:
+            if self.one_step_off is not None:  # waits for the generation in flight
+                self.one_step_off.close()
+                self.one_step_off = None
+        finally:  # the server stops even when that wait is cut short (a second Ctrl-C)
+            if self.rollout_server is not None:
+                self.rollout_server.stop()
+                self.rollout_server = None
         self.accelerator.free_memory()
         for name in ("model", "model_wrapped", "ref_model", "optimizer", "lr_scheduler", "teacher_reward",
                      "vllm_generation"):

@@ -51,16 +51,27 @@ def run_teacher_rlt(cfg: DictConfig) -> Path:
                         "data loader ran dry): add rows, or lower trainer.max_steps; no final teacher was saved"
                     )
             final = save_final(trainer, output_dir)
-    finally:
-        # What the trainer holds ends with the stage, failed or not: placement=async's rollout server and its
-        # generation thread (else the process waits at exit for a generation, and the server for its parent's
-        # death), and the GPU memory a next stage in the same process needs.
-        trainer.release()
+    except BaseException:
+        _release_after_failure(trainer)
+        raise
+    # What the trainer holds ends with the stage, failed or not: placement=async's rollout server and its
+    # generation thread (else the process waits at exit for a generation, and the server for its parent's death),
+    # and the GPU memory a next stage in the same process needs.
+    trainer.release()
     if should_save:
         write_run_readme(output_dir, OmegaConf.to_container(cfg, resolve=True),
                          read_metrics(output_dir / METRICS_FILE), command=launch_command())
     logger.info("final teacher saved to %s", final)
     return output_dir
+
+
+def _release_after_failure(trainer) -> None:
+    """``trainer.release()`` after the stage failed: what release raises (after a CUDA error the device may fail
+    again) is logged, so the stage's own error is the one that reaches the user."""
+    try:
+        trainer.release()
+    except Exception as exc:  # noqa: BLE001 - the error being raised is the one to report
+        logger.warning("releasing the trainer after the failure failed too: %s: %s", type(exc).__name__, exc)
 
 
 # GRPO on the teacher with the RLT reward (the trainer: rlt_mono.rl). Run config: cfgs/run_cfg/teacher_rlt_mono.yaml
