@@ -233,3 +233,42 @@ def test_a_new_iterator_drops_the_batches_read_ahead_from_the_old_one():
     assert ahead.take(new, 3, read) == ([103, 104, 105], 106)
     ahead.clear()
     assert ahead.take(new, 2, read) == ([109], None)  # 106..108 were read ahead, then cleared
+
+
+def test_an_engine_that_stops_during_a_background_generation_is_named_within_a_poll_not_the_timeout(caplog):
+    engine = FakeEngine(seconds=5.0)  # the generation would go on: its server no longer answers
+    checks: list[float] = []
+
+    def alive():
+        checks.append(time.monotonic())
+        if len(checks) >= 3:
+            raise RuntimeError("the rollout server exited with code 1;\nits log ends: CUDA error")
+
+    oso = OneStepOff(engine.generate, engine.push, timeout_s=60, alive=alive, poll_s=0.02)
+    oso.step(prompts_of(0), 0, prompts_of(1))  # synchronous, then step 1's in the background
+    engine.trainer_version = 1
+    started = time.monotonic()
+    with pytest.raises(RolloutError) as e:
+        oso.step(prompts_of(1), 1, prompts_of(2))
+    assert time.monotonic() - started < 1.0 and len(checks) == 3  # three polls, not a minute
+    assert str(e.value) == ("waiting at step 1: the rollout engine stopped during the generation submitted at step 0: "
+                            "RuntimeError: the rollout server exited with code 1; its log ends: CUDA error")
+    # close() does not wait for the generation of a stopped engine either, and says why
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        oso.close()
+    assert time.monotonic() - started < 1.0
+    assert ("closing: the rollout engine stopped during the generation submitted at step 0: RuntimeError: the "
+            "rollout server exited with code 1; its log ends: CUDA error; not waiting for it") in caplog.text
+
+
+def test_a_live_engine_is_asked_while_the_caller_waits_and_the_result_is_used():
+    engine = FakeEngine(seconds=0.2)
+    checks: list[float] = []
+    oso = OneStepOff(engine.generate, engine.push, alive=lambda: checks.append(time.monotonic()), poll_s=0.02)
+    oso.step(prompts_of(0), 0, prompts_of(1))
+    engine.trainer_version = 1
+    result, m = oso.step(prompts_of(1), 1, None)  # arrives at once: waits about 0.2 s for the generation
+    assert result == (prompts_of(1), 0) and m["async/staleness"] == 1.0
+    assert 3 <= len(checks) <= 15  # asked every poll while it waited, not after it ended
+    oso.close()

@@ -23,7 +23,8 @@ Rules the class keeps:
   different batch) it is waited for, dropped with one warning, and the step generates synchronously with the
   current weights (staleness 0), as it does when nothing is pending (step 0, after an epoch's end, after ``drain``);
 - a background generation that raises, or outlasts ``timeout_s``, becomes a ``RolloutError`` at the step that
-  needs it.
+  needs it; while the caller waits, ``alive`` is asked every ``poll_s`` whether the engine still runs, so an engine
+  that died is named within seconds rather than after ``timeout_s``.
 
 ``ReadAhead`` supplies the next step's prompts: it reads each optimizer step's micro-batches one step early (the
 first of them is what ``step`` is handed as ``next_prompt_ids``), without skipping or repeating a batch.
@@ -71,6 +72,9 @@ class OneStepOff:
         push_weights: sends the trainer's current weights to the engine; called from the caller's thread only,
             and only when no generation is in flight.
         timeout_s: the longest the caller waits for a background generation before raising ``RolloutError``.
+        alive: raises when the engine has stopped (e.g. ``VLLMServer.check_alive``); asked every ``poll_s`` while
+            the caller waits for a background generation. None: not asked.
+        poll_s: how often ``alive`` is asked.
     """
 
     def __init__(
@@ -78,17 +82,22 @@ class OneStepOff:
         generate: Callable[[PromptIds], Any],
         push_weights: Callable[[], None],
         timeout_s: float = 1800.0,
+        alive: Callable[[], None] | None = None,
+        poll_s: float = 5.0,
     ) -> None:
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if timeout_s <= 0 or poll_s <= 0:
+            raise ValueError(f"timeout_s and poll_s must be positive, got {timeout_s} and {poll_s}")
         self._generate = generate
         self._push_weights = push_weights
         self._timeout_s = float(timeout_s)
+        self._alive = alive
+        self._poll_s = float(poll_s)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="one-step-off")
         self._pending: _Pending | None = None
         # The last future submitted, kept after its result was taken or dropped: while it runs (a timed-out
         # generation still going), no push and no synchronous generation may start.
         self._last_future: concurrent.futures.Future | None = None
+        self._last_version: int | None = None  # the step it was submitted at
         self._pushed_step: int | None = None
         self._closed = False
 
@@ -102,10 +111,29 @@ class OneStepOff:
         result = self._generate(prompt_ids)
         return result, time.monotonic() - start
 
+    def _result(self, future: concurrent.futures.Future, version: int, waiting: str) -> tuple[Any, float]:
+        """``future``'s result within ``timeout_s`` (``concurrent.futures.TimeoutError`` after it; the generation's
+        own error as raised), asking ``alive`` every ``poll_s``: an engine that stopped is a ``RolloutError``."""
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                return future.result(timeout=max(0.0, min(self._poll_s, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            if self._alive is not None:
+                try:
+                    self._alive()
+                except Exception as exc:
+                    raise RolloutError(f"{waiting}: the rollout engine stopped during the generation submitted at "
+                                       f"step {version}: {_one_line(exc)}") from exc
+
     def _wait(self, pending: _Pending, step: int) -> tuple[Any, float]:
         """The pending generation's (result, own duration); a failure or a timeout raises ``RolloutError``."""
         try:
-            return pending.future.result(timeout=self._timeout_s)
+            return self._result(pending.future, pending.version, f"waiting at step {step}")
+        except RolloutError:
+            raise
         except concurrent.futures.TimeoutError as exc:
             raise RolloutError(
                 f"the background generation submitted at step {pending.version} did not finish within "
@@ -201,7 +229,7 @@ class OneStepOff:
             snapshot = tuple(tuple(p) for p in next_prompt_ids)
             future = self._executor.submit(self._timed_generate, [list(p) for p in snapshot])
             self._pending = _Pending(future, snapshot, step)
-            self._last_future = future
+            self._last_future, self._last_version = future, step
 
         staleness = step - version
         logger.debug(
@@ -226,7 +254,9 @@ class OneStepOff:
         if pending is None:
             return
         try:
-            pending.future.result(timeout=self._timeout_s)
+            self._result(pending.future, pending.version, "draining")
+        except RolloutError:
+            raise
         except concurrent.futures.TimeoutError as exc:
             raise RolloutError(
                 f"draining: the background generation submitted at step {pending.version} did not finish within "
@@ -247,10 +277,17 @@ class OneStepOff:
         self._closed = True
         try:
             self.drain()
-        except RolloutError as exc:
-            logger.warning("closing: %s; not waiting for it", exc)
+            last = self._last_future
+            if last is not None and not last.done():  # given up on earlier, and still running
+                self._result(last, self._last_version, "closing")
+        except (RolloutError, concurrent.futures.TimeoutError) as exc:
+            reason = str(exc) if isinstance(exc, RolloutError) else (
+                f"closing: a generation still runs after {self._timeout_s:g} s more")
+            logger.warning("%s; not waiting for it", reason)
             self._executor.shutdown(wait=False, cancel_futures=True)
             return
+        except Exception:  # noqa: BLE001 - that generation's own failure: its result was given up already
+            logger.debug("closing: a generation given up on earlier failed as it ended")
         self._executor.shutdown(wait=True)
 
     def __enter__(self) -> OneStepOff:

@@ -126,7 +126,7 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
                 rollout_server.stop()
             raise
         if rollout_server is not None:
-            self.one_step_off = OneStepOff(self._rollout, self._push_weights)
+            self.one_step_off = OneStepOff(self._rollout, self._push_weights, alive=rollout_server.check_alive)
         self.trl_surface = trl_vllm.inspect_surface(self, reuse_policy_log_probs)
         if self.args.dynamic_sampling_rounds and self.accelerator.num_processes > 1:
             raise ConfigError(f"trainer.dynamic_sampling_rounds={self.args.dynamic_sampling_rounds} needs one rank (a "
