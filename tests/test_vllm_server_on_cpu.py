@@ -11,11 +11,14 @@ import pytest
 
 from rlt_mono.rl.vllm_server import ServerError, VLLMServer, free_port, serve_command
 
-# Answers /health after <delay> seconds, with the environment it was given; spawns a child that must die with it.
+# Answers /health after <delay> seconds, with the environment it was given; spawns a child that must die with it,
+# and that takes half a second to end on SIGTERM (as an engine process frees its GPU) after its parent has ended.
+CHILD = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(0))); "
+         "print('child ready', flush=True); time.sleep(600)")
 STAND_IN = """
 import http.server, json, os, subprocess, sys, time
 port, delay, out = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+child = subprocess.Popen([sys.executable, "-c", CHILD])
 with open(out, "w") as f:
     json.dump({"cuda": os.environ.get("CUDA_VISIBLE_DEVICES"), "dev": os.environ.get("VLLM_SERVER_DEV_MODE"),
                "host": os.environ.get("VLLM_HOST_IP"), "child": child.pid}, f)
@@ -28,7 +31,7 @@ class Health(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
-"""
+""".replace("CHILD", repr(CHILD))
 
 
 def _alive(pid: int) -> bool:

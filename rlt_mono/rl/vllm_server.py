@@ -62,6 +62,18 @@ def serve_command(model: str, port: int, *, dtype: str, gpu_memory_utilization: 
                                          log_level="warning"))
 
 
+def _group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie does not: it has exited), from ``/proc``."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue  # ended while read
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
 class VLLMServer:
     """``command`` (``serve_command``'s, listening on ``port``) run with only ``gpu`` visible, its output in
     ``log_path``; ``start()`` returns once ``/health`` answers (or raises ``ServerError``), ``stop()`` ends its
@@ -126,7 +138,9 @@ class VLLMServer:
         return "\n".join(lines[-LOG_TAIL_LINES:]) or "(empty)"
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """End the server's process group (SIGTERM, then SIGKILL after ``grace_s``); idempotent."""
+        """End the server's process group (SIGTERM, then SIGKILL after ``grace_s``) and return once none of its
+        processes runs: the engine's own processes hold the GPU's memory until they end, not when the server's
+        first process does. Idempotent."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
@@ -134,12 +148,17 @@ class VLLMServer:
             try:
                 os.killpg(process.pid, sig)
             except ProcessLookupError:
-                return
-            try:
-                process.wait(timeout=wait)
                 break
-            except subprocess.TimeoutExpired:
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                process.poll()  # reaps the first process; the others are reaped by whoever adopts them
+                if not _group_running(process.pid):
+                    break
+                time.sleep(0.05)
+            else:
                 continue
+            break
+        process.poll()
         logger.info("rollout server: stopped")
 
     def __enter__(self) -> VLLMServer:
