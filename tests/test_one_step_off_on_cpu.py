@@ -263,12 +263,12 @@ def test_an_engine_that_stops_during_a_background_generation_is_named_within_a_p
 
 
 def test_a_live_engine_is_asked_while_the_caller_waits_and_the_result_is_used():
-    engine = FakeEngine(seconds=0.2)
+    engine = FakeEngine(seconds=0.6)
     checks: list[float] = []
     oso = OneStepOff(engine.generate, engine.push, alive=lambda: checks.append(time.monotonic()), poll_s=0.02)
     oso.step(prompts_of(0), 0, prompts_of(1))
     engine.trainer_version = 1
-    result, m = oso.step(prompts_of(1), 1, None)  # arrives at once: waits about 0.2 s for the generation
+    result, m = oso.step(prompts_of(1), 1, None)  # arrives at once: waits about 0.6 s for the generation
     assert result == (prompts_of(1), 0) and m["async/staleness"] == 1.0
-    assert 3 <= len(checks) <= 15  # asked every poll while it waited, not after it ended
+    assert 3 <= len(checks) <= 40  # asked every poll while it waited (about 30 times), not after it ended
     oso.close()
