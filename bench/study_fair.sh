@@ -186,21 +186,21 @@ evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answer
   [ "$check" = 1 ] || [ "$ran_before" = 1 ] || [ -z "$study_command" ] \
     || printf '%s\n' "$study_command" > "$folder/command"
 }
-# <run folder> <seed>: a trained student's eval, then its weights (sft/final) deleted unless STUDY_KEEP_STUDENTS=1:
-# the answers, metrics and configs are what the study keeps, and a 1.5B student is 6 GB in float32 (a host's disk
-# filled with four of them and the caches). An evaluated run is never trained again.
-evaluate_trained() {
-  local dir=$1 seed=$2
+# <run folder> <seed> <student_sft overrides...>: a student trained (<run>/sft), then evaluated (<run>/eval), then
+# its weights (sft/final) deleted unless STUDY_KEEP_STUDENTS=1: the answers, metrics and configs are what the study
+# keeps, and a 1.5B student is 6 GB in float32 (a host's disk filled with four of them and the caches). An
+# evaluated run is never trained again.
+trained_student() {
+  local dir=$1 seed=$2; shift 2
+  local log=${dir#"$root"/}
+  [ -f "$dir/eval/eval.json" ] && return 0
+  stage "$dir/sft" "${log//\//_}_sft" ./launch_mono.sh student_sft "$@" "seed=$seed" || return 1
   evaluate "$dir/eval" student "$seed" "student.model_name_or_path=$dir/sft/final" student.gguf_file=null || return
   [ "$check" = 1 ] || [ "${STUDY_KEEP_STUDENTS:-0}" = 1 ] || rm -rf "$dir/sft/final"
 }
 worked() {  # <seed>: a student trained on the worked solutions, then evaluated
-  local dir=$root/$student/worked_s$1
-  [ -f "$dir/eval/eval.json" ] && return 0  # evaluated: its SFT folder is not needed again
-  stage "$dir/sft" "${student}_worked_s$1_sft" ./launch_mono.sh student_sft "${size[@]}" "${sft_size[@]}" \
-    "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data.source="${size_source}" \
-    sft.explanation_column=none "seed=$1" || return 1
-  evaluate_trained "$dir" "$1"
+  trained_student "$root/$student/worked_s$1" "$1" "${size[@]}" "${sft_size[@]}" "${sft_extra[@]}" \
+    "student=$student_cfg" student.dtype=float32 data.source="${size_source}" sft.explanation_column=none
 }
 
 traces() {  # the eval on the training split, then its right answers as traces
@@ -282,13 +282,10 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     worked_common) file=$distilled/sft.jsonl column=none ;;  # the same questions, the worked solutions alone
   esac
   [ -s "$file" ] || [ "$check" = 1 ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
-  local dir=$root/$student/${arm}_s$seed
-  [ -f "$dir/eval/eval.json" ] && return 0  # evaluated: its SFT folder is not needed again
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
-  stage "$dir/sft" "${student}_${arm}_s${seed}_sft" ./launch_mono.sh student_sft "${custom_sft[@]}" "${sft_size[@]}" \
-    "${sft_extra[@]}" "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
-    sft.eval_strategy=no "sft.explanation_column=$column" "seed=$seed" || return 1
-  evaluate_trained "$dir" "$seed"
+  trained_student "$root/$student/${arm}_s$seed" "$seed" "${custom_sft[@]}" "${sft_size[@]}" "${sft_extra[@]}" \
+    "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
+    sft.eval_strategy=no "sft.explanation_column=$column"
 }
 answered() {  # <student> <label>: its answers are in STUDY_ANSWERS, from this study's commit
   [ -n "${STUDY_ANSWERS:-}" ] || return 1
