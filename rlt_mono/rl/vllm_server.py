@@ -74,6 +74,17 @@ def _group_running(pgid: int) -> bool:
     return False
 
 
+def _group_ended(process: subprocess.Popen, wait_s: float) -> bool:
+    """Whether every process of ``process``'s group has ended within ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        process.poll()  # reaps the first process; the others are reaped by whoever adopts them
+        if not _group_running(process.pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 class VLLMServer:
     """``command`` (``serve_command``'s, listening on ``port``) run with only ``gpu`` visible, its output in
     ``log_path``; ``start()`` returns once ``/health`` answers (or raises ``ServerError``), ``stop()`` ends its
@@ -149,15 +160,8 @@ class VLLMServer:
                 os.killpg(process.pid, sig)
             except ProcessLookupError:
                 break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                process.poll()  # reaps the first process; the others are reaped by whoever adopts them
-                if not _group_running(process.pid):
-                    break
-                time.sleep(0.05)
-            else:
-                continue
-            break
+            if _group_ended(process, wait):
+                break
         process.poll()
         logger.info("rollout server: stopped")
 
