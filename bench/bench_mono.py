@@ -393,8 +393,9 @@ class StepTimer:
     def wrap_generation(self, trainer) -> None:
         generation = trainer.vllm_generation
         self.wrap(generation, "sync_weights", "sync_weights (includes wake_weights)")
-        for name in ("generate", "sleep", "wake_up"):
-            self.wrap(generation.llm, name)
+        if trainer.args.vllm_mode == "colocate":  # a server's engine (placement=async) is another process
+            for name in ("generate", "sleep", "wake_up"):
+                self.wrap(generation.llm, name)
         self.wrap(trainer, "_tokenize_prompts")
 
     def summary(self) -> dict:
@@ -458,7 +459,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
                 if "reward" in r and not (profiler is not None and r.get("step") == a.profile_step)]
     rows = after_first(all_rows)
     prefixes = ("phase/", "swap/", "perf/", "vllm/", "overlap/", "timeline/", "generate/", "teacher_reward/total",
-                "dp/")
+                "dp/", "async/")
     keys = sorted({k for r in rows for k in r if k.startswith(prefixes)})
     ranks = trainer.accelerator.num_processes
     completions = a.completions * ranks

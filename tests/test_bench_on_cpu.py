@@ -354,6 +354,26 @@ def test_measured_peaks_take_the_largest_over_every_step():
     assert bench.measured_peaks(rows) == {"device_peak/train": 9.5, "device_peak/score": 7.5}
 
 
+def test_step_timer_wraps_the_colocated_engine_and_leaves_a_servers_alone():
+    from types import SimpleNamespace
+
+    def fake(mode):
+        def call():
+            return None
+        llm = SimpleNamespace(generate=call, sleep=call, wake_up=call)
+        generation = SimpleNamespace(sync_weights=call, **({"llm": llm} if mode == "colocate" else {}))
+        return SimpleNamespace(args=SimpleNamespace(vllm_mode=mode), vllm_generation=generation,
+                               _tokenize_prompts=call), call
+
+    colocated, call = fake("colocate")
+    bench.StepTimer().wrap_generation(colocated)
+    llm = colocated.vllm_generation.llm
+    assert all(getattr(llm, name) is not call for name in ("generate", "sleep", "wake_up"))
+    served, call = fake("server")  # placement=async: the engine runs in the server's process, no .llm here
+    bench.StepTimer().wrap_generation(served)
+    assert served.vllm_generation.sync_weights is not call and served._tokenize_prompts is not call
+
+
 # ---- scale: throughput over GPUs --------------------------------------------------------------------------------
 def test_scale_runs_each_arm_and_divides_throughput_by_the_first(tmp_path, monkeypatch):
     def measured(seconds, completions):

@@ -162,7 +162,11 @@ class VLLMServer:
                 break
             if _group_ended(process, wait):
                 break
-        process.poll()
+        try:  # reaped, so that its pid is gone: a process killed while the driver frees its memory takes a moment
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("rollout server: pid %d still there %g s after SIGKILL", process.pid, grace_s + 10.0)
+            return
         logger.info("rollout server: stopped")
 
     def __enter__(self) -> VLLMServer:
