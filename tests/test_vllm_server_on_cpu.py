@@ -3,7 +3,9 @@ it answers, one error naming its log when it exits or stays silent, its whole pr
 HTTP server stands in for vLLM."""
 
 import json
+import logging
 import os
+import re
 import sys
 import time
 
@@ -59,6 +61,7 @@ def test_the_server_sees_only_its_gpu_is_waited_for_and_stops_with_its_children(
         pid, child = server.process.pid, seen["child"]
         server.check_alive()
     assert not _alive(pid) and not _alive(child)  # the whole process group
+    assert not os.path.exists(f"/proc/{pid}")  # the server's own process reaped, not left a zombie
     assert "loading the model" in (tmp_path / "rollout_server.log").read_text()
     server.stop()  # idempotent
 
@@ -70,6 +73,18 @@ def test_a_server_that_exits_is_one_error_quoting_its_log(tmp_path):
     with pytest.raises(ServerError, match=r"exited with code 3 before it answered; .*rollout_server.log ends:\n"
                                           r"CUDA out of memory while loading"):
         server.start()
+
+
+def test_a_server_deaf_to_sigterm_is_killed_after_the_grace_and_reaped(tmp_path, caplog):
+    port = free_port()
+    deaf = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + STAND_IN
+    server = VLLMServer([sys.executable, "-c", deaf, str(port), "0", str(tmp_path / "f.json")], port, "1",
+                        tmp_path / "rollout_server.log", poll_s=0.1).start()
+    pid = server.process.pid
+    with caplog.at_level(logging.INFO, logger="rlt_mono.rl.vllm_server"):
+        server.stop(grace_s=1.0)
+    assert not os.path.exists(f"/proc/{pid}")
+    assert re.search(r"rollout server: stopped in \d+\.\d s \(SIGKILL\)", caplog.text), caplog.text
 
 
 def test_a_silent_server_is_stopped_after_the_timeout(tmp_path):

@@ -155,6 +155,7 @@ class VLLMServer:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        started = time.monotonic()
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(process.pid, sig)
@@ -165,9 +166,10 @@ class VLLMServer:
         try:  # reaped, so that its pid is gone: a process killed while the driver frees its memory takes a moment
             process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            logger.warning("rollout server: pid %d still there %g s after SIGKILL", process.pid, grace_s + 10.0)
+            logger.warning("rollout server: pid %d still there %.0f s after it was told to end", process.pid,
+                           time.monotonic() - started)
             return
-        logger.info("rollout server: stopped")
+        logger.info("rollout server: stopped in %.1f s (%s)", time.monotonic() - started, signal.Signals(sig).name)
 
     def __enter__(self) -> VLLMServer:
         return self.start()
