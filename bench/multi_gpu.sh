@@ -6,11 +6,62 @@
 #   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
-# Writes $OUT/scale_<arms>.json, $OUT/scale_<arms>.log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed
-# test's report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
+# Writes $OUT/scale_<arch>_<arms>.json and .log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed test's
+# report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
+# SCALE_ARCH picks the random-weight pair of the arms (default 1.5b; 0.5b, 7b: bench_mono.py --arch).
+# In the background, for runs longer than the host's command limit (each entry one command as above, one after
+# another, from a copy of the code, into MULTI_GPU_ROOT, default /root/multi_gpu):
+#   bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
+#   bash bench/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log and copies
+#       what they wrote (JSON, logs, failures) into $OUT; <root>/DONE holds each entry's exit code once all ran
 set -euo pipefail
+root=${MULTI_GPU_ROOT:-/root/multi_gpu}
+case "${1:-}" in
+  start)
+    shift
+    [ $# -gt 0 ] || { echo "usage: bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ..." >&2; exit 2; }
+    if pgrep -f "[b]ench/multi_gpu.sh chain $root " > /dev/null; then
+      echo "bench/multi_gpu.sh: runs started earlier are still going ($root/chain.log): wait for them" >&2; exit 2
+    fi
+    mkdir -p "$root" && rm -f "$root/DONE"
+    code=$root/code-$(date +%s%N) && mkdir -p "$code"
+    tar cf - --exclude=./.gpu-stack --exclude=./.parts --exclude=./gpu_out . | tar xf - -C "$code"
+    (cd "$code" && setsid nohup bash bench/multi_gpu.sh chain "$root" "$@" >> "$root/chain.log" 2>&1 \
+      < /dev/null &)
+    sleep 1  # so that a wait right after finds it running
+    echo "bench/multi_gpu.sh: $# command(s) started, from $code; log $root/chain.log"
+    exit 0 ;;
+  chain)  # start's background job: chain <root> <entry>...
+    shift 2
+    codes=()
+    for entry in "$@"; do
+      command=("${entry%%|*}")
+      [[ "$entry" != *"|"* ]] || command+=("${entry#*|}")
+      echo "== $(date -u +%H:%M:%S) bash bench/multi_gpu.sh ${command[*]}"
+      status=0
+      OUT=$root bash bench/multi_gpu.sh "${command[@]}" || status=$?
+      codes+=("$status")
+    done
+    echo "${codes[*]}" > "$root/DONE"
+    exit 0 ;;
+  wait)
+    end=$((SECONDS + ${2:?usage: bash bench/multi_gpu.sh wait <seconds>}))
+    while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do
+      if ! pgrep -f "[b]ench/multi_gpu.sh chain $root " > /dev/null; then
+        echo "bench/multi_gpu.sh wait: nothing runs and none has ended here (no $root/DONE): its start failed," \
+             "or this host is a new one" >&2
+        exit 1
+      fi
+      sleep 5
+    done
+    tail -n 8 "$root/chain.log"
+    OUT=${OUT:-$PWD/gpu_out} && mkdir -p "$OUT"
+    for f in "$root"/*.json "$root"/*.txt "$root"/*.log; do [ ! -f "$f" ] || cp "$f" "$OUT"/; done
+    if [ -f "$root/DONE" ]; then echo "DONE, exit codes: $(cat "$root/DONE")"; else echo "still running"; fi
+    exit 0 ;;
+esac
 arms=${1:?usage: bash bench/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none> [<pytest -k expression> | all]}
 tests=${2:-}
 OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
@@ -22,7 +73,7 @@ eval "$stack"
 install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
-name=${arms//[:,]/_}
+name=${SCALE_ARCH:-1.5b}_${arms//[:,]/_}
 optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
@@ -42,7 +93,7 @@ run_tests() {
 }
 
 if [ "$arms" != none ]; then
-  python3 bench/bench_mono.py scale --arch 1.5b --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
+  python3 bench/bench_mono.py scale --arch "${SCALE_ARCH:-1.5b}" --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
     --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 || echo "scale failed: $OUT/scale_$name.log"
   tail -n 12 "$OUT/scale_$name.log"
 fi

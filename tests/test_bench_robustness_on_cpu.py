@@ -3,6 +3,7 @@ bench/speed_summary.py (a folder with no run, a cut-off JSON file), bench/speed.
 bench/roofline.py (a --measured that is not phase=seconds)."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,46 @@ def test_gpu_pipeline_whose_stack_does_not_install_shows_the_end_of_its_log(tmp_
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (f"bench/gpu_pipeline.sh: the GPU stack did not install; {tmp_path / 'out'}/install.log "
                            "ends:\nunpacking\nxz: file is corrupt\n")
+
+
+def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready"'):
+    """bench/multi_gpu.sh in a copy of bench/ (its two scripts), a stand-in GPU stack and a two-GPU nvidia-smi."""
+    repo, parts, fake = tmp_path / "repo", tmp_path / "parts", tmp_path / "bin"
+    for folder in (repo / "bench", parts, fake):
+        folder.mkdir(parents=True, exist_ok=True)
+    for name in ("multi_gpu.sh", "gpu_host.sh"):
+        shutil.copy(ROOT / "bench" / name, repo / "bench" / name)
+    (parts / "install_gpu_stack.sh").write_text(install + "\n")
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\necho 'GPU 1: stand-in'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts),
+           "MULTI_GPU_ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", "bench/multi_gpu.sh", *args], capture_output=True, text=True, cwd=repo,
+                          timeout=60, env=env)
+
+
+def test_multi_gpu_runs_its_commands_in_the_background_one_after_another(tmp_path):
+    started = _multi_gpu(tmp_path, "start", "none", "none|")
+    assert started.returncode == 0 and "2 command(s) started" in started.stdout, started.stderr
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert waited.returncode == 0 and "DONE, exit codes: 0 0" in waited.stdout, waited.stdout + waited.stderr
+    log = (tmp_path / "root" / "chain.log").read_text()
+    assert log.count("bash bench/multi_gpu.sh none") == 2  # one after the other, each logged
+    assert (tmp_path / "out" / "install.log").read_text() == "unpacked\nexport STACK=ready\n"  # copied back
+
+
+def test_multi_gpu_background_records_a_command_that_failed(tmp_path):
+    assert _multi_gpu(tmp_path, "start", "none", install="echo corrupt >&2; exit 1").returncode == 0
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert "DONE, exit codes: 2" in waited.stdout, waited.stdout + waited.stderr
+    assert "the GPU stack did not install" in (tmp_path / "root" / "chain.log").read_text()
+
+
+def test_multi_gpu_wait_with_nothing_started_says_so(tmp_path):
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert waited.returncode == 1
+    assert "nothing runs and none has ended here" in waited.stderr
+    assert _multi_gpu(tmp_path, "start").returncode == 2  # no command to start
 
 
 @pytest.mark.parametrize("measured, message", [
