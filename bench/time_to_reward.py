@@ -10,6 +10,11 @@ evaluation whose reward is at least the target (its seconds and optimizer step a
 is reported as such and left out of its arm's median). ``sooner`` is the baseline's median seconds over the arm's:
 2.0 means the arm reached the target in half the time. Steps are not compared: a setting that feeds several
 optimizer steps from one generation (``memory=speed``) takes steps of another size.
+
+``curves``: per arm, the held-out reward at each step every run of the arm evaluated (median, lowest, highest over its
+runs), and for an arm whose steps are the baseline's size (``placement=async``, one step off the policy) whether its
+median stays within the baseline's spread over seeds: ``within_baseline_spread`` counts the steps both evaluated
+and names those outside.
 """
 
 from __future__ import annotations
@@ -84,6 +89,28 @@ def compare(arms: dict[str, list[Path]], baseline: str, target_step: int) -> dic
     return result
 
 
+def curves(arms: dict[str, list[Path]], baseline: str) -> dict:
+    """Each arm's held-out reward over its runs at each step they all evaluated, and where each arm's median leaves
+    the baseline's lowest-to-highest band (the module's doc)."""
+    result = {}
+    for arm, runs in arms.items():
+        by_run = [{step: reward for step, reward, _ in held_out_curve(run)} for run in runs]
+        steps = sorted(set.intersection(*(set(rewards) for rewards in by_run)))
+        result[arm] = {str(step): {"median": round(statistics.median(r[step] for r in by_run), 4),
+                                   "lowest": round(min(r[step] for r in by_run), 4),
+                                   "highest": round(max(r[step] for r in by_run), 4)} for step in steps}
+    band = result[baseline]
+    for arm, curve in result.items():
+        if arm == baseline:
+            continue
+        shared = [step for step in curve if step in band]
+        outside = [int(step) for step in shared
+                   if not band[step]["lowest"] <= curve[step]["median"] <= band[step]["highest"]]
+        curve["within_baseline_spread"] = {"steps": len(shared), "within": len(shared) - len(outside),
+                                           "outside": outside}
+    return result
+
+
 def parse_arm(text: str) -> tuple[str, list[Path]]:
     name, sep, folders = text.partition("=")
     if not sep or not name or not folders:
@@ -104,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         arms = dict(parse_arm(text) for text in args.arms)
         result = compare(arms, args.baseline, args.target_step)
+        result["curves"] = curves(arms, args.baseline)
     except TimeToRewardError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -112,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"target: held-out reward {result['target']['eval_reward']} ({result['target']['from']})")
     for arm, entry in result["arms"].items():
-        print(f"{arm}: reached {entry['reached']}, median {entry['median_seconds']} s, sooner {entry['sooner']}")
+        spread = result["curves"][arm].get("within_baseline_spread")
+        within = (f"; median within {args.baseline}'s spread at {spread['within']} of {spread['steps']} evaluated "
+                  "steps") if spread else ""
+        print(f"{arm}: reached {entry['reached']}, median {entry['median_seconds']} s, "
+              f"sooner {entry['sooner']}{within}")
     return 0
 
 

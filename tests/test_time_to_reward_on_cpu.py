@@ -1,6 +1,7 @@
 """bench/time_to_reward.py: wall-clock time to the default's held-out reward, on hand-made run folders."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,60 @@ def test_a_baseline_without_an_evaluation_at_the_target_step_is_one_line(tmp_pat
     done = _cli(f"auto={run}", "--baseline", "speed", "--target-step", "150", "--out", str(tmp_path / "o.json"),
                 "--device", "d", "--commit", "c", "--command", "x")
     assert done.returncode == 2 and "--baseline speed: not among the arms (auto)" in done.stderr
+
+
+def test_curves_give_each_steps_median_and_spread_and_where_an_arm_leaves_the_baselines_band(tmp_path):
+    auto = [_run(tmp_path / f"auto{i}", [(0, -3.3, 0.0), (25, a25, 100), (50, a50, 200)])
+            for i, (a25, a50) in enumerate([(-3.0, -2.6), (-3.2, -2.8), (-3.1, -2.4)])]
+    # async: step 25's median -3.15 lies in auto's [-3.2, -3.0]; step 50's median -2.9 lies below auto's [-2.8, -2.4];
+    # its third run evaluated step 75 too, which the others did not: left out
+    late = [_run(tmp_path / "async0", [(0, -3.4, 0.0), (25, -3.1, 60), (50, -2.9, 120)]),
+            _run(tmp_path / "async1", [(0, -3.2, 0.0), (25, -3.2, 60), (50, -3.0, 120)]),
+            _run(tmp_path / "async2", [(0, -3.3, 0.0), (25, -3.15, 60), (50, -2.7, 120), (75, -2.5, 180)])]
+    out = tmp_path / "ttr.json"
+    done = _cli(f"auto={','.join(map(str, auto))}", f"async={','.join(map(str, late))}", "--baseline", "auto",
+                "--target-step", "50", "--out", str(out), "--device", "d", "--commit", "c", "--command", "x")
+    assert done.returncode == 0, done.stderr
+    curves = json.loads(out.read_text())["curves"]
+    assert curves["auto"]["50"] == {"median": -2.6, "lowest": -2.8, "highest": -2.4}
+    assert "within_baseline_spread" not in curves["auto"]
+    assert curves["async"]["0"] == {"median": -3.3, "lowest": -3.4, "highest": -3.2}
+    assert curves["async"]["25"]["median"] == -3.15 and "75" not in curves["async"]
+    # step 0: -3.3 within auto's [-3.3, -3.3]; 25 within; 50 outside
+    assert curves["async"]["within_baseline_spread"] == {"steps": 3, "within": 2, "outside": [50]}
+    assert "median within auto's spread at 2 of 3 evaluated steps" in done.stdout
+
+
+def _time_to_reward_sh(tmp_path, arms, seeds="0,1"):
+    """bench/time_to_reward.sh in a copy whose launch_mono.sh records what each run got, on a host of 3 GPUs."""
+    repo, fake = tmp_path / "repo", tmp_path / "bin"
+    (repo / "bench").mkdir(parents=True)
+    fake.mkdir()
+    shutil.copy(ROOT / "bench" / "time_to_reward.sh", repo / "bench")
+    (repo / "launch_mono.sh").write_text('#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES ${RLT_MONO_ENGINE_LOCK##*-} $*"\n')
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1 2; do echo \"GPU $i: stand-in (UUID: x)\"; done\n")
+    for script in (repo / "launch_mono.sh", fake / "nvidia-smi"):
+        script.chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", "bench/time_to_reward.sh", str(tmp_path / "root"), seeds, arms], cwd=repo,
+                          capture_output=True, text=True, timeout=60, env=env)
+    return done, tmp_path / "root"
+
+
+def test_time_to_reward_runs_async_on_two_gpus_a_run_and_the_others_on_one(tmp_path):
+    done, root = _time_to_reward_sh(tmp_path, "auto,async")
+    assert done.returncode == 0, done.stderr
+    seen = {name: (root / "logs" / f"{name}.log").read_text().split() for name in ("auto_s0", "auto_s1", "async_s0",
+                                                                                  "async_s1")}
+    # GPUs dealt in turn: auto on 0 and 1; async on 2,0 then 1,2, its engine lock the server's GPU (the last)
+    assert [seen[n][:2] for n in seen] == [["0", "gpu0.lock"], ["1", "gpu1.lock"], ["2,0", "gpu0.lock"],
+                                           ["1,2", "gpu2.lock"]]
+    assert "memory=auto" in seen["auto_s0"] and "placement=async" not in seen["auto_s0"]
+    assert {"memory=auto", "placement=async", "seed=1", f"output_dir={root}/async_s1"} <= set(seen["async_s1"])
+    assert (root / "DONE").read_text().startswith("auto_s0=0 auto_s1=0 async_s0=0 async_s1=0 seconds=")
+
+
+def test_time_to_reward_refuses_an_unknown_arm_before_starting_any(tmp_path):
+    done, root = _time_to_reward_sh(tmp_path, "auto,fast")
+    assert (done.returncode, done.stderr) == (2, "bench/time_to_reward.sh: unknown arm 'fast' (auto, speed, async)\n")
+    assert not (root / "logs").exists()
