@@ -532,13 +532,13 @@ def card_of(card_gib: float | None):
 
 def predicted_peaks(cfg, trainer, arch: str) -> dict:
     """The memory planner's per-phase prediction for this run (``predicted/<phase>`` in GiB, and its table),
-    from the card's total memory and the longest prompt of the trainer's data; none for ``student_gpu``, which the
-    planner does not cover (two GPUs)."""
+    from the card's total memory and the longest prompt of the trainer's data; none for ``student_gpu`` and
+    ``async``, which the planner does not cover (two GPUs)."""
     import torch
 
     from rlt_mono.memory import planner as memory_planner
 
-    if cfg.placement.mode == "student_gpu":
+    if cfg.placement.mode in ("student_gpu", "async"):
         return {}
 
     prompts = list(trainer.train_dataset["prompt"])

@@ -439,7 +439,7 @@ def test_rlt_gpus_must_match_the_placement(placement, gpus, capsys):
     assert "mono takes 1, student_gpu and async 2, dp 1 or more" in capsys.readouterr().err
 
 
-def test_the_planner_predicts_mono_and_dp_runs_and_leaves_student_gpu_out(monkeypatch, tokenizer):
+def test_the_planner_predicts_mono_and_dp_runs_and_leaves_the_two_gpu_placements_out(monkeypatch, tokenizer):
     from types import SimpleNamespace
 
     from rlt_mono.config import compose
@@ -448,6 +448,7 @@ def test_the_planner_predicts_mono_and_dp_runs_and_leaves_student_gpu_out(monkey
     trainer = SimpleNamespace(train_dataset={"prompt": ["What is 2 + 2?", "What is 12 + 30?"]},
                               processing_class=tokenizer)
     assert bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=student_gpu"]), trainer, "0.5b") == {}
+    assert bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=async"]), trainer, "0.5b") == {}
     mono = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=mono"]), trainer, "0.5b")
     dp = bench.predicted_peaks(compose("teacher_rlt_mono", ["placement=dp", "placement.num_processes=2"]), trainer,
                                "0.5b")
