@@ -26,7 +26,11 @@ class BuildWithConfigs(build_py):
         if self.editable_mode:  # an editable install reads the checkout's cfgs/ in place
             return
         target = Path(self.build_lib) / "rlt_mono" / "cfgs"
-        for source in sorted(CONFIGS.rglob("*.yaml")):
+        sources = sorted(CONFIGS.rglob("*.yaml"))
+        if not sources:  # a package without its configs runs nothing: stop the build, not the first run
+            raise FileNotFoundError(f"no configs in {CONFIGS}: the wheel would carry none (a source distribution "
+                                    "built without MANIFEST.in's `graft cfgs`?)")
+        for source in sources:
             destination = target / source.relative_to(CONFIGS)
             destination.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, destination)

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -53,3 +54,13 @@ def test_the_wheel_carries_every_config_and_the_installed_command_runs_the_demo_
     assert run.stdout.splitlines()[0] == str(target / "rlt_mono" / "cfgs")
     finals = list((elsewhere / "outputs" / "demo_tiny").glob("*/final/config.json"))
     assert len(finals) == 1
+    # the run's README records the console command (its resume command is that command, not the checkout's launcher)
+    readme = (finals[0].parent.parent / "README.md").read_text()
+    assert "`rlt-mono demo_tiny trainer.max_steps=2`" in readme and "launch_mono.sh" not in readme
+
+    # The source distribution carries every config too (MANIFEST.in), so a wheel built from it ships them.
+    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist")], check=True,
+                   capture_output=True, cwd=source)
+    with tarfile.open(next((tmp_path / "sdist").glob("rlt_mono-*.tar.gz"))) as sdist:
+        packed = {name.split("/", 1)[1] for name in sdist.getnames() if name.endswith(".yaml")}
+    assert packed == {f"cfgs/{path.relative_to(configs).as_posix()}" for path in configs.rglob("*.yaml")}

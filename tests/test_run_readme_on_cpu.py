@@ -72,6 +72,12 @@ def test_launch_command_is_known_only_for_the_command_line_entry(monkeypatch, tm
     assert launch_command() == "rlt-mono demo_tiny 'data.source=my rows.jsonl'"
     monkeypatch.setattr("sys.argv", ["/usr/bin/ipykernel_launcher.py", "-f", "kernel.json"])
     assert launch_command() is None
+    # the console command of an installed package (no checkout), from any folder
+    monkeypatch.setattr("sys.argv", ["/opt/venv/bin/rlt-mono", "demo_tiny", "trainer.max_steps=2"])
+    assert launch_command() == "rlt-mono demo_tiny trainer.max_steps=2"
+    monkeypatch.chdir(ROOT)
+    assert launch_command() == "rlt-mono demo_tiny trainer.max_steps=2"
+    monkeypatch.chdir(tmp_path)
     # python -m rlt_mono (what launch_mono.sh runs); a resumed run records the command of the uninterrupted one
     monkeypatch.setattr("sys.argv", [str(ROOT / "rlt_mono" / "__main__.py"), "demo_tiny", "resume_from_checkpoint=true",
                                      "trainer.max_steps=4"])

@@ -79,15 +79,17 @@ CHECKPOINT_DESCRIPTION = ("resumable checkpoint: teacher, optimizer, schedule, R
 def launch_command() -> str | None:
     """The ``launch_mono.sh`` command line of this process when it is the command-line entry
     (``python -m rlt_mono``, which ``launch_mono.sh`` runs, or ``python -m rlt_mono.cli``), else ``None`` (a notebook,
-    a test). The launcher is named from the folder the process runs in: ``./launch_mono.sh`` in the repository's
-    root, ``../../../launch_mono.sh`` for a pipeline's stage (run in the pipeline folder
-    ``outputs/<run_name>/<time>``), ``rlt-mono`` (the console command) outside the repository. A
+    a test), or ``rlt-mono ...`` when the console command of an installed package runs it. The launcher is named from
+    the folder the process runs in: ``./launch_mono.sh`` in the repository's root, ``../../../launch_mono.sh`` for a
+    pipeline's stage (run in the pipeline folder ``outputs/<run_name>/<time>``), ``rlt-mono`` outside it. A
     ``resume_from_checkpoint`` is left out: it says how this process started, not what the run is, so a resumed run
     records the command of the uninterrupted one (``resume_command`` adds it back)."""
     entry = Path(sys.argv[0])
+    words = [w for w in sys.argv[1:] if not w.lstrip("+~").startswith("resume_from_checkpoint=")]
+    if entry.name == "rlt-mono":  # the console command of an installed package: the same from any folder
+        return shlex.join(["rlt-mono", *words])
     if entry.name not in ("cli.py", "__main__.py") or entry.parent.name != "rlt_mono":
         return None
-    words = [w for w in sys.argv[1:] if not w.lstrip("+~").startswith("resume_from_checkpoint=")]
     launcher, here = entry.resolve().parent.parent / LAUNCHER, Path.cwd().resolve()
     if not launcher.is_file() or not here.is_relative_to(launcher.parent):
         return shlex.join(["rlt-mono", *words])
