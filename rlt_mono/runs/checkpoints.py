@@ -402,7 +402,7 @@ class VerifiedCheckpoints:
         counters = {"loss_sum": self._total_loss_scalar + self._tr_loss.item()}
         if hasattr(self, "_total_train_tokens"):
             counters["num_tokens"] = self._total_train_tokens
-        (folder / COUNTERS).write_text(json.dumps(counters) + "\n")
+        atomic_write.write_text(folder / COUNTERS, json.dumps(counters) + "\n")
 
     def _restore_counters(self, checkpoint: Path) -> None:
         """Set the running totals from a resumed checkpoint's ``COUNTERS`` (a checkpoint saved without them keeps

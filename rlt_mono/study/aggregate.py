@@ -134,9 +134,9 @@ def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence:
     study = {"questions": evals["eval_teacher"].get("questions"), "confidence": confidence, "seed": seed,
              "missing": [step for step in steps if evals[step].get("missing")],
              "teachers": teachers, "students": students, "student_differences": student_differences}
-    (root / STUDY_FILE).write_text(json.dumps(study, indent=1) + "\n")
+    write_json(root / STUDY_FILE, study)
     table = study_table(study)
-    (root / STUDY_TABLE_FILE).write_text(table + "\n")
+    write_text(root / STUDY_TABLE_FILE, table + "\n")
     return table
 
 
