@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scaling runs and GPU tests on a host with several GPUs (nvidia-h200-x2 / -x4), each command under 10 minutes. The
+# Scaling runs and GPU tests on a host with several GPUs (two or four H200s were measured). The
 # tests run after the arms, never beside them: a test on other GPUs of the same host would share its CPUs and PCIe
 # with the arms being timed. Run from the repository root on the GPU host, once the GPU stack is installed
 # (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the commands):
@@ -11,7 +11,7 @@
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
 # SCALE_ARCH picks the random-weight pair of the arms (default 1.5b; 0.5b, 7b: bench_mono.py --arch).
-# In the background, for runs longer than the host's command limit (each entry one command as above, one after
+# In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default /root/multi_gpu):
 #   bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
 #   bash bench/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log and copies
