@@ -144,7 +144,23 @@ def test_each_option_composes_to_the_values_beneath_it_updated_with_its_yaml(gro
             assert set(_own_defaults(group)) <= set(composed), name
 
 
-def test_a_stage_group_base_sets_only_library_fields():
-    """The trainer and sft bases hold the RLT run's values of TRL's fields; rlt_mono's own come from the dataclass."""
-    for group in LIBRARY_BASES:
-        assert not set(_own_values(group, "_base")) & set(_own_defaults(group)), group
+@pytest.mark.parametrize("group", sorted(GROUP_CLASSES))
+def test_a_file_built_on_the_dataclass_sets_none_of_its_fields(group):
+    """A field rlt_mono declares has its default in the dataclass alone: the file that builds on the dataclass (a
+    base, or the group's default option) sets none of them, to a different value no more than to the same one (the
+    trainer and sft bases hold the RLT run's values of TRL's fields, which are no rlt_mono default)."""
+    bases = [name for name in _files(group)
+             if DATACLASS_NODE in OmegaConf.load(CONFIG_DIR / group / f"{name}.yaml").get("defaults", [])]
+    assert bases, group
+    for name in bases:
+        assert not set(_own_values(group, name)) & set(_own_defaults(group)), f"{group}/{name}.yaml"
+
+
+def test_the_pipelines_settings_have_their_defaults_in_train_yaml_alone():
+    from rlt_mono.stages.pipeline_steps import PipelineOptions, pipeline_options
+
+    settings = dataclasses.fields(PipelineOptions)
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in settings)
+    root = OmegaConf.load(CONFIG_DIR / "train.yaml")
+    options = pipeline_options(compose("pipeline_tiny"))
+    assert {f.name: getattr(options, f.name) for f in settings} == {f.name: root[f.name] for f in settings}

@@ -240,12 +240,13 @@ def test_a_study_step_without_study_and_a_name_far_from_any_are_one_line_each():
                         (["zzz"], "steps: unknown step 'zzz': this pipeline's steps are teacher_sft, teacher_rlt, "
                                   "distill, student_sft, eval_teacher, eval_student")):
         try:
-            PipelineOptions(steps=steps)
+            PipelineOptions(study=False, steps=steps, rerun_changed=False, keep_checkpoints=True)
         except ValueError as err:
             assert str(err) == line
         else:
             raise AssertionError(f"steps={steps} accepted")
-    assert PipelineOptions(study=True, steps=["eval_sft_teacher"]).steps == ["eval_sft_teacher"]
+    assert PipelineOptions(study=True, steps=["eval_sft_teacher"], rerun_changed=False,
+                           keep_checkpoints=True).steps == ["eval_sft_teacher"]
 
 
 # ---- 4. a data option the data source does not read --------------------------------------------------------------

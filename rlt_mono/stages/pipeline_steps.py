@@ -34,13 +34,13 @@ STAGES_KEY = "pipeline"
 
 @dataclass(frozen=True)
 class PipelineOptions:
-    """The pipeline's own settings: root keys of every config (``cfgs/train.yaml`` documents each, with these
-    defaults), read by ``stage: pipeline`` alone."""
+    """The pipeline's own settings: root keys of every config, read by ``stage: pipeline`` alone. Their defaults
+    live in ``cfgs/train.yaml`` alone, which documents each (``pipeline_options`` reads them from a run's config)."""
 
-    study: bool = False
-    steps: list[str] | None = None
-    rerun_changed: bool = False
-    keep_checkpoints: bool = True
+    study: bool
+    steps: list[str] | None
+    rerun_changed: bool
+    keep_checkpoints: bool
 
     def __post_init__(self) -> None:
         for name in ("study", "rerun_changed", "keep_checkpoints"):
