@@ -183,12 +183,23 @@ def stage_groups(stage: str) -> tuple[str, ...] | None:
     path = module_file(f"rlt_mono.stages.{stage}") if stage.isidentifier() else None
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)) if path is not None else ast.Module([], [])
     for node in tree.body:
-        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["STAGE"] \
-                and isinstance(node.value, ast.Call):
-            declared = {keyword.arg: keyword.value for keyword in node.value.keywords}
-            if "steps" in declared:
-                return ()
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) \
+            else []
+        if [ast.unparse(t) for t in targets] != ["STAGE"]:
+            continue
+        call = node.value
+        declared = {keyword.arg: keyword.value for keyword in call.keywords} \
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "Stage" and not call.args else None
+        if declared is None or None in declared:
+            raise ConfigError(f"{path}: STAGE must be declared as Stage(name=..., ...) with keywords, so that the "
+                              "config groups it composes can be read without importing it")
+        if "steps" in declared:
+            return ()
+        try:
             return tuple(ast.literal_eval(declared["config_groups"])) if "config_groups" in declared else ()
+        except ValueError:
+            raise ConfigError(f"{path}: STAGE's config_groups must be written out as a tuple of names (it is read "
+                              f"without importing the module), not {ast.unparse(declared['config_groups'])}") from None
     return None
 
 

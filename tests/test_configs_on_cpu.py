@@ -153,6 +153,25 @@ def test_compose_reads_each_stages_groups_from_its_declaration(stage):
     assert stage_groups(stage) == (() if declared.steps is not None else declared.config_groups)
 
 
+@pytest.mark.parametrize("declaration, groups", [
+    ('STAGE: Stage = Stage(name="mine", run=run, config_groups=("data", "mine"))', ("data", "mine")),
+    ('STAGE = Stage(name="mine", run=run, config_groups=GROUPS)', "config_groups must be written out as a tuple"),
+    ('STAGE = Stage("mine", run)', "STAGE must be declared as Stage(name=..., ...) with keywords"),
+    ('STAGE = make_stage("mine")', "STAGE must be declared as Stage(name=..., ...) with keywords"),
+])
+def test_a_stage_declaration_is_read_annotated_or_refused_in_one_line(declaration, groups, tmp_path, monkeypatch):
+    module = tmp_path / "mine.py"
+    module.write_text(f"from rlt_mono.stages.stage import Stage\n\n{declaration}\n")
+    monkeypatch.setattr("rlt_mono.config.module_file", lambda name: module if name == "rlt_mono.stages.mine" else None)
+    stage_groups.cache_clear()  # read once per process: this test's module, not another's
+    if isinstance(groups, tuple):
+        assert stage_groups("mine") == groups
+    else:
+        with pytest.raises(ConfigError, match=re.escape(groups)):
+            stage_groups("mine")
+    stage_groups.cache_clear()
+
+
 def test_a_group_picked_on_the_command_line_is_composed_and_a_key_of_a_dropped_group_is_refused():
     assert "student" not in compose("teacher_sft") and compose("teacher_sft", ["student=tiny"]).student.dtype
     assert compose("pipeline_tiny", ["data=gsm_symbolic"]).data.source == "gsm_symbolic"
