@@ -223,13 +223,13 @@ def _data_cross(values: Mapping) -> str | None:
     """``DataConfig``'s checks that depend on ``data.source``."""
     source = values.get("source")
     builtin = module_constant("rlt_mono.data.rows", "BUILTIN_SOURCES")
-    if values.get("row_format", "columns") != "columns" and source in builtin:
+    if values["row_format"] != "columns" and source in builtin:
         return (f"data.row_format={values['row_format']} applies to files and hub datasets, not to the built-in "
                 f"data.source={source}: set data.row_format=columns")
-    if source == "embedded" and values.get("embedded_rows", 1) < 1:
+    if source == "embedded" and values["embedded_rows"] < 1:
         return f"data.embedded_rows must be >= 1 with data.source=embedded, got {values['embedded_rows']}"
     most = module_constant("rlt_mono.data.rows", "MAX_GSM_ITEMS_PER_TEMPLATE") or float("inf")
-    if source == "gsm_symbolic" and not 1 <= values.get("gsm_items_per_template", 1) <= most:
+    if source == "gsm_symbolic" and not 1 <= values["gsm_items_per_template"] <= most:
         return (f"data.gsm_items_per_template must be in 1..{most} (each item is a generator call), got "
                 f"{values['gsm_items_per_template']}")
     if values.get("heldout_templates") and source != "gsm_symbolic":
