@@ -73,7 +73,8 @@ eval "$stack"
 install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(nvidia-smi --list-gpus | wc -l)
-name=${SCALE_ARCH:-1.5b}_${arms//[:,]/_}
+arch=${SCALE_ARCH:-1.5b}
+name=${arch}_${arms//[:,]/_}
 optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
@@ -93,7 +94,7 @@ run_tests() {
 }
 
 if [ "$arms" != none ]; then
-  python3 bench/bench_mono.py scale --arch "${SCALE_ARCH:-1.5b}" --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
+  python3 bench/bench_mono.py scale --arch "$arch" --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
     --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 || echo "scale failed: $OUT/scale_$name.log"
   tail -n 12 "$OUT/scale_$name.log"
 fi

@@ -12,9 +12,9 @@ is reported as such and left out of its arm's median). ``sooner`` is the baselin
 optimizer steps from one generation (``memory=speed``) takes steps of another size.
 
 ``curves``: per arm, the held-out reward at each step every run of the arm evaluated (median, lowest, highest over its
-runs), and for an arm whose steps are the baseline's size (``placement=async``, one step off the policy) whether its
-median stays within the baseline's spread over seeds: ``within_baseline_spread`` counts the steps both evaluated
-and names those outside.
+runs), and for every other arm whether its median stays within the baseline's spread over seeds:
+``within_baseline_spread`` counts the steps both evaluated and names those outside. It compares like with like only
+for an arm whose steps are the baseline's size (``placement=async``, one step off the policy), not ``memory=speed``.
 """
 
 from __future__ import annotations
