@@ -18,7 +18,9 @@ install_gpu_stack() {
       "(bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2
     return 2
   fi
-  if ! bash "$GPU_STACK_PARTS/install_gpu_stack.sh" "$GPU_STACK_PARTS" > "$log" 2>&1; then
+  # flock: commands started side by side on one host (each on its own GPUs) unpack the bundle once, in turn.
+  if ! flock "$GPU_STACK_PARTS/.install.lock" bash "$GPU_STACK_PARTS/install_gpu_stack.sh" "$GPU_STACK_PARTS" \
+      > "$log" 2>&1; then
     echo "$0: the GPU stack did not install; $log ends:" >&2
     tail -n 5 "$log" >&2
     return 2
@@ -27,12 +29,24 @@ install_gpu_stack() {
 }
 
 # install_carried_wheels: the .whl wheels into CARRIED_SITE, on PYTHONPATH. Each run installs them again (seconds),
-# so a wheel added to .whl since the last run on the same host is not missed.
+# so a wheel added to .whl since the last run on the same host is not missed; one run at a time (flock).
 install_carried_wheels() {
   compgen -G ".whl/*.whl" > /dev/null || return 0
-  python3 -m pip install -q --no-index --no-deps --upgrade --target "$CARRIED_SITE" .whl/*.whl
+  mkdir -p "$CARRIED_SITE"
+  flock "$CARRIED_SITE/.install.lock" python3 -m pip install -q --no-index --no-deps --upgrade --target "$CARRIED_SITE" \
+    .whl/*.whl
   case ":${PYTHONPATH:-}:" in
     *:"$CARRIED_SITE":*) ;;
     *) export PYTHONPATH=$CARRIED_SITE${PYTHONPATH:+:$PYTHONPATH} ;;
   esac
+}
+
+# visible_gpus: how many GPUs this process's CUDA programs see: CUDA_VISIBLE_DEVICES's entries where it is set (a
+# command given some of the host's GPUs), else nvidia-smi's count.
+visible_gpus() {
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .
+  else
+    nvidia-smi --list-gpus | wc -l
+  fi
 }

@@ -10,7 +10,9 @@
 # report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
-# SCALE_ARCH picks the random-weight pair of the arms (default 1.5b; 0.5b, 7b: bench_mono.py --arch).
+# Commands may run side by side on one host, each given its own GPUs (CUDA_VISIBLE_DEVICES) and its own OUT or
+# MULTI_GPU_ROOT; they unpack the stack in turn. SCALE_ARCH picks the random-weight pair of the arms (default
+# 1.5b; 0.5b, 7b: bench_mono.py --arch).
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default /root/multi_gpu):
 #   bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
@@ -72,7 +74,7 @@ stack=$(install_gpu_stack "$OUT/install.log")  # stops here (set -e) if the inst
 eval "$stack"
 install_carried_wheels
 export PYTHONUNBUFFERED=1
-gpus=$(nvidia-smi --list-gpus | wc -l)
+gpus=$(visible_gpus)
 arch=${SCALE_ARCH:-1.5b}
 name=${arch}_${arms//[:,]/_}
 optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW

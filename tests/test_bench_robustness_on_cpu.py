@@ -91,8 +91,9 @@ def test_gpu_pipeline_whose_stack_does_not_install_shows_the_end_of_its_log(tmp_
                            "ends:\nunpacking\nxz: file is corrupt\n")
 
 
-def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready"'):
-    """bench/multi_gpu.sh in a copy of bench/ (its two scripts), a stand-in GPU stack and a two-GPU nvidia-smi."""
+def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready"', env=None, popen=False):
+    """bench/multi_gpu.sh in a copy of bench/ (its two scripts), a stand-in GPU stack and a two-GPU nvidia-smi;
+    ``env`` adds to its environment, ``popen`` starts it and returns the process."""
     repo, parts, fake = tmp_path / "repo", tmp_path / "parts", tmp_path / "bin"
     for folder in (repo / "bench", parts, fake):
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,10 @@ def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready
     (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\necho 'GPU 1: stand-in'\n")
     (fake / "nvidia-smi").chmod(0o755)
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts),
-           "MULTI_GPU_ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out")}
+           "MULTI_GPU_ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out"), **(env or {})}
+    if popen:
+        return subprocess.Popen(["bash", "bench/multi_gpu.sh", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=repo, env=env)
     return subprocess.run(["bash", "bench/multi_gpu.sh", *args], capture_output=True, text=True, cwd=repo,
                           timeout=60, env=env)
 
@@ -122,6 +126,24 @@ def test_multi_gpu_background_records_a_command_that_failed(tmp_path):
     waited = _multi_gpu(tmp_path, "wait", "30")
     assert "DONE, exit codes: 2" in waited.stdout, waited.stdout + waited.stderr
     assert "the GPU stack did not install" in (tmp_path / "root" / "chain.log").read_text()
+
+
+def test_multi_gpu_tests_count_the_gpus_the_command_was_given(tmp_path):
+    """Given some of the host's GPUs (CUDA_VISIBLE_DEVICES), the tests' log is named by those, not the host's two."""
+    _multi_gpu(tmp_path, "none", "all", env={"CUDA_VISIBLE_DEVICES": "1"})
+    _multi_gpu(tmp_path, "none", "all", env={"OUT": str(tmp_path / "all_gpus")})
+    assert [p.name for p in (tmp_path / "out").glob("gpu_tests_*.log")] == ["gpu_tests_1.log"]
+    assert [p.name for p in (tmp_path / "all_gpus").glob("gpu_tests_*.log")] == ["gpu_tests_2.log"]
+
+
+def test_multi_gpu_commands_side_by_side_unpack_the_stack_in_turn(tmp_path):
+    """Two commands started together on one host (each on its own GPUs) never unpack the stack at the same time."""
+    trace = tmp_path / "trace"
+    install = f'echo start >> {trace}; sleep 1; echo end >> {trace}; echo "export STACK=ready"'
+    runs = [_multi_gpu(tmp_path, "none", install=install, popen=True,
+                       env={"CUDA_VISIBLE_DEVICES": gpu, "OUT": str(tmp_path / f"out{gpu}")}) for gpu in "01"]
+    assert [run.wait(timeout=60) for run in runs] == [0, 0], [run.stderr.read() for run in runs]
+    assert trace.read_text().split() == ["start", "end", "start", "end"]
 
 
 def test_multi_gpu_wait_with_nothing_started_says_so(tmp_path):
