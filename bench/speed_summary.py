@@ -1,4 +1,4 @@
-"""The speed benchmarks' summaries from bench/speed.sh's raw results (docs/PERFORMANCE.md, "Speed").
+"""The speed benchmarks' summaries from offline_host/speed.sh's raw results (docs/PERFORMANCE.md, "Speed").
 
 ``--target 05b`` (``results/speed_05b/``):
 - ``pairs.json``: the rlt_mono and plain-TRL arms of ``pairs_raw.json`` taken two by two in the order they ran (the
@@ -18,7 +18,7 @@ auto, speed) with its median step and phase seconds (steps after the first), the
 that generate with those that only train: read its step_seconds.
 
     python bench/speed_summary.py <folder with the raw JSON> --target 05b|7b --out results/speed_<target> \
-        --commit <sha> --device nvidia-h200 --command "bash bench/speed.sh start <target> ..."
+        --commit <sha> --device nvidia-h200 --command "bash offline_host/speed.sh start <target> ..."
 """
 
 import argparse

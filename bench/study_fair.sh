@@ -94,8 +94,8 @@ on_gpu() {
 }
 mkdir -p "$root/logs"
 start=$SECONDS
-# How this study was started (<root>/command, written by bench/gpu_pipeline.sh fair), read now: each eval keeps it
-# (<eval folder>/command), as a later command on the same root writes that file again.
+# How this study was started (<root>/command, written by offline_host/gpu_pipeline.sh fair), read now: each eval
+# keeps it (<eval folder>/command), as a later command on the same root writes that file again.
 study_command=$(cat "$root/command" 2> /dev/null || true)
 
 if [ "${STUDY_TINY:-0}" = 1 ]; then

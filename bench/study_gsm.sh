@@ -23,8 +23,8 @@
 # 3. The other folders' steps are linked into their seed's folder, then python -m rlt_mono.study aggregate writes
 #    study.json, study_table.md and the curves in <root>/aggregate (and <root>/aggregate-<selection>).
 # A pipeline that fails is run once more, 30 s later (it continues from the failed stage).
-# Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. bench/gpu_pipeline.sh study|wait drive it on
-# a GPU host without network access.
+# Logs in <root>/logs; <root>/DONE holds the exit codes when it ends. offline_host/gpu_pipeline.sh study|wait drive
+# it on a GPU host without network access.
 set -uo pipefail
 root=$1 seeds=${2//,/ } workers=${3:-2}
 mkdir -p "$root/logs"

@@ -1,5 +1,5 @@
 """RLT_MONO_TEST_FAILURES (tests/conftest.py): each failed test's report is written to that file as the test ends,
-so a GPU test run cut by its time limit (bench/multi_gpu.sh) still says why the finished tests failed."""
+so a GPU test run cut by its time limit (offline_host/multi_gpu.sh) still says why the finished tests failed."""
 
 import os
 import subprocess

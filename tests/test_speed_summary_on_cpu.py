@@ -80,7 +80,7 @@ def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatc
     (tmp_path / "speed_liger_raw.json").write_text(json.dumps(speed([5.0, 0.5, 0.5, 0.0], True)))  # mean 1.5 s
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
-                                      "--device", "nvidia-h200", "--command", "bash bench/speed.sh start 05b"])
+                                      "--device", "nvidia-h200", "--command", "bash offline_host/speed.sh start 05b"])
     summary.main()
     # the pairs' rlt median is (6 + 4) / 2 = 5 s: speedups 5 / 2.5 and 5 / 1.5
     plain, liger = (json.loads((out / f"{name}.json").read_text()) for name in ("speed", "speed_liger"))

@@ -310,7 +310,7 @@ def test_an_unknown_part_is_one_line_naming_the_parts(tmp_path):
 def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(tmp_path):
     root = tmp_path / "study"
     root.mkdir()
-    (root / "command").write_text("STUDY_ARMS=x bash bench/gpu_pipeline.sh fair control 0\n")
+    (root / "command").write_text("STUDY_ARMS=x bash offline_host/gpu_pipeline.sh fair control 0\n")
     first = _fair_sh("control", root, "0", env={"STUDY_KEEP_STUDENTS": "1"})
     assert first.returncode == 0 and "worked_s0=0" in (root / "DONE").read_text(), first.stdout + first.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"
@@ -325,15 +325,15 @@ def test_the_control_part_runs_on_the_tiny_pair_and_a_rerun_skips_what_finished(
     stamp = (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns
     sft_stamp = (student / "worked_s0" / "sft" / "metrics.jsonl").stat().st_mtime_ns
     # a later command on the root: what finished is skipped, and an eval it did not run is not said to be its own
-    (root / "command").write_text("bash bench/gpu_pipeline.sh fair control 1\n")
+    (root / "command").write_text("bash offline_host/gpu_pipeline.sh fair control 1\n")
     (student / "untrained" / "eval" / "command").unlink()
     shutil.rmtree(student / "worked_s0" / "sft" / "final")  # as after an eval without STUDY_KEEP_STUDENTS
     again = _fair_sh("control", root, "0", timeout=300)
     assert again.returncode == 0 and (student / "worked_s0" / "eval" / "eval.json").stat().st_mtime_ns == stamp
     assert (student / "worked_s0" / "sft" / "metrics.jsonl").stat().st_mtime_ns == sft_stamp  # not trained again
     assert not (student / "untrained" / "eval" / "command").exists()
-    assert (student / "worked_s0" / "eval" / "command").read_text() == "STUDY_ARMS=x bash bench/gpu_pipeline.sh " \
-                                                                       "fair control 0\n"
+    assert (student / "worked_s0" / "eval" / "command").read_text() == ("STUDY_ARMS=x bash "
+                                                                        "offline_host/gpu_pipeline.sh fair control 0\n")
 
 
 def test_the_traces_part_runs_on_the_tiny_pair_into_a_traces_file(tmp_path):
@@ -446,7 +446,7 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     (tmp_path / "site" / "liger_kernel" / "__init__.py").write_text("")
     root = tmp_path / "study"
     root.mkdir()
-    (root / "command").write_text("bash bench/gpu_pipeline.sh fair students 0,1,2\n")
+    (root / "command").write_text("bash offline_host/gpu_pipeline.sh fair students 0,1,2\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_STUDENTS="qwen2.5_coder_0.5b_instruct,qwen2.5_coder_1.5b_instruct",
                STUDY_ARMS="worked_common,rl_teacher,sft_teacher,untrained,untrained_plain,traces,"

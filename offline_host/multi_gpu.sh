@@ -3,7 +3,7 @@
 # tests run after the arms, never beside them: a test on other GPUs of the same host would share its CPUs and PCIe
 # with the arms being timed. Run from the repository root on the GPU host, once the GPU stack is installed
 # (docs/PERFORMANCE.md, "Not run yet, and how to run it", lists the commands):
-#   bash bench/multi_gpu.sh <arms> [<pytest -k expression>]
+#   bash offline_host/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
 # Writes $OUT/scale_<arch>_<arms>.json and .log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed test's
@@ -15,25 +15,29 @@
 # 1.5b; 0.5b, 7b: bench_mono.py --arch).
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default /root/multi_gpu):
-#   bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
-#   bash bench/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log and copies
-#       what they wrote (JSON, logs, failures) into $OUT; <root>/DONE holds each entry's exit code once all ran
+#   bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
+#   bash offline_host/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log
+#       and copies what they wrote (JSON, logs, failures) into $OUT; <root>/DONE holds each entry's exit code once
+#       all ran
 set -euo pipefail
 root=${MULTI_GPU_ROOT:-/root/multi_gpu}
 case "${1:-}" in
   start)
     shift
-    [ $# -gt 0 ] || { echo "usage: bash bench/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ..." >&2; exit 2; }
-    if pgrep -f "[b]ench/multi_gpu.sh chain $root " > /dev/null; then
-      echo "bench/multi_gpu.sh: runs started earlier are still going ($root/chain.log): wait for them" >&2; exit 2
+    if [ $# -eq 0 ]; then
+      echo "usage: bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ..." >&2; exit 2
+    fi
+    if pgrep -f "[o]ffline_host/multi_gpu.sh chain $root " > /dev/null; then
+      echo "offline_host/multi_gpu.sh: runs started earlier are still going ($root/chain.log): wait for them" >&2
+      exit 2
     fi
     mkdir -p "$root" && rm -f "$root/DONE"
     code=$root/code-$(date +%s%N) && mkdir -p "$code"
     tar cf - --exclude=./.gpu-stack --exclude=./.parts --exclude=./gpu_out . | tar xf - -C "$code"
-    (cd "$code" && setsid nohup bash bench/multi_gpu.sh chain "$root" "$@" >> "$root/chain.log" 2>&1 \
+    (cd "$code" && setsid nohup bash offline_host/multi_gpu.sh chain "$root" "$@" >> "$root/chain.log" 2>&1 \
       < /dev/null &)
     sleep 1  # so that a wait right after finds it running
-    echo "bench/multi_gpu.sh: $# command(s) started, from $code; log $root/chain.log"
+    echo "offline_host/multi_gpu.sh: $# command(s) started, from $code; log $root/chain.log"
     exit 0 ;;
   chain)  # start's background job: chain <root> <entry>...
     shift 2
@@ -41,18 +45,18 @@ case "${1:-}" in
     for entry in "$@"; do
       command=("${entry%%|*}")
       [[ "$entry" != *"|"* ]] || command+=("${entry#*|}")
-      echo "== $(date -u +%H:%M:%S) bash bench/multi_gpu.sh ${command[*]}"
+      echo "== $(date -u +%H:%M:%S) bash offline_host/multi_gpu.sh ${command[*]}"
       status=0
-      OUT=$root bash bench/multi_gpu.sh "${command[@]}" || status=$?
+      OUT=$root bash offline_host/multi_gpu.sh "${command[@]}" || status=$?
       codes+=("$status")
     done
     echo "${codes[*]}" > "$root/DONE"
     exit 0 ;;
   wait)
-    end=$((SECONDS + ${2:?usage: bash bench/multi_gpu.sh wait <seconds>}))
+    end=$((SECONDS + ${2:?usage: bash offline_host/multi_gpu.sh wait <seconds>}))
     while [ ! -f "$root/DONE" ] && [ $SECONDS -lt $end ]; do
-      if ! pgrep -f "[b]ench/multi_gpu.sh chain $root " > /dev/null; then
-        echo "bench/multi_gpu.sh wait: nothing runs and none has ended here (no $root/DONE): its start failed," \
+      if ! pgrep -f "[o]ffline_host/multi_gpu.sh chain $root " > /dev/null; then
+        echo "offline_host/multi_gpu.sh wait: nothing runs and none has ended here (no $root/DONE): its start failed," \
              "or this host is a new one" >&2
         exit 1
       fi
@@ -64,12 +68,12 @@ case "${1:-}" in
     if [ -f "$root/DONE" ]; then echo "DONE, exit codes: $(cat "$root/DONE")"; else echo "still running"; fi
     exit 0 ;;
 esac
-arms=${1:?usage: bash bench/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none> [<pytest -k expression> | all]}
+arms=${1:?usage: bash offline_host/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none> [<pytest -k expression> | all]}
 tests=${2:-}
 OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
 mkdir -p "$OUT"
-# The offline GPU stack and the carried pure-Python wheels beside it (bench/gpu_host.sh).
-source bench/gpu_host.sh
+# The offline GPU stack and the carried pure-Python wheels beside it (offline_host/gpu_host.sh).
+source offline_host/gpu_host.sh
 stack=$(install_gpu_stack "$OUT/install.log")  # stops here (set -e) if the install fails
 eval "$stack"
 install_carried_wheels

@@ -2,15 +2,15 @@
 # The speed benchmarks of docs/PERFORMANCE.md ("Speed") on a GPU host, random-weight Qwen2.5 pairs
 # (bench/bench_mono.py), in the background so that they outlive the shell command that starts them (a host reached
 # through commands of limited length); run from the repository root once the GPU stack is installed
-# (bench/gpu_pipeline.sh stash):
-#   bash bench/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
+# (offline_host/gpu_pipeline.sh stash):
+#   bash offline_host/speed.sh start 05b [pairs, default 5] [steps per arm, default 5] [speed arms, default speed]
 #                                 [the pairs' rlt score micro-batch, default rlt_mono's config]
 #       0.5B pair, 32 completions x 1,024 forced tokens per optimizer step:
 #       1. rlt_mono at memory=speed (one run, 17 steps: two whole generations, each feeding up to 8 steps); the speed
 #          arm noliger is the same with trainer.use_liger_kernel=false (the default needs liger-kernel's wheel
 #          carried in .whl); "none" runs neither;
 #       2. <pairs> pairs of rlt_mono vs plain TRL on the same work, the order alternating (rlt,trl then trl,rlt).
-#   bash bench/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
+#   bash offline_host/speed.sh start 7b [steps, default 5] [arms, default manual,auto] [profiled step, default none]
 #       7B teacher + 7B student, 32 completions x 4,096 forced tokens, full fine-tuning, 8-bit Adam: the
 #       manual settings (micro-batch 2, score micro-batch 2, vLLM at 0.3), then the same at memory=auto; the arm
 #       noalign is manual with trainer.left_align_padding=false (the masked attention kernel), for a side-by-side;
@@ -19,8 +19,8 @@
 #       speed is memory=speed (one generation feeds several optimizer steps: give it 2 x those steps + 1). With a
 #       profiled step, each arm also profiles that step's score and train phases (bench/phase_profile.py) and leaves
 #       it out of its medians: give one step more.
-#   bash bench/speed.sh start '05b 5 5 speed,noliger' '7b 5 manual,noliger'   several, one quoted argument each
-#   bash bench/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
+#   bash offline_host/speed.sh start '05b 5 5 speed,noliger' '7b 5 manual,noliger'   several, one quoted argument each
+#   bash offline_host/speed.sh wait <seconds>   wait for it (at most <seconds>), then bring the JSON and logs back
 #       ($OUT/speed_results.tgz)
 # With SPEED_TESTS=<pytest -k expression, or all> set at start, the GPU tests (tests/test_gpu.py) run after the
 # benchmarks, never beside them, in the same background script: gpu_tests.log and gpu_tests_leak.json (the leak
@@ -33,7 +33,7 @@ set -euo pipefail
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
 root=/root/speed
-usage="usage: bash bench/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b [steps] \
+usage="usage: bash offline_host/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b [steps] \
 [arms] [profiled step] | start '05b ...' '7b ...' | wait <seconds>"
 case "${1:-}" in
   start)
@@ -87,8 +87,8 @@ numbers, got '$n' (usage: 05b [pairs] [steps] [speed arms] [score micro-batch])"
       esac
     done
     # The specs are whole: install the stack and the wheels carried in .whl (liger-kernel for
-    # trainer.use_liger_kernel) beside it (bench/gpu_host.sh); the background script exports both.
-    source bench/gpu_host.sh
+    # trainer.use_liger_kernel) beside it (offline_host/gpu_host.sh); the background script exports both.
+    source offline_host/gpu_host.sh
     stack=$(install_gpu_stack "$OUT/install.log")
     install_carried_wheels
     stack+="; export PYTHONPATH=$CARRIED_SITE:\$PYTHONPATH"

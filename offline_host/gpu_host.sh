@@ -1,12 +1,12 @@
-# Sourced by bench/gpu_pipeline.sh, bench/multi_gpu.sh and bench/speed.sh: the set-up of a GPU host without network
-# access, in one place.
-# The GPU stack (vLLM, TRL and their wheels) is an offline bundle whose pieces bench/gpu_pipeline.sh stashes in
+# The set-up of a GPU host without network access, in one place: sourced by gpu_pipeline.sh, multi_gpu.sh and
+# speed.sh beside it (README.md there describes such a host).
+# The GPU stack (vLLM, TRL and their wheels) is an offline bundle whose pieces `gpu_pipeline.sh stash` puts in
 # GPU_STACK_PARTS (default /root/parts), with the install_gpu_stack.sh that unpacks it (it skips a bundle already
 # unpacked) and prints, last, the `export PYTHONPATH=...` line to use.
 GPU_STACK_PARTS=${GPU_STACK_PARTS:-/root/parts}
 # The pure-Python wheels carried in .whl (gguf, math-verify, liger-kernel, reasoning-gym, pytest-timeout, and the
-# HTTP server packages vLLM's `vllm serve` imports for placement=async; bench/gpu_pipeline.sh's setup lists them
-# with the command that fetches them) are installed into CARRIED_SITE.
+# HTTP server packages vLLM's `vllm serve` imports for placement=async; gpu_pipeline.sh's setup lists them with
+# the command that fetches them) are installed into CARRIED_SITE.
 CARRIED_SITE=/tmp/gguf-site
 
 # install_gpu_stack <log file>: unpack the stack (its output in <log file>) and print its export line; without a
@@ -15,7 +15,7 @@ install_gpu_stack() {
   local log=$1
   if [ ! -f "$GPU_STACK_PARTS/install_gpu_stack.sh" ]; then
     echo "$0: no $GPU_STACK_PARTS/install_gpu_stack.sh: stash the GPU stack's parts there first" \
-      "(bench/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2
+      "(offline_host/gpu_pipeline.sh stash), or set GPU_STACK_PARTS" >&2
     return 2
   fi
   # flock: commands started side by side on one host (each on its own GPUs) unpack the bundle once, in turn.
