@@ -1,9 +1,13 @@
 # The set-up of a GPU host without network access, in one place: sourced by gpu_pipeline.sh, multi_gpu.sh and
 # speed.sh beside it (README.md there describes such a host).
+# Every folder the scripts keep on the host lies under OFFLINE_HOST_ROOT, so that one setting moves them all to the
+# disk with room for them: the stashed parts, the models' cache and each job's folder (pipeline, study, speed,
+# multi_gpu).
+OFFLINE_HOST_ROOT=${OFFLINE_HOST_ROOT:-$HOME/rlt_mono_host}
 # The GPU stack (vLLM, TRL and their wheels) is an offline bundle whose pieces `gpu_pipeline.sh stash` puts in
-# GPU_STACK_PARTS (default /root/parts), with the install_gpu_stack.sh that unpacks it (it skips a bundle already
-# unpacked) and prints, last, the `export PYTHONPATH=...` line to use.
-GPU_STACK_PARTS=${GPU_STACK_PARTS:-/root/parts}
+# GPU_STACK_PARTS, with the install_gpu_stack.sh that unpacks it (it skips a bundle already unpacked) and prints,
+# last, the `export PYTHONPATH=...` line to use.
+GPU_STACK_PARTS=${GPU_STACK_PARTS:-$OFFLINE_HOST_ROOT/parts}
 # The pure-Python wheels carried in .whl (gguf, math-verify, liger-kernel, reasoning-gym, pytest-timeout, and the
 # HTTP server packages vLLM's `vllm serve` imports for placement=async; gpu_pipeline.sh's setup lists them with
 # the command that fetches them) are installed into CARRIED_SITE.

