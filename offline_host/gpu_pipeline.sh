@@ -140,7 +140,8 @@ case "${1:-}" in
       sleep 10
     done
     nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv; df -h "$OFFLINE_HOST_ROOT" | tail -1
-    tail -n 3 "$study"/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300
+    # (a glance only: no log yet, or progress bars alone, must not stop the copy below)
+    tail -n 3 "$study"/logs/*.log 2>/dev/null | grep -v "it/s\]\|s/it\]" | cut -c1-300 || true
     cd "$study"
     # The teachers' explanations (tens of MB) in their own archive; the RL stages' samples.jsonl stay there.
     tar czf "$OUT/study.tgz" --exclude='checkpoint-*' --exclude='final' --exclude='*.incomplete-*' \
