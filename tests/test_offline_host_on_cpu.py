@@ -1,0 +1,180 @@
+"""The scripts of offline_host/ on a stand-in host (its GPUs a stand-in nvidia-smi, its GPU stack a stand-in
+install_gpu_stack.sh): a wrong command or a missing stack is one line on stderr, background jobs run and come back,
+and every folder they keep lies under OFFLINE_HOST_ROOT."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+USAGE = ("usage: bash offline_host/speed.sh start 05b [pairs] [steps] [speed arms] [score micro-batch] | start 7b "
+         "[steps] [arms] [profiled step] | start '05b ...' '7b ...' | wait <seconds>")
+
+
+def _stand_in_host(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of offline_host/ in <tmp_path>/repo, and a folder for PATH whose nvidia-smi lists two GPUs."""
+    repo, fake = tmp_path / "repo", tmp_path / "bin"
+    shutil.copytree(ROOT / "offline_host", repo / "offline_host", dirs_exist_ok=True)
+    fake.mkdir(exist_ok=True)
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\necho 'GPU 1: stand-in'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    return repo, fake
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("args", [(), ("start",), ("start", "9b"), ("wait",), ("wait", "soon"), ("stop",)],
+                         ids=["nothing", "start-no-spec", "start-unknown-target", "wait-no-seconds",
+                              "wait-not-a-number", "unknown-command"])
+def test_speed_sh_without_a_known_command_prints_its_usage_and_exits_2(args, tmp_path):
+    done = subprocess.run(["bash", "offline_host/speed.sh", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert (done.returncode, done.stderr, done.stdout) == (2, USAGE + "\n", "")
+
+
+def test_speed_sh_start_without_the_gpu_stack_says_where_it_looked_and_writes_nothing(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(tmp_path / "parts"),
+           "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", "offline_host/speed.sh", "start", "05b"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, env=env)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"offline_host/speed.sh: no {tmp_path / 'parts'}/install_gpu_stack.sh: stash the GPU "
+                           "stack's parts there first (offline_host/gpu_pipeline.sh stash), or set GPU_STACK_PARTS\n")
+
+
+def _gpu_pipeline(tmp_path, parts, *args):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts), "OUT": str(tmp_path / "out")}
+    return subprocess.run(["bash", "offline_host/gpu_pipeline.sh", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, env=env)
+
+
+def test_gpu_pipeline_without_the_gpu_stack_says_where_it_looked(tmp_path):
+    done = _gpu_pipeline(tmp_path, tmp_path / "parts", "run", "demo_tiny", "10")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"offline_host/gpu_pipeline.sh: no {tmp_path / 'parts'}/install_gpu_stack.sh: stash the "
+                           "GPU stack's parts there first (offline_host/gpu_pipeline.sh stash), or set "
+                           "GPU_STACK_PARTS\n")
+
+
+def test_gpu_pipeline_whose_stack_does_not_install_shows_the_end_of_its_log(tmp_path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "install_gpu_stack.sh").write_text('echo unpacking; echo "xz: file is corrupt" >&2; exit 1\n')
+    done = _gpu_pipeline(tmp_path, parts, "fair", "students", "0")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"offline_host/gpu_pipeline.sh: the GPU stack did not install; "
+                           f"{tmp_path / 'out'}/install.log ends:\nunpacking\nxz: file is corrupt\n")
+
+
+def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready"', env=None, popen=False):
+    """offline_host/multi_gpu.sh on a stand-in host (_stand_in_host) with a stand-in GPU stack; ``env`` adds to its
+    environment, ``popen`` starts it and returns the process."""
+    repo, fake = _stand_in_host(tmp_path)
+    parts = tmp_path / "parts"
+    parts.mkdir(exist_ok=True)
+    (parts / "install_gpu_stack.sh").write_text(install + "\n")
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts),
+           "MULTI_GPU_ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out"), **(env or {})}
+    if popen:
+        return subprocess.Popen(["bash", "offline_host/multi_gpu.sh", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=repo, env=env)
+    return subprocess.run(["bash", "offline_host/multi_gpu.sh", *args], capture_output=True, text=True, cwd=repo,
+                          timeout=60, env=env)
+
+
+def test_multi_gpu_runs_its_commands_in_the_background_one_after_another(tmp_path):
+    started = _multi_gpu(tmp_path, "start", "none", "none|")
+    assert started.returncode == 0 and "2 command(s) started" in started.stdout, started.stderr
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert waited.returncode == 0 and "DONE, exit codes: 0 0" in waited.stdout, waited.stdout + waited.stderr
+    log = (tmp_path / "root" / "chain.log").read_text()
+    assert log.count("bash offline_host/multi_gpu.sh none") == 2  # one after the other, each logged
+    assert (tmp_path / "out" / "install.log").read_text() == "unpacked\nexport STACK=ready\n"  # copied back
+
+
+def test_multi_gpu_background_records_a_command_that_failed(tmp_path):
+    assert _multi_gpu(tmp_path, "start", "none", install="echo corrupt >&2; exit 1").returncode == 0
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert "DONE, exit codes: 2" in waited.stdout, waited.stdout + waited.stderr
+    assert "the GPU stack did not install" in (tmp_path / "root" / "chain.log").read_text()
+
+
+def test_multi_gpu_tests_count_the_gpus_the_command_was_given(tmp_path):
+    """Given some of the host's GPUs (CUDA_VISIBLE_DEVICES), the tests' log is named by those, not the host's two."""
+    _multi_gpu(tmp_path, "none", "all", env={"CUDA_VISIBLE_DEVICES": "1"})
+    _multi_gpu(tmp_path, "none", "all", env={"OUT": str(tmp_path / "all_gpus")})
+    assert [p.name for p in (tmp_path / "out").glob("gpu_tests_*.log")] == ["gpu_tests_1.log"]
+    assert [p.name for p in (tmp_path / "all_gpus").glob("gpu_tests_*.log")] == ["gpu_tests_2.log"]
+
+
+def test_multi_gpu_commands_side_by_side_unpack_the_stack_in_turn(tmp_path):
+    """Two commands started together on one host (each on its own GPUs) never unpack the stack at the same time."""
+    trace = tmp_path / "trace"
+    install = f'echo start >> {trace}; sleep 1; echo end >> {trace}; echo "export STACK=ready"'
+    runs = [_multi_gpu(tmp_path, "none", install=install, popen=True,
+                       env={"CUDA_VISIBLE_DEVICES": gpu, "OUT": str(tmp_path / f"out{gpu}")}) for gpu in "01"]
+    assert [run.wait(timeout=60) for run in runs] == [0, 0], [run.stderr.read() for run in runs]
+    assert trace.read_text().split() == ["start", "end", "start", "end"]
+
+
+def test_multi_gpu_wait_with_nothing_started_says_so(tmp_path):
+    waited = _multi_gpu(tmp_path, "wait", "30")
+    assert waited.returncode == 1
+    assert "nothing runs and none has ended here" in waited.stderr
+    assert _multi_gpu(tmp_path, "start").returncode == 2  # no command to start
+
+
+def test_one_root_holds_every_folder_the_scripts_keep_on_the_host(tmp_path):
+    """With OFFLINE_HOST_ROOT set and no folder's own setting, each script's folders land under it, none under
+    HOME (where the root's default lies)."""
+    repo, fake = _stand_in_host(tmp_path)
+    host, home, out = tmp_path / "host", tmp_path / "home", tmp_path / "out"
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(home), "OFFLINE_HOST_ROOT": str(host), "OUT": str(out)}
+    # The pipeline and the time-to-reward study stand-ins record where they were pointed; the study's log ends in a
+    # progress bar, and speed.sh's runs print no result line: wait still copies everything back.
+    _executable(repo / "launch_mono.sh", '#!/bin/bash\nfor arg; do [[ $arg != output_dir=* ]] || '
+                'folder=${arg#output_dir=}; done\nmkdir -p "$folder" && echo "$RLT_MONO_CACHE" > "$folder/cache"\n'
+                'echo launched\n')
+    _executable(repo / "bench" / "time_to_reward.sh", 'mkdir -p "$1/logs" && echo " 5%| | 1/20 [00:01, 1.00it/s]" '
+                '> "$1/logs/auto_s0.log"\necho "root=$1" > "$1/DONE"\n')
+    carried = tmp_path / "carried"
+    _executable(carried / "install_gpu_stack.sh", 'echo "export STACK=ready"\n')
+
+    def run(*command: str) -> str:
+        done = subprocess.run(["bash", *command], capture_output=True, text=True, cwd=repo, timeout=90, env=env)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        return done.stdout
+
+    run("offline_host/gpu_pipeline.sh", "stash", str(carried))
+    run("offline_host/gpu_pipeline.sh", "run", "demo_tiny", "30")
+    run("offline_host/gpu_pipeline.sh", "ttr", "0", "auto")
+    assert f"root={host / 'study'}" in run("offline_host/gpu_pipeline.sh", "wait", "30")
+    run("offline_host/speed.sh", "start", "05b 0 5 none")  # no pairs and no speed arm: the background script alone
+    run("offline_host/speed.sh", "wait", "30")
+    run("offline_host/multi_gpu.sh", "start", "none")
+    assert "DONE, exit codes: 0" in run("offline_host/multi_gpu.sh", "wait", "30")
+
+    kept = {"code-<time>" if path.name.startswith("code-") else path.name for path in host.iterdir()}
+    assert kept == {"parts", "cache", "pipeline", "study", "code-<time>", "speed", "multi_gpu"}
+    assert (host / "parts" / "install_gpu_stack.sh").is_file()
+    assert (host / "pipeline" / "cache").read_text() == f"{host / 'cache'}\n"  # the pipeline's RLT_MONO_CACHE
+    assert (host / "speed" / "DONE").is_file() and (host / "multi_gpu" / "DONE").read_text() == "0\n"
+    assert {path.name for path in out.iterdir()} >= {"pipeline_results.tgz", "study.tgz", "speed_results.tgz"}
+    assert not home.exists()
+
+
+def test_the_root_defaults_to_a_folder_in_home(tmp_path):
+    carried = tmp_path / "carried"
+    carried.mkdir()
+    (carried / "stack.part00").write_text("piece")
+    done = subprocess.run(["bash", "offline_host/gpu_pipeline.sh", "stash", str(carried)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out")})
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "rlt_mono_host" / "parts" / "stack.part00").read_text() == "piece"
