@@ -10,9 +10,10 @@ left out as it is composed (``dropped_groups``), so no run config drops one.
 ``compose`` is the single entry used by ``launch_mono.sh`` (through ``rlt_mono.cli``) and by notebooks, so
 both see the same configuration; ``instantiate`` turns one group into its dataclass with one-line errors.
 
-A group built into a dataclass (``GROUP_CLASSES``) has its defaults in that dataclass only: they are read from its
-source and stored in Hydra's ConfigStore as ``<group>/_dataclass`` (``register_group_defaults``), the node the
-group's YAML files start from (``defaults: [_dataclass, _self_]``), which then set only what differs.
+A group built into a dataclass says so where the class is, ``@config_group("trainer")``; ``GROUP_CLASSES`` is what
+those declarations say, read from rlt_mono's sources. The group has its defaults in that dataclass only: they are
+read from its source and stored in Hydra's ConfigStore as ``<group>/_dataclass`` (``register_group_defaults``), the
+node the group's YAML files start from (``defaults: [_dataclass, _self_]``), which then set only what differs.
 """
 
 from __future__ import annotations
@@ -42,15 +43,51 @@ if not OmegaConf.has_resolver("now"):  # Hydra registers it only inside @hydra.m
 
 # Folders of cfgs/ that are no config group: the run configs, and accelerate's configs for placement=dp.
 NOT_GROUPS = ("run_cfg", "accelerate")
-# The config groups built into a dataclass, as "module:Class" (read from the source, never imported here).
-GROUP_CLASSES = {
-    "trainer": "rlt_mono.rl.grpo_config:RLTConfig",
-    "sft": "rlt_mono.stages.sft:SFTStageConfig",
-    "data": "rlt_mono.data.rows:DataConfig",
-    "reward": "rlt_mono.rewards.teacher_kl:TeacherRewardConfig",
-    "distill": "rlt_mono.stages.distill:DistillConfig",
-    "eval": "rlt_mono.stages.eval:EvalConfig",
-}
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def config_group(group: str):
+    """Declare the dataclass it decorates config group ``group``'s (``cfgs/<group>/``): its fields are the group's keys,
+    their defaults the group's defaults. The declaration is read from the source (``declared_group_classes``), so
+    composing a config never imports the class's module (most import torch or TRL); at run time the class carries
+    its group as ``config_group``."""
+    def declare(cls):
+        cls.config_group = group
+        return cls
+    return declare
+
+
+def declared_group_classes(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """Each group a class of the package's sources declares with ``@config_group("<group>")``, as
+    ``{group: "module:Class"}``, read with ``ast`` (a file is parsed only if its text holds the decorator's name).
+
+    Raises:
+        ValueError: a group declared twice, or a declaration whose group is not written out as a string.
+    """
+    found: dict[str, str] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if "config_group(" not in text:
+            continue
+        parts = path.relative_to(package_dir.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for node in ast.parse(text, filename=str(path)).body:
+            for decorator in node.decorator_list if isinstance(node, ast.ClassDef) else ():
+                if not (isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("config_group")):
+                    continue
+                if len(decorator.args) != 1 or not isinstance(decorator.args[0], ast.Constant) \
+                        or not isinstance(decorator.args[0].value, str) or decorator.keywords:
+                    raise ValueError(f"{path}:{decorator.lineno}: write the group out, @config_group(\"<group>\"), so "
+                                     "that it is read without importing the module")
+                group = decorator.args[0].value
+                if group in found:
+                    raise ValueError(f"config group {group!r} declared twice: {found[group]} and {module}:{node.name}")
+                found[group] = f"{module}:{node.name}"
+    return found
+
+
+# The config groups built into a dataclass, {group: "module:Class"}, as their classes declare them.
+GROUP_CLASSES = declared_group_classes()
 # The ConfigStore node of each of those groups that holds its dataclass's defaults.
 DATACLASS_NODE = "_dataclass"
 # Fields the config tree leaves unset (???) whatever their dataclass default: each option of the group names its own

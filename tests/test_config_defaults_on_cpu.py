@@ -25,6 +25,7 @@ from rlt_mono.config import (
     compose,
     config_groups,
     dataclass_defaults,
+    declared_group_classes,
 )
 
 # The library class a group's dataclass extends: its fields are no rlt_mono default.
@@ -164,3 +165,42 @@ def test_the_pipelines_settings_have_their_defaults_in_train_yaml_alone():
     root = OmegaConf.load(CONFIG_DIR / "train.yaml")
     options = pipeline_options(compose("pipeline_tiny"))
     assert {f.name: getattr(options, f.name) for f in settings} == {f.name: root[f.name] for f in settings}
+
+
+def test_each_group_class_declares_its_group_where_it_is_defined():
+    """GROUP_CLASSES is what the classes declare (@config_group), read without importing them; imported, each class
+    carries the same group."""
+    assert set(GROUP_CLASSES) == {"trainer", "sft", "data", "reward", "distill", "eval"}
+    for group, reference in GROUP_CLASSES.items():
+        module, _, name = reference.partition(":")
+        assert getattr(importlib.import_module(module), name).config_group == group
+
+
+def _package(tmp_path, sources: dict[str, str]):
+    package = tmp_path / "pkg"
+    for name, source in sources.items():
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text(source)
+    return package
+
+
+def test_group_declarations_are_found_by_module_and_class(tmp_path):
+    package = _package(tmp_path, {
+        "__init__.py": "",
+        "a.py": "@config_group('alpha')\n@dataclass\nclass Alpha:\n    x: int = 1\n",
+        "sub/__init__.py": "@config.config_group('beta')\nclass Beta:\n    pass\n",
+        "c.py": "@dataclass\nclass NoGroup:\n    pass\n",  # never parsed: no declaration in its text
+    })
+    assert declared_group_classes(package) == {"alpha": "pkg.a:Alpha", "beta": "pkg.sub:Beta"}
+
+
+@pytest.mark.parametrize("sources, message", [
+    ({"a.py": "@config_group('alpha')\nclass A:\n    pass\n", "b.py": "@config_group('alpha')\nclass B:\n    pass\n"},
+     "config group 'alpha' declared twice: pkg.a:A and pkg.b:B"),
+    ({"a.py": "NAME = 'alpha'\n@config_group(NAME)\nclass A:\n    pass\n"},
+     'a.py:2: write the group out, @config_group("<group>"), so that it is read without importing the module'),
+])
+def test_a_group_declared_twice_or_not_written_out_is_refused(tmp_path, sources, message):
+    with pytest.raises(ValueError) as caught:
+        declared_group_classes(_package(tmp_path, sources))
+    assert str(caught.value).endswith(message)

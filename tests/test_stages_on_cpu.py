@@ -149,8 +149,6 @@ def stage_name_literals(source: str, stage_names: set[str]) -> list[tuple[int, s
 # The string literals equal to a stage's name that a module outside rlt_mono/stages/ may hold, each with why: none
 # is a branch on a stage (stage_name_comparisons checks those modules as any other).
 STAGE_NAMES_ALLOWED = {
-    ("rlt_mono/config.py", "distill"): "GROUP_CLASSES: the config group distill (cfgs/distill/), named as the stage "
-                                       "whose options it holds",
     ("rlt_mono/config_check.py", "distill"): "the rules of the config group distill's options, by group",
     ("rlt_mono/study/aggregate.py", "teacher_sft"): "the pipeline's step of that name, whose folder the study reads "
                                                     "(TEACHER_SFT_STEP), and study.json's key for its summary",

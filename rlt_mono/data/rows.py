@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlt_mono.config import default_cache_dir
+from rlt_mono.config import config_group, default_cache_dir
 from rlt_mono.data.embedded import generate_rows
 from rlt_mono.data.gsm_symbolic import SOLUTIONS as GSM_SOLUTIONS
 from rlt_mono.data.gsm_symbolic import generate_rows as generate_gsm
@@ -86,6 +86,7 @@ class NotEnoughRowsError(UserError, ValueError):
     """Too few usable rows for the split or for one optimizer step."""
 
 
+@config_group("data")
 @dataclass
 class DataConfig:
     """The ``data`` config group (see ``cfgs/data/*.yaml`` for each field's meaning)."""

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from rlt_mono.config import config_group
 from rlt_mono.data.prompts import PromptFormat
 from rlt_mono.rewards.alignment import AlignedSample, align_samples, token_bytes
 from rlt_mono.rewards.log_probs import range_log_probs
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 ModelContext = Callable[[nn.Module], contextlib.AbstractContextManager]
 
 
+@config_group("reward")
 @dataclass
 class TeacherRewardConfig:
     """Options of the teacher reward; defaults are the RLT run's (``cfgs/reward/rlt.yaml``)."""

@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 import trl
 from transformers.utils import is_liger_kernel_available
 
+from rlt_mono.config import config_group
 
+
+@config_group("trainer")
 @dataclass
 class RLTConfig(trl.GRPOConfig):
     """``trl.GRPOConfig`` with the fields RLT adds; every GRPO setting keeps TRL's name and meaning.

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.config import ConfigError, config_group, instantiate
 from rlt_mono.stages.base import Stage
 from rlt_mono.stages.sampling_options import SamplingOptions
 
@@ -62,6 +62,7 @@ RESUME_KEYS = ("model.model_name_or_path", "model.gguf_file", "student.model_nam
                "reward", "distill.samples_per_question", "distill.selection", "distill.temperature")
 
 
+@config_group("distill")
 @dataclass
 class DistillConfig(SamplingOptions):
     """The ``distill`` config group (``cfgs/distill/default.yaml`` documents each field)."""

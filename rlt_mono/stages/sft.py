@@ -47,7 +47,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import EarlyStoppingCallback, PreTrainedTokenizerBase
 
 from rlt_mono import runtime
-from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.config import ConfigError, config_group, instantiate
 from rlt_mono.data.models import load_model, load_tokenizer, model_kwargs
 from rlt_mono.data.models import model_path as resolve_model
 from rlt_mono.data.prompts import PromptFormat
@@ -86,6 +86,7 @@ TARGET_COLUMN = "reasoning_trace"
 NO_EXPLANATION = "none"
 
 
+@config_group("sft")
 @dataclass
 class SFTStageConfig(trl.SFTConfig):
     """``trl.SFTConfig`` plus the stage's own option (the ``sft`` config group); TRL's fields keep their meaning."""

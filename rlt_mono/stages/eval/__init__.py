@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from rlt_mono.config import ConfigError, instantiate
+from rlt_mono.config import ConfigError, config_group, instantiate
 from rlt_mono.data.prompts import PromptFormat, begin_tag
 from rlt_mono.data.rows import SPLITS
 from rlt_mono.errors import UserError
@@ -84,6 +84,7 @@ THE_ANSWER_IS = "The answer is"
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
 
 
+@config_group("eval")
 @dataclass
 class EvalConfig(SamplingOptions):
     """The ``eval`` config group (``cfgs/eval/default.yaml`` documents each field)."""
