@@ -284,6 +284,8 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
         # transformers' default (every parameter searched each step unless gradient checkpointing is on) finds
         # nothing to skip in a causal LM and costs a graph traversal per step.
         kwargs["ddp_find_unused_parameters"] = False
+        logger.info("placement=dp: trainer.ddp_find_unused_parameters=false (every parameter of the teacher gets a "
+                    "gradient; set it to true if yours does not)")
     if "placement" in cfg and cfg.placement.mode == "dp" and cfg.placement.get("strategy") == "fsdp2":
         # TRL loads the reference from its path with device_map="auto" unless the run is DDP or DeepSpeed; under
         # FSDP each rank sees every GPU, so "auto" would spread (or stack) the reference over cards not its own
