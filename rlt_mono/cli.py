@@ -215,7 +215,7 @@ def hold_run_folder(cfg) -> None:
     into it. Not in a data-parallel rank (its launcher holds the lock), nor on any but the first machine of a
     multi-machine run (the first holds the shared folder), nor for resume_from_checkpoint=true with output_dir unset
     (the stage says to set it)."""
-    if runtime.in_rank() or ("placement" in cfg and cfg.placement.get("machine_rank", 0) != 0):
+    if runtime.in_rank() or ("placement" in cfg and cfg.placement.machine_rank != 0):
         return
     if cfg.output_dir is None:
         if cfg.get("resume_from_checkpoint") in (True, "true"):

@@ -114,12 +114,12 @@ class Placement:
 
 
 def resolve_placement(
-    mode: str, gpu_count: int, *, offload_reference: bool = True, offload_student: bool = True,
-    rollout: str = "auto", local_rank: int = 0,
+    mode: str, gpu_count: int, *, offload_reference: bool, offload_student: bool, rollout: str, local_rank: int,
 ) -> Placement:
     """Resolve ``mode`` and the ``rollout`` choice for ``gpu_count`` visible GPUs (``rollout``: ``auto``
     picks vLLM when it is installed and a GPU is in use). ``local_rank``: this process's rank on its machine
-    (``dp``: its roles live on ``cuda:<local_rank>``).
+    (``dp``: its roles live on ``cuda:<local_rank>``). No argument has a default here: the placement group's
+    (``cfgs/placement/_base.yaml``) are the only ones.
 
     Raises:
         PlacementError: unknown mode or rollout, ``student_gpu`` with fewer than two GPUs, or ``vllm`` without a GPU

@@ -16,8 +16,9 @@ import pytest
 
 from rlt_mono import launch, runtime
 from rlt_mono.config import ConfigError, compose
-from rlt_mono.placement import PlacementError, Role, gpus_to_expose, resolve_placement
+from rlt_mono.placement import PlacementError, Role, gpus_to_expose
 from rlt_mono.runs import checkpoints
+from tests.test_placement_on_cpu import placed
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_DP = ["placement=dp", "trainer.plot_metrics=false", "trainer.max_completion_length=24"]
@@ -152,12 +153,12 @@ def test_fsdp2_shards_the_teacher_on_gpu_ranks_through_its_accelerate_config():
 
 # ---- where a rank's roles live ---------------------------------------------------------------------------------
 def test_a_rank_places_every_role_on_its_own_gpu():
-    placement = resolve_placement("dp", 4, local_rank=2)
+    placement = placed("dp", 4, local_rank=2)
     assert placement.mode == "dp" and {placement.device(role) for role in Role} == {"cuda:2"}
     assert placement.offloaded == frozenset({Role.REFERENCE, Role.STUDENT})
     with pytest.raises(PlacementError, match="local rank 4 has no GPU of its own"):
-        resolve_placement("dp", 4, local_rank=4)
-    assert resolve_placement("dp", 0, local_rank=1).device(Role.ACTOR) == "cpu"
+        placed("dp", 4, local_rank=4)
+    assert placed("dp", 0, local_rank=1).device(Role.ACTOR) == "cpu"
     assert (gpus_to_expose("dp", 8), gpus_to_expose("dp", 8, 2), gpus_to_expose("dp", 1, 2)) == (8, 2, 1)
 
 

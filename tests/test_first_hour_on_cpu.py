@@ -181,9 +181,9 @@ CASES = [
 def _group_check(group: str, values: dict, tmp_path: Path) -> None:
     """What the stage itself checks when it builds the group (raises on a refused value)."""
     if group == "placement":
-        from rlt_mono.placement import resolve_placement
+        from tests.test_placement_on_cpu import placed
 
-        resolve_placement(values["mode"], 0, rollout=values["rollout"])
+        placed(values["mode"], 0, rollout=values["rollout"])
         return
     if group == "trainer" and values.get("use_liger_kernel"):  # rlt_mono.rl.build checks this before the dataclass
         from rlt_mono.rl.build import check_gpu_kernels

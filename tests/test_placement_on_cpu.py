@@ -2,11 +2,21 @@
 every role from the resolved table."""
 
 import pytest
+from omegaconf import OmegaConf
 
 from rlt_mono import placement as placement_module
-from rlt_mono.config import ConfigError, compose
+from rlt_mono.config import CONFIG_DIR, ConfigError, compose
 from rlt_mono.placement import PlacementError, Role, resolve_placement
 from rlt_mono.rl.build import build_trainer
+
+
+def placed(mode, gpus, **given):
+    """``resolve_placement`` with the placement group's defaults (cfgs/placement/_base.yaml) for what ``given`` leaves
+    out, as a composed run passes them (the function itself has no defaults)."""
+    defaults = OmegaConf.load(CONFIG_DIR / "placement" / "_base.yaml")
+    chosen = {key: defaults[key] for key in ("offload_reference", "offload_student", "rollout")}
+    return resolve_placement(mode, gpus, **{**chosen, "local_rank": 0, **given})
+
 
 R, S = Role.REFERENCE, Role.STUDENT
 
@@ -24,7 +34,7 @@ R, S = Role.REFERENCE, Role.STUDENT
     ],
 )
 def test_modes_by_gpu_count(mode, gpus, resolved, student_device, offloaded):
-    placement = resolve_placement(mode, gpus)
+    placement = placed(mode, gpus)
     assert placement.mode == resolved
     assert placement.device(S) == student_device
     assert placement.beside_actor(S) == (student_device == "cuda:1")
@@ -41,14 +51,14 @@ def test_modes_by_gpu_count(mode, gpus, resolved, student_device, offloaded):
 @pytest.mark.parametrize("gpus", [0, 1])
 def test_student_gpu_without_a_second_gpu_says_what_is_missing(gpus):
     with pytest.raises(PlacementError, match=f"placement=student_gpu needs 2 visible GPUs .*found {gpus}"):
-        resolve_placement("student_gpu", gpus)
+        placed("student_gpu", gpus)
 
 
 def test_unknown_mode_and_offload_switches():
     with pytest.raises(PlacementError, match="placement.mode must be one of"):
-        resolve_placement("triple", 2)
-    assert resolve_placement("mono", 1, offload_reference=False, offload_student=False).offloaded == frozenset()
-    assert resolve_placement("student_gpu", 2, offload_reference=True).offloaded == frozenset({R})
+        placed("triple", 2)
+    assert placed("mono", 1, offload_reference=False, offload_student=False).offloaded == frozenset()
+    assert placed("student_gpu", 2, offload_reference=True).offloaded == frozenset({R})
 
 
 @pytest.mark.parametrize(
@@ -63,7 +73,7 @@ def test_unknown_mode_and_offload_switches():
 )
 def test_rollout_engine_is_part_of_the_placement(monkeypatch, choice, gpus, installed, engine):
     monkeypatch.setattr(placement_module, "_vllm_installed", lambda: installed)
-    placement = resolve_placement("auto", gpus, rollout=choice)
+    placement = placed("auto", gpus, rollout=choice)
     assert placement.rollout == engine
     assert placement.use_vllm == (engine == "vllm")
     label = "vLLM colocated" if engine == "vllm" else "transformers generate"
@@ -75,9 +85,9 @@ def test_vllm_rollout_without_gpu_or_package_says_what_is_missing(monkeypatch, g
     monkeypatch.setattr(placement_module, "_vllm_installed", lambda: installed)
     with pytest.raises(PlacementError, match=f"rollout=vllm needs a CUDA GPU and the vllm package \\(GPU in use: "
                                              f"{gpus > 0}, vllm installed: {installed}\\)"):
-        resolve_placement("mono", gpus, rollout="vllm")
+        placed("mono", gpus, rollout="vllm")
     with pytest.raises(PlacementError, match="placement.rollout must be auto, vllm or transformers, got 'ray'"):
-        resolve_placement("mono", gpus, rollout="ray")
+        placed("mono", gpus, rollout="ray")
 
 
 def test_every_placement_config_composes():
@@ -122,7 +132,7 @@ def test_build_places_every_role_from_the_table(monkeypatch, tmp_path, one_threa
 # ---- placement=async: the rollout one step ahead on a vLLM server of its own ----------------------------------
 def test_async_puts_the_rollout_on_the_second_gpu_and_the_rest_as_mono(monkeypatch):
     monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
-    placement = resolve_placement("async", 2)
+    placement = placed("async", 2)
     assert (placement.mode, placement.one_step_off, placement.use_vllm) == ("async", True, True)
     assert placement.device(Role.ROLLOUT) == "cuda:1" and placement.beside_actor(Role.ROLLOUT)
     assert all(placement.device(role) == "cuda:0" for role in (Role.ACTOR, R, S))
@@ -131,18 +141,18 @@ def test_async_puts_the_rollout_on_the_second_gpu_and_the_rest_as_mono(monkeypat
     assert placement_module.gpus_to_expose("async", 4) == 2 and placement_module.gpus_to_expose("async", 1) == 1
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert placement_module.physical_gpu("cuda:1") == "1"
-    assert not resolve_placement("mono", 1).one_step_off
+    assert not placed("mono", 1).one_step_off
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
 def test_async_without_a_second_gpu_or_without_vllm_says_what_is_missing(monkeypatch, gpus):
     monkeypatch.setattr(placement_module, "_vllm_installed", lambda: True)
     with pytest.raises(PlacementError, match=f"placement=async generates on a second GPU .*found {gpus} visible"):
-        resolve_placement("async", gpus)
+        placed("async", gpus)
     monkeypatch.setattr(placement_module, "_vllm_installed", lambda: False)
     with pytest.raises(PlacementError, match=r"placement=async runs vLLM as a server on GPU 1, and the rollout here "
                                              r"is transformers \(placement.rollout=auto, vllm installed: False\)"):
-        resolve_placement("async", 2)
+        placed("async", 2)
 
 
 @pytest.mark.parametrize(("override", "why"), [
@@ -159,7 +169,7 @@ def test_async_refuses_what_generates_inside_a_step_before_the_server_starts(ove
     args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
     assert args.gradient_accumulation_steps != 8
     with pytest.raises(ConfigError, match=f"^placement=async: {why}"):
-        rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
+        rollout_server(cfg, args, placed("async", 2), tmp_path / "teacher", tmp_path)
 
 
 def test_async_refuses_a_second_process(monkeypatch, tmp_path):
@@ -171,7 +181,7 @@ def test_async_refuses_a_second_process(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"^placement=async: it trains in one process .* found WORLD_SIZE=2: start "
                                           r"it with launch_mono.sh, not torchrun$"):
-        rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
+        rollout_server(cfg, args, placed("async", 2), tmp_path / "teacher", tmp_path)
 
 
 def test_async_points_trls_server_mode_at_a_server_on_the_rollouts_gpu(monkeypatch, tmp_path):
@@ -181,7 +191,7 @@ def test_async_points_trls_server_mode_at_a_server_on_the_rollouts_gpu(monkeypat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # cuda:1 of this process is the machine's GPU 5
     cfg = compose("demo_tiny", ["placement=async", "trainer.vllm_gpu_memory_utilization=0.85"])
     args, _ = trainer_and_reward_configs(cfg, tmp_path, use_vllm=True)
-    server = rollout_server(cfg, args, resolve_placement("async", 2), tmp_path / "teacher", tmp_path)
+    server = rollout_server(cfg, args, placed("async", 2), tmp_path / "teacher", tmp_path)
     assert server.process is None  # the trainer starts it
     assert (server.gpu, server.log_path) == ("5", tmp_path / "rollout_server.log")
     assert args.vllm_mode == "server" and args.vllm_server_base_url == server.base_url
