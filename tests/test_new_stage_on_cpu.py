@@ -50,12 +50,29 @@ def _add_once(text: str, after: str, added: str) -> str:
     return text.replace(after, after + added)
 
 
-def _copy_with_a_new_stage(root: Path) -> None:
+# The same stage with its options in a dataclass: the class declares its group, the group's option builds on the
+# defaults read from it and sets nothing of its own.
+STAGE_MODULE_WITH_OPTIONS = STAGE_MODULE.replace(
+    "from pathlib import Path\n", "from dataclasses import dataclass\nfrom pathlib import Path\n").replace(
+    "from rlt_mono.stages.base import Stage\n", """from rlt_mono.config import config_group
+from rlt_mono.stages.base import Stage
+
+
+@config_group("dummy")
+@dataclass
+class DummyConfig:
+    # The message the dummy stage writes.
+    message: str = "hello from the dataclass"
+""")
+GROUP_OPTION_OVER_THE_DATACLASS = "defaults:\n  - _dataclass\n  - _self_\n"
+
+
+def _copy_with_a_new_stage(root: Path, module: str = STAGE_MODULE, option: str = GROUP_OPTION) -> None:
     for folder in ("rlt_mono", "cfgs"):
         shutil.copytree(ROOT / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    (root / "rlt_mono" / "stages" / "dummy.py").write_text(STAGE_MODULE)
+    (root / "rlt_mono" / "stages" / "dummy.py").write_text(module)
     (root / "cfgs" / "dummy").mkdir()
-    (root / "cfgs" / "dummy" / "default.yaml").write_text(GROUP_OPTION)
+    (root / "cfgs" / "dummy" / "default.yaml").write_text(option)
     (root / "cfgs" / "run_cfg" / "dummy.yaml").write_text(RUN_CONFIG)
     registry = root / "rlt_mono" / "stages" / "__init__.py"  # its entry: the module imported, its STAGE listed
     text = _add_once(registry.read_text(), "from rlt_mono.stages import eval as evaluate\n",
@@ -89,3 +106,17 @@ def test_a_stage_added_as_its_module_group_run_config_and_registry_entry_runs(tm
     assert (unknown.returncode, unknown.stdout) == (2, "")
     assert unknown.stderr == "error: unknown key dummy.no_such: dummy has no key no_such and none close to it\n"
     assert not (tmp_path / "unknown").exists()
+
+
+def test_a_new_stages_option_dataclass_declares_its_group_and_holds_its_defaults(tmp_path):
+    """Its group's defaults come from the dataclass (nothing in the YAML but the line that builds on it), and a
+    misspelt key is named against the class's fields."""
+    root = tmp_path / "copy"
+    _copy_with_a_new_stage(root, STAGE_MODULE_WITH_OPTIONS, GROUP_OPTION_OVER_THE_DATACLASS)
+    ran = _cli(root, "dummy", f"output_dir={tmp_path / 'run'}")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (tmp_path / "run" / "message.txt").read_text() == "hello from the dataclass"
+    misspelt = _cli(root, "dummy", "dummy.mesage=x", f"output_dir={tmp_path / 'misspelt'}")
+    assert (misspelt.returncode, misspelt.stdout) == (2, "")
+    assert misspelt.stderr.startswith("error: unknown key dummy.mesage"), misspelt.stderr
+    assert "dummy.message" in misspelt.stderr
