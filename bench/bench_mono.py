@@ -77,7 +77,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
+
+from roofline import OneLineParser  # noqa: E402
 
 logger = logging.getLogger("bench_mono")
 
@@ -178,8 +180,9 @@ HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # No abbreviations: envelope would read --micro-batch as --micro-batches.
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    # No abbreviations: envelope would read --micro-batch as --micro-batches. A refusal is one line (OneLineParser);
+    # the sub-commands' parsers are of the same class.
+    parser = OneLineParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, flags in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=HELP[name], description=HELP[name], allow_abbrev=False)

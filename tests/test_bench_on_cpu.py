@@ -406,7 +406,8 @@ def test_scale_rejects_a_malformed_arm(arms, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["scale", "--arms", arms])
     assert exit_info.value.code == 2
-    assert "expected arm:gpus" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "expected arm:gpus" in err and err.count("\n") == 1, err  # one line, no usage block
 
 
 def test_a_dp_child_runs_under_accelerate_with_one_rank_per_gpu(tmp_path):
