@@ -11,6 +11,7 @@ run generates the same number of tokens. Each mode runs in its own process (its 
     python bench/bench_mono.py envelope --arch 0.5b --cap-gib 12 --vllm-gib 4 --micro-batches 2,4,8,16
     python bench/bench_mono.py planner --pairs 0.5b:1024,1.5b:4096:2 --steps 2 --out planner.json
     python bench/bench_mono.py scale --arch 1.5b --arms mono:1,dp:2,student_gpu:2,dp:4 --steps 4 --out scale.json
+    python bench/bench_mono.py scale --arch 0.5b --arms mono:1,async:2,split:2 --rounds 5 --out async.json
     python bench/bench_mono.py <sub-command> --help                               # the options it takes
 
 Modes: ``rlt`` rlt_mono step (teacher + student of the same architecture, reference and student offloaded);
@@ -46,12 +47,18 @@ process and allocator on the GPU included) and the planner's prediction for the 
 ratio ``predicted / measured`` per phase (an under-prediction is a ratio below 1).
 
 ``scale``: throughput over GPUs. One ``rlt`` run per ``--arms`` entry ``arm:gpus`` (``mono:1``, ``student_gpu:2``,
-``dp:<N>``, ``split:2``: the same as dp:2, ``fsdp2:<N>``: dp with the teacher sharded), each with ``--completions``
-per GPU rank (``dp`` generates, scores and trains ``--completions`` on every rank; ``student_gpu`` trains one actor,
-its student on the second GPU); each
-result reports ``completions_per_s`` (completions per step over the median step, rank 0's wall time) and
-``speedup`` over the first arm. A ``dp`` child is this script under ``accelerate launch`` (``rlt_mono.launch``),
-one rank per GPU; rank 0 writes its result.
+``async:2``, ``dp:<N>``, ``split:2``: the same as dp:2, ``fsdp2:<N>``: dp with the teacher sharded) and round, each
+with ``--completions`` per GPU rank (``dp`` generates, scores and trains ``--completions`` on every rank;
+``student_gpu`` trains one actor, its student on the second GPU; ``async`` trains on GPU 0 while a vLLM server on
+GPU 1 generates the next step). ``--rounds N`` runs the arm list N times, reversed every other round (a,b,c then
+c,b,a), so that no arm always runs first or last on a machine warming up. Each result says its ``round`` and
+``position`` in it and reports ``completions_per_s`` (completions per step over the median step, rank 0's wall time)
+and ``optimizer_steps_per_s`` (1 / the median step). ``--out`` holds the commit, the GPUs, the command line, every
+run and a ``summary`` per arm over the rounds: its runs (per-step seconds included), the medians of its figures, and
+against the first arm (the baseline) the ratio of optimizer steps and of completions per second in each round both
+ran, with the median ratio and its 95% percentile-bootstrap interval over the rounds. Both are logged as Markdown
+tables. A ``dp`` child is this script under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU; rank 0
+writes its result.
 
 Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
 error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
@@ -68,16 +75,20 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
+
+from roofline import OneLineParser  # noqa: E402
 
 logger = logging.getLogger("bench_mono")
 
@@ -117,7 +128,11 @@ OPTIONS = {
     "--strategy": dict(choices=["ddp", "fsdp2"], help="placement dp: placement.strategy, how the ranks hold the "
                        "teacher (default: rlt_mono's config, ddp)"),
     "--arms": dict(default="mono:1,dp:2,student_gpu:2,dp:4", help="scale: runs, comma-separated placement:gpus "
-                   "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded)"),
+                   "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded); the first is the baseline"),
+    "--rounds": dict(type=int, default=1, help="scale: run the arms this many times, the order reversed every other "
+                     "round"),
+    "--commit": dict(help="scale: the commit of the code run, recorded in --out (default: git rev-parse --short HEAD "
+                     "here; give it in a copy of the code without .git)"),
     "--memory": dict(choices=["auto", "speed", "manual"], default="manual", help="memory: auto lets the planner pick "
                      "vLLM's share and the batch sizes (rlt_mono/memory/planner.py), speed also the generation batch "
                      "(rlt_mono/memory/speed_plan.py); manual runs the options as given"),
@@ -165,7 +180,7 @@ SUBCOMMANDS = {
     "envelope": [*(o for o in MODE_OPTIONS["rlt"] if o not in ENVELOPE_SETS), "--micro-batches", "--accumulation",
                  "--out"],
     "planner": [*(o for o in MODE_OPTIONS["rlt"] if o not in PLANNER_SETS), "--pairs", "--out"],
-    "scale": [*(o for o in MODE_OPTIONS["rlt"] if o not in SCALE_SETS), "--arms", "--out"],
+    "scale": [*(o for o in MODE_OPTIONS["rlt"] if o not in SCALE_SETS), "--arms", "--rounds", "--commit", "--out"],
 }
 HELP = {
     "rlt": "one rlt_mono step benchmark", "trl": "one plain TRL GRPOTrainer step benchmark",
@@ -173,13 +188,15 @@ HELP = {
     "pcie": "pinned host-to-device copy", "all": "several modes, each in its own process",
     "envelope": "largest micro-batch that fits a memory cap",
     "planner": "memory planner: predicted vs measured device-level peak per phase",
-    "scale": "throughput (completions per second) of rlt runs over 1, 2, 4 GPUs: mono, dp and split side by side",
+    "scale": "throughput (optimizer steps and completions per second) of rlt runs on 1, 2, 4 GPUs: mono, dp, split, "
+             "student_gpu and async side by side, in rounds of alternating order",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # No abbreviations: envelope would read --micro-batch as --micro-batches.
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    # No abbreviations: envelope would read --micro-batch as --micro-batches. A refusal is one line (OneLineParser);
+    # the sub-commands' parsers are of the same class.
+    parser = OneLineParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, flags in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=HELP[name], description=HELP[name], allow_abbrev=False)
@@ -784,48 +801,161 @@ ARMS = {"mono": ("mono", None), "student_gpu": ("student_gpu", None), "split": (
 
 
 def scale_arms(text: str) -> list[tuple[str, int]]:
-    """``arm:gpus`` entries, comma-separated (``ARMS``; mono takes 1 GPU, student_gpu and split 2)."""
+    """``arm:gpus`` entries, comma-separated (``ARMS``; mono takes 1 GPU, student_gpu, split and async 2), each once."""
     arms = []
     for entry in text.split(","):
         arm, _, gpus = entry.partition(":")
         if arm not in ARMS or not gpus.isdigit() or int(gpus) < 1 or int(gpus) != GPUS_OF.get(arm, int(gpus)):
             raise ValueError(f"--arms entry {entry!r}: expected arm:gpus, mono:1, student_gpu:2, split:2, async:2, "
                              "dp:<N> or fsdp2:<N>")
+        if (arm, int(gpus)) in arms:
+            raise ValueError(f"--arms lists {entry} twice: --rounds runs the arms again")
         arms.append((arm, int(gpus)))
     return arms
 
 
+def scale_order(arms: list[tuple[str, int]], rounds: int) -> Iterator[tuple[int, int, tuple[str, int]]]:
+    """``(round, position, arm)`` of each run, counted from 1: the arms in order in odd rounds, reversed in even
+    ones, so that no arm always runs first or last while the machine warms up (clocks, caches, the models' files)."""
+    for round_ in range(1, rounds + 1):
+        for position, arm in enumerate(arms if round_ % 2 else arms[::-1], 1):
+            yield round_, position, arm
+
+
 def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
-    """One rlt run per arm, in order; each result gains ``speedup``: its completions per second over the first
-    arm's (the one-GPU baseline when the arms start with mono:1)."""
-    first = None
-    for arm, gpus in scale_arms(a.arms):
+    """One rlt run per arm and round (``scale_order``); each result says its round and position, and an ok one gains
+    ``optimizer_steps_per_s`` (one optimizer step per median step)."""
+    for round_, position, (arm, gpus) in scale_order(scale_arms(a.arms), a.rounds):
         placement, strategy = ARMS[arm]
         attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus, strategy=strategy)
         result = runner("rlt", child_argv("rlt", attempt))
-        result.update(placement=arm, gpus=gpus)
+        result.update(placement=arm, gpus=gpus, round=round_, position=position)
         if result["status"] == OK:
-            first = first or result
-            result["speedup"] = result["completions_per_s"] / first["completions_per_s"]
+            result["optimizer_steps_per_s"] = 1 / result["median_step_seconds"]
         yield result
 
 
-def scale_table(results: list[dict]) -> str:
-    """The table of a ``scale`` run, as docs/PERFORMANCE.md quotes it."""
-    lines = ["| placement | GPUs | completions / step | median step | completions / s | speedup | generate / score "
-             "/ train (rank 0) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+RATIO_FIGURES = ("optimizer_steps_per_s", "completions_per_s")  # each arm against the baseline, round by round
+RUN_FIGURES = ("step_seconds", "median_step_seconds", "completions_per_s", "optimizer_steps_per_s")  # kept per run
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def scale_summary(results: list[dict], arms: list[tuple[str, int]]) -> dict:
+    """Each arm over the rounds: its runs, the medians over its ok ones, the rounds it failed, and against the first arm
+    (the baseline) the ratio of each of ``RATIO_FIGURES`` in every round both ran ok, with their median and its
+    bootstrap interval over those rounds (none from one round). A ratio pairs two runs of one round, minutes apart on
+    the same machine, so what drifts between rounds weighs on both sides."""
+    from rlt_mono.study.eval_stats import median_interval
+
+    by_arm: dict[str, dict[int, dict]] = {f"{arm}:{gpus}": {} for arm, gpus in arms}
     for r in results:
+        by_arm[f"{r['placement']}:{r['gpus']}"][r["round"]] = r
+    baseline = next(iter(by_arm))
+    entries = []
+    for label, runs in by_arm.items():
+        ok = [r for r in runs.values() if r["status"] == OK]
+        entry = {
+            "arm": label, "completions_per_step": next((r["completions_per_step"] for r in ok), None),
+            "runs": [{"round": r["round"], "position": r["position"], "status": r["status"],
+                      **({k: r[k] for k in RUN_FIGURES} if r["status"] == OK else {"error": r.get("error", "")})}
+                     for r in runs.values()],
+            "rounds_ok": len(ok), "failed_rounds": [r["round"] for r in runs.values() if r["status"] != OK],
+            "median_step_seconds": _median([r["median_step_seconds"] for r in ok]),
+            "median_completions_per_s": _median([r["completions_per_s"] for r in ok]),
+            "median_optimizer_steps_per_s": _median([r["optimizer_steps_per_s"] for r in ok])}
+        if label != baseline:
+            base = by_arm[baseline]
+            paired = [(r, base[r["round"]]) for r in ok if base.get(r["round"], {}).get("status") == OK]
+            ratios = {figure: [r[figure] / b[figure] for r, b in paired] for figure in RATIO_FIGURES}
+            entry["vs_baseline"] = {"rounds": [r["round"] for r, _ in paired], **{
+                figure: {"per_round": values, "median": _median(values), "interval": median_interval(values)}
+                for figure, values in ratios.items()}}
+        entries.append(entry)
+    return {"baseline": baseline, "arms": entries}
+
+
+def scale_table(results: list[dict]) -> str:
+    """Every run of a ``scale`` command in the order they ran."""
+    lines = ["| round | position | placement | GPUs | completions / step | median step | completions / s | "
+             "optimizer steps / s | generate / score / train (rank 0) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        where = f"| {r['round']} | {r['position']} | {r['placement']} | {r['gpus']} |"
         if r["status"] != OK:
-            lines.append(f"| {r['placement']} | {r['gpus']} | | {r['status']}: {r.get('error', '')} | | | |")
+            lines.append(f"{where} | {r['status']}: {r.get('error', '')} | | | |")
             continue
         phases = " / ".join(f"{r.get(f'phase/{p}/seconds', float('nan')):.2f}" for p in ("generate", "score", "train"))
-        lines.append(f"| {r['placement']} | {r['gpus']} | {r['completions_per_step']} | "
-                     f"{r['median_step_seconds']:.2f} s | {r['completions_per_s']:.2f} | {r['speedup']:.2f}x | "
-                     f"{phases} s |")
+        lines.append(f"{where} {r['completions_per_step']} | {r['median_step_seconds']:.2f} s | "
+                     f"{r['completions_per_s']:.2f} | {r['optimizer_steps_per_s']:.3f} | {phases} s |")
     return "\n".join(lines)
 
 
+def _ratio_cell(vs: dict, figure: str) -> str:
+    """``median× [low, high]`` and the ratio of each round, or why there is no interval."""
+    ratio = vs[figure]
+    if not ratio["per_round"]:
+        return "no round where both ran"
+    interval = ratio["interval"]
+    bounds = "one round: no interval" if interval["low"] is None else f"[{interval['low']:.2f}, {interval['high']:.2f}]"
+    rounds = ", ".join(f"r{n} {value:.2f}" for n, value in zip(vs["rounds"], ratio["per_round"], strict=True))
+    return f"**{ratio['median']:.2f}×** {bounds} ({rounds})"
+
+
+def scale_summary_table(summary: dict) -> str:
+    """The arms over their rounds (``scale_summary``), as docs quote them."""
+    base = summary["baseline"]
+    lines = [f"| arm | completions / step | rounds ok | median step | completions / s | optimizer steps / s | "
+             f"optimizer steps / s vs {base}: median [95% interval] (per round) | completions / s vs {base} | failed |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for e in summary["arms"]:
+        failed = "; ".join(f"r{run['round']} {run['status']}: {run['error']}" for run in e["runs"]
+                           if run["status"] != OK)
+        if not e["rounds_ok"]:
+            lines.append(f"| {e['arm']} | | 0 of {len(e['runs'])} | | | | | | {failed} |")
+            continue
+        vs = ([_ratio_cell(e["vs_baseline"], figure) for figure in RATIO_FIGURES] if "vs_baseline" in e
+              else ["baseline", "baseline"])
+        lines.append(f"| {e['arm']} | {e['completions_per_step']} | {e['rounds_ok']} of {len(e['runs'])} | "
+                     f"{e['median_step_seconds']:.2f} s | {e['median_completions_per_s']:.2f} | "
+                     f"{e['median_optimizer_steps_per_s']:.3f} | {vs[0]} | {vs[1]} | {failed} |")
+    return "\n".join(lines)
+
+
+def code_commit() -> str:
+    """``git rev-parse --short HEAD`` of this checkout; ``unknown`` in a copy of the code without git."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def visible_gpus() -> str:
+    """The GPUs this command's runs see, e.g. ``2 x NVIDIA H200``: nvidia-smi's names, only those in
+    CUDA_VISIBLE_DEVICES where it is set; ``unknown`` where nvidia-smi does not answer."""
+    command = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        command += ["--id", os.environ["CUDA_VISIBLE_DEVICES"]]
+    try:
+        listing = subprocess.run(command, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    names = Counter(line.strip() for line in listing.splitlines() if line.strip())
+    return ", ".join(f"{count} x {name}" for name, count in names.items()) or "unknown"
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as typed again to repeat it: this script's arguments, and the GPUs it was given."""
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")
+    script = Path(__file__).resolve().relative_to(ROOT)
+    return (f"CUDA_VISIBLE_DEVICES={gpus} " if gpus else "") + shlex.join(["python3", str(script), *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     a = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -863,12 +993,25 @@ def main(argv: list[str] | None = None) -> int:
             scale_arms(a.arms)
     except ValueError as err:
         parser.error(str(err))
+    if a.command == "scale" and a.rounds < 1:
+        parser.error(f"--rounds {a.rounds}: the arms must run at least once (1 or more)")
+    header = None
+    if a.command == "scale":
+        header = {"commit": a.commit or code_commit(), "device": visible_gpus(), "command": command_line(argv),
+                  "rounds": a.rounds, "arms": a.arms}
+
+    def record(results: list[dict]):
+        """--out's content: the results, and for scale what ran them and the summary over the rounds."""
+        if header is None:
+            return results
+        return {**header, "results": results, "summary": scale_summary(results, scale_arms(a.arms))}
+
     runs = {"envelope": envelope, "planner": planner, "scale": scale}.get(a.command, run_all)(a, runner)
     results = []
     for result in runs:
         results.append(result)
         if a.out:
-            write_json(a.out, results)
+            write_json(a.out, record(results))
         print(json.dumps(result), flush=True)
     if a.command == "envelope":
         fitting = [r["micro_batch"] for r in results if r["fits"]]
@@ -876,7 +1019,9 @@ def main(argv: list[str] | None = None) -> int:
                     results[-1]["status"] if results[-1]["status"] != OK else "none (all fit)")
         return 1 if results[-1]["status"] == ERROR else 0
     if a.command == "scale":
-        logger.info("throughput:\n%s", scale_table(results))
+        logger.info("throughput, each run:\n%s", scale_table(results))
+        logger.info("throughput over %d round(s):\n%s", a.rounds,
+                    scale_summary_table(scale_summary(results, scale_arms(a.arms))))
     return 0 if all(r["status"] == OK for r in results) else 1
 
 

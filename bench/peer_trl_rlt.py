@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 import trl
 from omegaconf import DictConfig, OmegaConf
@@ -64,12 +63,11 @@ from rlt_mono.data.prompts import PromptFormat, begin_tag, end_tag  # noqa: E402
 from rlt_mono.data.rows import DataConfig, prepare_dataset  # noqa: E402
 from rlt_mono.errors import UserError  # noqa: E402
 from rlt_mono.placement import Role, resolve_placement_for  # noqa: E402
+from rlt_mono.study.eval_stats import median_interval  # noqa: E402
 
 logger = logging.getLogger("peer_trl_rlt")
 
 FMT = PromptFormat()
-BOOTSTRAP_RESAMPLES = 2000
-CONFIDENCE = 0.95
 
 
 # ---- the reward maths (docs/METHOD.md, "The reward", steps 3 to 7) --------------------------------------------
@@ -421,17 +419,6 @@ def run_rlt_mono(config: str, overrides: list[str], output_dir: Path) -> dict:
 
 
 # ---- pairs ---------------------------------------------------------------------------------------------------
-
-
-def median_interval(ratios: list[float], seed: int = 0) -> dict:
-    """Percentile-bootstrap interval of the median of ``ratios`` (the pairs resampled with replacement); no bounds
-    from fewer than 2 pairs."""
-    if len(ratios) < 2:
-        return {"confidence": CONFIDENCE, "low": None, "high": None, "resamples": 0}
-    data = np.asarray(ratios, dtype=np.float64)
-    picks = np.random.default_rng(seed).integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))
-    low, high = np.quantile(np.median(data[picks], axis=1), [(1 - CONFIDENCE) / 2, (1 + CONFIDENCE) / 2])
-    return {"confidence": CONFIDENCE, "low": float(low), "high": float(high), "resamples": BOOTSTRAP_RESAMPLES}
 
 
 def setting_differences(first: dict, second: dict) -> list[str]:

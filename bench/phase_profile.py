@@ -202,14 +202,17 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description="The kernel profile of a bench_mono.py rlt result (--profile-step) "
                                      "as JSON (with where it was measured) and Markdown")
-    parser.add_argument("result", type=Path, help="bench_mono.py's --out file (a list of results) or one result")
+    parser.add_argument("result", type=Path, help="bench_mono.py's --out file (a list of results, or scale's record "
+                        "of them) or one result")
     parser.add_argument("--out", type=Path, required=True, help="<name>.json; <name>.md is written beside it")
     parser.add_argument("--commit", required=True)
     parser.add_argument("--device", required=True)
     parser.add_argument("--command", required=True)
     args = parser.parse_args()
     results = json.loads(args.result.read_text())
-    result = next(r for r in (results if isinstance(results, list) else [results]) if r.get("profile"))
+    if isinstance(results, dict):
+        results = results.get("results", [results])
+    result = next(r for r in results if r.get("profile"))
     summary = {"commit": args.commit, "device": args.device, "command": args.command,
                "work": {k: result.get(k) for k in ("arch", "completion_length", "completions", "util")},
                "settings": result.get("chosen"), **result["profile"]}

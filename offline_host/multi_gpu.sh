@@ -6,13 +6,16 @@
 #   bash offline_host/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
-# Writes $OUT/scale_<arch>_<arms>.json and .log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each failed test's
-# report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
+# Writes $OUT/scale_<arch>_<arms>[_r<rounds>].json and .log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each
+# failed test's report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
 # Commands may run side by side on one host, each given its own GPUs (CUDA_VISIBLE_DEVICES) and its own OUT or
 # MULTI_GPU_ROOT; they unpack the stack in turn. SCALE_ARCH picks the random-weight pair of the arms (default
-# 1.5b; 0.5b, 7b: bench_mono.py --arch).
+# 1.5b; 0.5b, 7b: bench_mono.py --arch). SCALE_ROUNDS runs the arms that many times, the order reversed every other
+# round (bench_mono.py --rounds; default 1; above 1 the file names end in _r<rounds>): the JSON's summary sets each
+# arm against the first round by round. SCALE_COMMIT is the commit the JSON records, for code carried without .git
+# (bench_mono.py --commit; default: git rev-parse --short HEAD).
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default $OFFLINE_HOST_ROOT/multi_gpu):
 #   bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
@@ -80,7 +83,11 @@ install_carried_wheels
 export PYTHONUNBUFFERED=1
 gpus=$(visible_gpus)
 arch=${SCALE_ARCH:-1.5b}
+rounds=${SCALE_ROUNDS:-1}
 name=${arch}_${arms//[:,]/_}
+[ "$rounds" = 1 ] || name=${name}_r$rounds
+commit=()
+[ -z "${SCALE_COMMIT:-}" ] || commit=(--commit "$SCALE_COMMIT")
 optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
@@ -101,7 +108,8 @@ run_tests() {
 
 if [ "$arms" != none ]; then
   python3 bench/bench_mono.py scale --arch "$arch" --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
-    --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 || echo "scale failed: $OUT/scale_$name.log"
+    --rounds "$rounds" "${commit[@]}" --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 \
+    || echo "scale failed: $OUT/scale_$name.log"
   tail -n 12 "$OUT/scale_$name.log"
 fi
 [ -z "$tests" ] || run_tests

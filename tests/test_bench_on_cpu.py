@@ -5,6 +5,7 @@ import dataclasses
 import errno
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -375,30 +376,185 @@ def test_step_timer_wraps_the_colocated_engine_and_leaves_a_servers_alone():
 
 
 # ---- scale: throughput over GPUs --------------------------------------------------------------------------------
-def test_scale_runs_each_arm_and_divides_throughput_by_the_first(tmp_path, monkeypatch):
-    def measured(seconds, completions):
-        return {"mode": "rlt", "status": "ok", "median_step_seconds": seconds, "completions_per_step": completions,
-                "completions_per_s": completions / seconds, "phase/generate/seconds": 1.0}
+def measured(seconds, completions=32):
+    """A child's ok result: ``seconds`` the median of its timed steps (after a warm-up step of 9 s)."""
+    return {"mode": "rlt", "status": "ok", "step_seconds": [9.0, seconds, seconds], "median_step_seconds": seconds,
+            "completions_per_step": completions, "completions_per_s": completions / seconds,
+            "phase/generate/seconds": 1.0}
 
-    runner = FakeRunner(measured(4.0, 32), measured(4.4, 64), measured(5.0, 32), measured(5.0, 64), "out_of_memory",
-                        measured(4.5, 64))
-    monkeypatch.setattr(bench, "run_child", lambda mode, argv, log_dir: runner(mode, argv))
+
+def scale_main(monkeypatch, *outcomes, argv):
+    """``bench.main(["scale", *argv])`` with each child answered by the next of ``outcomes``; its exit code and the
+    runner (the children's command lines)."""
+    runner = FakeRunner(*outcomes)
+    monkeypatch.setattr(bench, "run_child", lambda mode, child, log_dir: runner(mode, child))
+    return bench.main(["scale", *argv]), runner
+
+
+def placements(runner):
+    return [f"{option(argv, '--placement')}:{option(argv, '--gpus')}" for _, argv in runner.calls]
+
+
+def test_scale_runs_each_arm_with_its_placement_and_strategy(tmp_path, monkeypatch):
     out = tmp_path / "scale.json"
-    assert bench.main(["scale", "--arch", "1.5b", "--arms", "mono:1,dp:2,student_gpu:2,fsdp2:2,dp:4,split:2",
-                       "--out", str(out)]) == 1
-    results = json.loads(out.read_text())
-    assert [r["speedup"] for r in results[:4]] == [1.0, (64 / 4.4) / 8.0, (32 / 5.0) / 8.0, (64 / 5.0) / 8.0]
-    assert "speedup" not in results[4] and results[4]["gpus"] == 4
-    assert results[5]["placement"] == "split" and results[5]["speedup"] == (64 / 4.5) / 8.0
+    code, runner = scale_main(monkeypatch, measured(4.0), measured(4.4, 64), measured(5.0), measured(5.0, 64),
+                              "out_of_memory", measured(4.5, 64),
+                              argv=["--arch", "1.5b", "--arms", "mono:1,dp:2,student_gpu:2,fsdp2:2,dp:4,split:2",
+                                    "--out", str(out)])
+    assert code == 1
+    results = json.loads(out.read_text())["results"]
+    assert [r["optimizer_steps_per_s"] for r in results if r["status"] == "ok"] == [1 / 4.0, 1 / 4.4, 1 / 5.0,
+                                                                                    1 / 5.0, 1 / 4.5]
+    assert "optimizer_steps_per_s" not in results[4] and results[4]["gpus"] == 4
+    assert results[5]["placement"] == "split"
     # fsdp2 is placement dp with the teacher sharded; dp arms (split: dp over two GPUs) say ddp; mono and
     # student_gpu take no strategy.
     assert [(option(argv, "--placement"), option(argv, "--gpus"), "--strategy" in argv and option(argv, "--strategy"))
             for _, argv in runner.calls] == [("mono", "1", False), ("dp", "2", "ddp"), ("student_gpu", "2", False),
                                              ("dp", "2", "fsdp2"), ("dp", "4", "ddp"), ("dp", "2", "ddp")]
     table = bench.scale_table(results)
-    assert "| dp | 2 | 64 | 4.40 s | 14.55 | 1.82x | 1.00 / nan / nan s |" in table
-    assert "| fsdp2 | 2 | 64 | 5.00 s | 12.80 | 1.60x |" in table
-    assert "| dp | 4 | | out_of_memory:  | | | |" in table
+    assert "| 1 | 2 | dp | 2 | 64 | 4.40 s | 14.55 | 0.227 | 1.00 / nan / nan s |" in table
+    assert "| 1 | 4 | fsdp2 | 2 | 64 | 5.00 s | 12.80 | 0.200 |" in table
+    assert "| 1 | 5 | dp | 4 | | out_of_memory:  | | | |" in table
+
+
+def test_scale_rounds_reverse_the_order_every_other_round(monkeypatch):
+    code, runner = scale_main(monkeypatch, *[measured(4.0)] * 9, argv=["--arms", "mono:1,dp:2,async:2",
+                                                                       "--rounds", "3"])
+    assert code == 0
+    assert placements(runner) == ["mono:1", "dp:2", "async:2",  # round 1 in the order given,
+                                  "async:2", "dp:2", "mono:1",  # round 2 reversed,
+                                  "mono:1", "dp:2", "async:2"]  # round 3 in order again
+    assert [(r, p, arm) for r, p, arm in bench.scale_order([("mono", 1), ("async", 2)], 2)] == [
+        (1, 1, ("mono", 1)), (1, 2, ("async", 2)), (2, 1, ("async", 2)), (2, 2, ("mono", 1))]
+
+
+def test_scale_summary_sets_each_arm_against_the_first_round_by_round(tmp_path, monkeypatch):
+    """Three rounds of mono:1 (32 completions a step), dp:2 (64) and async:2 (32); the order alternates, so the
+    children answer round 1 as mono, dp, async and round 2 as async, dp, mono."""
+    out = tmp_path / "scale.json"
+    code, _ = scale_main(monkeypatch,
+                         measured(8.0), measured(8.0, 64), measured(4.0),  # round 1
+                         measured(4.0), measured(8.0, 64), measured(10.0),  # round 2 (reversed)
+                         measured(8.0), measured(10.0, 64), measured(5.0),  # round 3
+                         argv=["--arms", "mono:1,dp:2,async:2", "--rounds", "3", "--commit", "abc1234",
+                               "--out", str(out)])
+    assert code == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["baseline"] == "mono:1"
+    mono, dp, fast = summary["arms"]
+    # mono's step: 8, 10, 8 s -> median 8 s, 4 completions/s, 1/8 optimizer steps/s.
+    assert (mono["median_step_seconds"], mono["median_completions_per_s"], mono["median_optimizer_steps_per_s"]) == (
+        8.0, 4.0, 0.125)
+    assert "vs_baseline" not in mono and mono["rounds_ok"] == 3 and mono["failed_rounds"] == []
+    assert [(run["round"], run["position"], run["step_seconds"]) for run in mono["runs"]] == [
+        (1, 1, [9.0, 8.0, 8.0]), (2, 3, [9.0, 10.0, 10.0]), (3, 1, [9.0, 8.0, 8.0])]
+    # async: 4, 4, 5 s against mono's 8, 10, 8: optimizer steps/s ratios 8/4 = 2, 10/4 = 2.5, 8/5 = 1.6; the same
+    # completions a step, so the same completions/s ratios. Median 2.0. With three rounds, a resample's median is the
+    # lowest ratio with probability 7/27 (two or three picks of it), above the interval's 2.5%: the interval runs from
+    # the lowest ratio to the highest.
+    vs = fast["vs_baseline"]
+    assert vs["rounds"] == [1, 2, 3]
+    for figure in ("optimizer_steps_per_s", "completions_per_s"):
+        assert vs[figure]["per_round"] == pytest.approx([2.0, 2.5, 1.6])
+        assert vs[figure]["median"] == pytest.approx(2.0)
+        assert (vs[figure]["interval"]["low"], vs[figure]["interval"]["high"]) == pytest.approx((1.6, 2.5))
+        assert vs[figure]["interval"]["confidence"] == 0.95
+    assert fast["median_optimizer_steps_per_s"] == 0.25  # 1/4, 1/4, 1/5
+    # dp: 8, 8, 10 s for 64 completions: optimizer steps/s ratios 1, 1.25, 0.8; completions/s twice those.
+    assert dp["vs_baseline"]["optimizer_steps_per_s"]["per_round"] == pytest.approx([1.0, 1.25, 0.8])
+    assert dp["vs_baseline"]["completions_per_s"]["per_round"] == pytest.approx([2.0, 2.5, 1.6])
+    assert dp["vs_baseline"]["completions_per_s"]["median"] == pytest.approx(2.0)
+    assert dp["completions_per_step"] == 64 and dp["median_completions_per_s"] == 8.0  # 64/8, 64/8, 64/10
+    table = bench.scale_summary_table(summary)
+    assert "| mono:1 | 32 | 3 of 3 | 8.00 s | 4.00 | 0.125 | baseline | baseline |  |" in table
+    assert ("| async:2 | 32 | 3 of 3 | 4.00 s | 8.00 | 0.250 | **2.00×** [1.60, 2.50] (r1 2.00, r2 2.50, r3 1.60) | "
+            "**2.00×** [1.60, 2.50] (r1 2.00, r2 2.50, r3 1.60) |  |") in table
+
+
+def test_a_failed_run_leaves_the_other_rounds_figures_and_says_which_failed(tmp_path, monkeypatch):
+    out = tmp_path / "scale.json"
+    crash = {"mode": "rlt", "status": "error", "error": "RuntimeError: the server did not start"}
+    code, _ = scale_main(monkeypatch,
+                         measured(8.0), measured(4.0),  # round 1: mono, async
+                         crash, measured(10.0),  # round 2: async fails, then mono
+                         measured(8.0), measured(5.0),  # round 3: mono, async
+                         argv=["--arms", "mono:1,async:2", "--rounds", "3", "--out", str(out)])
+    assert code == 1
+    document = json.loads(out.read_text())
+    assert [(r["round"], r["placement"], r["status"]) for r in document["results"]] == [
+        (1, "mono", "ok"), (1, "async", "ok"), (2, "async", "error"), (2, "mono", "ok"), (3, "mono", "ok"),
+        (3, "async", "ok")]
+    mono, fast = document["summary"]["arms"]
+    assert mono["rounds_ok"] == 3 and mono["median_step_seconds"] == 8.0
+    assert fast["rounds_ok"] == 2 and fast["failed_rounds"] == [2]
+    assert fast["runs"][1] == {"round": 2, "position": 1, "status": "error",
+                               "error": "RuntimeError: the server did not start"}
+    # Rounds 1 and 3 only: ratios 8/4 = 2 and 8/5 = 1.6, median their mean 1.8; async's median step (4 + 5) / 2.
+    vs = fast["vs_baseline"]
+    assert vs["rounds"] == [1, 3] and fast["median_step_seconds"] == 4.5
+    assert vs["optimizer_steps_per_s"]["per_round"] == pytest.approx([2.0, 1.6])
+    assert vs["optimizer_steps_per_s"]["median"] == pytest.approx(1.8)
+    table = bench.scale_summary_table(document["summary"])
+    assert "| async:2 | 32 | 2 of 3 | 4.50 s |" in table
+    assert table.endswith("(r1 2.00, r3 1.60) | r2 error: RuntimeError: the server did not start |")
+
+
+def test_one_round_gives_ratios_without_an_interval(monkeypatch, tmp_path):
+    out = tmp_path / "scale.json"
+    code, _ = scale_main(monkeypatch, measured(8.0), measured(5.0), "out_of_memory",
+                         argv=["--arms", "mono:1,async:2,dp:2", "--out", str(out)])
+    assert code == 1
+    summary = json.loads(out.read_text())["summary"]
+    ratio = summary["arms"][1]["vs_baseline"]["optimizer_steps_per_s"]
+    assert ratio["per_round"] == [1.6] and ratio["median"] == 1.6
+    assert ratio["interval"] == {"confidence": 0.95, "low": None, "high": None, "resamples": 0}
+    table = bench.scale_summary_table(summary)
+    assert "**1.60×** one round: no interval (r1 1.60)" in table
+    assert "| dp:2 | | 0 of 1 | | | | | | r1 out_of_memory:  |" in table
+
+
+def test_the_scale_record_says_what_ran_where(tmp_path, monkeypatch):
+    """--out holds the commit, the GPUs the runs saw (a stand-in nvidia-smi here), the command line and each run's
+    per-step seconds; without --commit, the checkout's."""
+    calls = tmp_path / "nvidia-smi-args"
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f'#!/bin/sh\necho "$@" > {calls}\necho "NVIDIA H200"\necho "NVIDIA H200"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    out = tmp_path / "scale.json"
+    argv = ["--arch", "0.5b", "--arms", "mono:1,async:2", "--rounds", "2", "--commit", "abc1234", "--out", str(out)]
+    scale_main(monkeypatch, measured(8.0), measured(4.0), measured(4.2), measured(7.9), argv=argv)
+    document = json.loads(out.read_text())
+    assert {k: document[k] for k in ("commit", "device", "command", "rounds", "arms")} == {
+        "commit": "abc1234", "device": "2 x NVIDIA H200",
+        "command": f"CUDA_VISIBLE_DEVICES=2,3 python3 bench/bench_mono.py scale --arch 0.5b --arms mono:1,async:2 "
+                   f"--rounds 2 --commit abc1234 --out {out}",
+        "rounds": 2, "arms": "mono:1,async:2"}
+    assert calls.read_text().split() == ["--query-gpu=name", "--format=csv,noheader", "--id", "2,3"]
+    assert [(r["round"], r["position"], r["step_seconds"], r["completions_per_s"], r["optimizer_steps_per_s"])
+            for r in document["results"]] == [(1, 1, [9.0, 8.0, 8.0], 4.0, 0.125), (1, 2, [9.0, 4.0, 4.0], 8.0, 0.25),
+                                              (2, 1, [9.0, 4.2, 4.2], 32 / 4.2, 1 / 4.2),
+                                              (2, 2, [9.0, 7.9, 7.9], 32 / 7.9, 1 / 7.9)]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    scale_main(monkeypatch, measured(8.0), argv=["--arms", "mono:1", "--out", str(out)])
+    assert json.loads(out.read_text())["commit"] == head.strip()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rounds", "0"], "--rounds 0: the arms must run at least once (1 or more)"),
+    (["--arms", "mono:1,async:2,mono:1"], "--arms lists mono:1 twice: --rounds runs the arms again")])
+def test_scale_refuses_no_round_or_an_arm_twice_in_one_line(argv, message, monkeypatch, capsys):
+    runner = FakeRunner()
+    monkeypatch.setattr(bench, "run_child", lambda mode, child, log_dir: runner(mode, child))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["scale", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f": error: {message}\n") and err.count("\n") == 1, err  # one line, no usage block
+    assert runner.calls == []
 
 
 @pytest.mark.parametrize("arms", ["mono:2", "student_gpu:1", "split:4", "dp:0", "ring:2", "dp", "fsdp2:x"])
@@ -406,7 +562,8 @@ def test_scale_rejects_a_malformed_arm(arms, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.main(["scale", "--arms", arms])
     assert exit_info.value.code == 2
-    assert "expected arm:gpus" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "expected arm:gpus" in err and err.count("\n") == 1, err  # one line, no usage block
 
 
 def test_a_dp_child_runs_under_accelerate_with_one_rank_per_gpu(tmp_path):

@@ -1,6 +1,8 @@
 """bench/phase_profile.py: kernels attributed to the phase windows that launched them, and the busy/idle split."""
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +63,16 @@ def test_profiler_on_a_tiny_cpu_run_marks_the_chosen_step_after_its_generation(t
     assert set(phases) == {"score", "train"}  # generation is left out: the profile starts when it ends
     assert phases["score"]["wall_s"] > 0 and phases["train"]["wall_s"] > 0
     assert phases["train"]["busy_s"] == 0 and phases["train"]["idle_s"] == phases["train"]["wall_s"]
+
+
+@pytest.mark.parametrize("shape", ["list", "scale"])
+def test_the_profiled_result_is_found_in_a_list_of_results_or_a_scale_record(shape, tmp_path, monkeypatch):
+    profiled = {"arch": "0.5b", "chosen": {"per_device_train_batch_size": 4}, "profile": {"step": 2, "phases": {}}}
+    results = [{"status": "ok"}, profiled]
+    source = tmp_path / "bench.json"
+    source.write_text(json.dumps(results if shape == "list" else {"commit": "abc1234", "results": results}))
+    out = tmp_path / "profile.json"
+    monkeypatch.setattr(sys, "argv", ["phase_profile.py", str(source), "--out", str(out), "--commit", "abc1234",
+                                      "--device", "nvidia-h200", "--command", "python3 bench/bench_mono.py ..."])
+    profile.main()
+    assert json.loads(out.read_text())["step"] == 2

@@ -1,5 +1,6 @@
 """The eval stage's files and statistics, without torch: read by ``rlt_mono.stages.eval`` (which writes them) and by
-``rlt_mono.study.aggregate`` (which compares several eval runs from the pipeline process)."""
+``rlt_mono.study.aggregate`` (which compares several eval runs from the pipeline process); the benchmarks' paired
+ratios take their interval from ``median_interval``."""
 
 from __future__ import annotations
 
@@ -24,14 +25,24 @@ def read_rows(folder: Path) -> list[dict]:
 
 
 def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 2000,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile-bootstrap interval of the mean of ``values``: resample them with replacement ``resamples``
-    times, take the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles of the resampled means."""
+                       seed: int = 0, statistic=np.mean) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``statistic`` (the mean unless given; it takes an ``axis``) of ``values``:
+    resample them with replacement ``resamples`` times, take the ``(1 - confidence) / 2`` and
+    ``(1 + confidence) / 2`` quantiles of the resampled statistics."""
     data = np.asarray(values, dtype=np.float64)  # (n,)
     picks = np.random.default_rng(seed).integers(0, len(data), size=(resamples, len(data)))  # (resamples, n)
-    means = data[picks].mean(axis=1)  # (resamples,)
-    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    resampled = statistic(data[picks], axis=1)  # (resamples,)
+    low, high = np.quantile(resampled, [(1 - confidence) / 2, (1 + confidence) / 2])
     return float(low), float(high)
+
+
+def median_interval(ratios: list[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+    """Percentile-bootstrap interval of the median of paired ``ratios`` (the pairs resampled with replacement), as
+    ``{"confidence", "low", "high", "resamples"}``; no bounds (and no resamples) from fewer than 2 pairs."""
+    if len(ratios) < 2:
+        return {"confidence": confidence, "low": None, "high": None, "resamples": 0}
+    low, high = bootstrap_interval(ratios, confidence, resamples, seed, statistic=np.median)
+    return {"confidence": confidence, "low": low, "high": high, "resamples": resamples}
 
 
 def summarize(values: list[float], confidence: float, resamples: int, seed: int) -> dict:
