@@ -71,7 +71,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -89,6 +88,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from roofline import OneLineParser  # noqa: E402
+
+from rlt_mono.runs.lock import exclusive  # noqa: E402
 
 logger = logging.getLogger("bench_mono")
 
@@ -335,8 +336,7 @@ def make_model(arch: str, role: str, root: Path, seed: int) -> Path:
     """A random-weight model of ``arch`` saved (bf16) with a padded local tokenizer; reused if present."""
     path = model_dir(arch, role, root)
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{arch}-{role}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the ranks of a dp run: one builds, the others wait and reuse
+    with exclusive(root / f".{arch}-{role}.lock"):  # the ranks of a dp run: one builds, the others wait and reuse
         if not (path / "config.json").exists():
             _build_model(arch, path, seed)
     return path

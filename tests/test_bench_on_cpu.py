@@ -612,3 +612,21 @@ def test_the_planner_predicts_mono_and_dp_runs_and_leaves_the_two_gpu_placements
     assert set(mono) == {"predicted/generate", "predicted/score", "predicted/train", "predicted_table", "prompt_length"}
     assert dp["predicted/train"] > mono["predicted/train"]  # DDP's gradient buckets
     assert "DDP gradient buckets" in dp["predicted_table"]
+
+
+def test_a_random_weight_model_is_built_once_under_the_projects_lock(tmp_path, monkeypatch):
+    """The ranks of a dp run share one model folder: the first builds it while holding the lock
+    (rlt_mono.runs.lock.exclusive, the one file lock), the others find it built."""
+    built = []
+
+    def build(arch, path, seed):
+        from rlt_mono.runs.lock import _flock, _open_lock_file
+        fd = _open_lock_file(tmp_path / ".0.5b-teacher.lock")
+        built.append(_flock(fd, wait=False))  # another descriptor cannot take the lock while it is held
+        path.mkdir(parents=True)
+        (path / "config.json").write_text("{}")
+
+    monkeypatch.setattr(bench, "_build_model", build)
+    first = bench.make_model("0.5b", "teacher", tmp_path, seed=0)
+    assert bench.make_model("0.5b", "teacher", tmp_path, seed=0) == first == tmp_path / "0.5b-teacher"
+    assert built == [False]
