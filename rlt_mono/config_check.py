@@ -296,7 +296,12 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
             known = set(cfg[group]) - {k.partition(".")[2] for k in added if k.startswith(f"{group}.")}
             if name not in known:
                 raise ConfigError(unknown_key(cfg, key, known))
-    for group, reference in GROUP_CLASSES.items():
+    stage = STAGES.get(cfg.get("stage"))
+    # The group of the stage's training arguments first: a refused kernel or batch size is the first thing to fix,
+    # before a data source a standalone run has to be given.
+    first = stage.trainer_group if stage is not None else None
+    for group in sorted(GROUP_CLASSES, key=lambda name: name != first):
+        reference = GROUP_CLASSES[group]
         if not isinstance(cfg.get(group), DictConfig):
             continue
         fields = dataclass_fields(reference)
@@ -310,7 +315,6 @@ def check_config(cfg: DictConfig, overrides: Iterable[str] = ()) -> None:
         check_values(group, cfg[group], fields or {})
     if isinstance(cfg.get("placement"), DictConfig):
         check_values("placement", cfg.placement, {})
-    stage = STAGES.get(cfg.get("stage"))
     if stage is not None and stage.trains_adapters and isinstance(cfg.get("model"), DictConfig):
         check_lora_rank(cfg.model)
     if isinstance(cfg.get("data"), DictConfig):

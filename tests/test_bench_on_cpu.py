@@ -422,21 +422,21 @@ def test_scale_rounds_reverse_the_order_every_other_round(monkeypatch):
     code, runner = scale_main(monkeypatch, *[measured(4.0)] * 9, argv=["--arms", "mono:1,dp:2,async:2",
                                                                        "--rounds", "3"])
     assert code == 0
-    assert placements(runner) == ["mono:1", "dp:2", "async:2",  # round 1 in the order given,
-                                  "async:2", "dp:2", "mono:1",  # round 2 reversed,
-                                  "mono:1", "dp:2", "async:2"]  # round 3 in order again
+    assert placements(runner) == ["mono:1", "dp:2", "async:2",  # the first pass in the order given,
+                                  "async:2", "dp:2", "mono:1",  # the second reversed,
+                                  "mono:1", "dp:2", "async:2"]  # the third in order again
     assert [(r, p, arm) for r, p, arm in bench.scale_order([("mono", 1), ("async", 2)], 2)] == [
         (1, 1, ("mono", 1)), (1, 2, ("async", 2)), (2, 1, ("async", 2)), (2, 2, ("mono", 1))]
 
 
 def test_scale_summary_sets_each_arm_against_the_first_round_by_round(tmp_path, monkeypatch):
     """Three rounds of mono:1 (32 completions a step), dp:2 (64) and async:2 (32); the order alternates, so the
-    children answer round 1 as mono, dp, async and round 2 as async, dp, mono."""
+    children answer the first round as mono, dp, async and the second as async, dp, mono."""
     out = tmp_path / "scale.json"
     code, _ = scale_main(monkeypatch,
-                         measured(8.0), measured(8.0, 64), measured(4.0),  # round 1
-                         measured(4.0), measured(8.0, 64), measured(10.0),  # round 2 (reversed)
-                         measured(8.0), measured(10.0, 64), measured(5.0),  # round 3
+                         measured(8.0), measured(8.0, 64), measured(4.0),  # the first round
+                         measured(4.0), measured(8.0, 64), measured(10.0),  # the second (reversed)
+                         measured(8.0), measured(10.0, 64), measured(5.0),  # the third
                          argv=["--arms", "mono:1,dp:2,async:2", "--rounds", "3", "--commit", "abc1234",
                                "--out", str(out)])
     assert code == 0
@@ -476,9 +476,9 @@ def test_a_failed_run_leaves_the_other_rounds_figures_and_says_which_failed(tmp_
     out = tmp_path / "scale.json"
     crash = {"mode": "rlt", "status": "error", "error": "RuntimeError: the server did not start"}
     code, _ = scale_main(monkeypatch,
-                         measured(8.0), measured(4.0),  # round 1: mono, async
-                         crash, measured(10.0),  # round 2: async fails, then mono
-                         measured(8.0), measured(5.0),  # round 3: mono, async
+                         measured(8.0), measured(4.0),  # the first round: mono, async
+                         crash, measured(10.0),  # the second: async fails, then mono
+                         measured(8.0), measured(5.0),  # the third: mono, async
                          argv=["--arms", "mono:1,async:2", "--rounds", "3", "--out", str(out)])
     assert code == 1
     document = json.loads(out.read_text())
