@@ -15,12 +15,13 @@ USAGE = ("usage: bash offline_host/speed.sh start 05b [pairs] [steps] [speed arm
 
 
 def _stand_in_host(tmp_path: Path) -> tuple[Path, Path]:
-    """A copy of offline_host/ in <tmp_path>/repo, and a folder for PATH whose nvidia-smi lists two GPUs."""
+    """A copy of offline_host/ in <tmp_path>/repo, and a folder for PATH whose nvidia-smi lists two GPUs; made once
+    (a second command of the same test may start while the first still reads these files)."""
     repo, fake = tmp_path / "repo", tmp_path / "bin"
-    shutil.copytree(ROOT / "offline_host", repo / "offline_host", dirs_exist_ok=True)
-    fake.mkdir(exist_ok=True)
-    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\necho 'GPU 1: stand-in'\n")
-    (fake / "nvidia-smi").chmod(0o755)
+    if not (repo / "offline_host").exists():
+        shutil.copytree(ROOT / "offline_host", repo / "offline_host")
+    if not (fake / "nvidia-smi").exists():
+        _executable(fake / "nvidia-smi", "#!/bin/sh\necho 'GPU 0: stand-in'\necho 'GPU 1: stand-in'\n")
     return repo, fake
 
 
@@ -79,7 +80,9 @@ def _multi_gpu(tmp_path, *args, install='echo unpacked; echo "export STACK=ready
     repo, fake = _stand_in_host(tmp_path)
     parts = tmp_path / "parts"
     parts.mkdir(exist_ok=True)
-    (parts / "install_gpu_stack.sh").write_text(install + "\n")
+    script = parts / "install_gpu_stack.sh"
+    if not script.exists() or script.read_text() != install + "\n":  # never rewritten under a running command
+        script.write_text(install + "\n")
     env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "GPU_STACK_PARTS": str(parts),
            "MULTI_GPU_ROOT": str(tmp_path / "root"), "OUT": str(tmp_path / "out"), **(env or {})}
     if popen:
