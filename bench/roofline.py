@@ -12,7 +12,7 @@ FLOPs it must do, beside the measured time (docs/PERFORMANCE.md).
 The device figures are achievable rates, not data-sheet peaks: for the H100 800 TFLOP/s bf16 and 3 TB/s,
 and for the H200 the same compute with the bandwidth scaled by its data sheet (4.8 / 3.35 TB/s).
 
-    python bench/roofline.py --arch 7b --completions 32 --completion-length 4096 --device nvidia-h100 \\
+    python bench/roofline.py --arch 7b --completions 32 --completion-length 4096 --device H100 \\
         [--prompt-length 0] [--no-recompute] [--measured generate=33.7,score=16.2,train=19.8]
 """
 
@@ -25,7 +25,7 @@ from typing import NoReturn
 from rlt_mono.memory.model import QWEN25_ARCHS, Arch
 
 # kind -> (achievable bf16 FLOP/s, achievable memory bandwidth in bytes/s)
-DEVICES = {"nvidia-h100": (800e12, 3.0e12), "nvidia-h200": (800e12, 3.0e12 * 4.8 / 3.35)}
+DEVICES = {"H100": (800e12, 3.0e12), "H200": (800e12, 3.0e12 * 4.8 / 3.35)}
 PHASES = ("generate", "score", "train")
 
 

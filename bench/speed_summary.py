@@ -18,7 +18,7 @@ auto, speed) with its median step and phase seconds (steps after the first), the
 that generate with those that only train: read its step_seconds.
 
     python bench/speed_summary.py <folder with the raw JSON> --target 05b|7b --out results/speed_<target> \
-        --commit <sha> --device nvidia-h200 --command "bash offline_host/speed.sh start <target> ..."
+        --commit <sha> --device H200 --command "bash offline_host/speed.sh start <target> ..."
 """
 
 import argparse

@@ -2,11 +2,11 @@
 questions, the positive control, and the paired differences, from the eval folders bench/study_fair.sh writes.
 
     python bench/study_fair.py export <root> --out results/study_gsm_symbolic_v2/answers [--suffix _lr1e-5] \
-        --device nvidia-h200 --commit <sha> --command "<how it ran>"
+        --device H200 --commit <sha> --command "<how it ran>"
     python bench/study_fair.py summarize results/study_gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
-        --device nvidia-h200 --commit <sha> --command "<how it ran>"
+        --device H200 --commit <sha> --command "<how it ran>"
     python bench/study_fair.py common <root> --out <folder of the students' distilled files>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,

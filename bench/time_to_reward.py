@@ -1,7 +1,7 @@
 """Wall-clock time to a held-out reward: how much sooner one setting reaches what the default reaches.
 
     python bench/time_to_reward.py auto=<run>,<run>,<run> speed=<run>,<run>,<run> --baseline auto --target-step 200 \
-        --out results/memory_speed/time_to_reward.json --device nvidia-h100-x1 --commit <sha> --command "<how it ran>"
+        --out results/memory_speed/time_to_reward.json --device H100 --commit <sha> --command "<how it ran>"
 
 Each run is a teacher_rlt run folder whose ``metrics.jsonl`` has held-out evaluations (``trainer.eval_strategy=steps``:
 rows with ``eval_reward``) and each row's ``wall_time_seconds`` (seconds since its training began). The target is the

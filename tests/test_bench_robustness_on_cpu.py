@@ -18,7 +18,7 @@ def run(*command: str) -> subprocess.CompletedProcess:
 
 def summarise(folder: Path, out: Path, target: str) -> subprocess.CompletedProcess:
     return run(sys.executable, "bench/speed_summary.py", str(folder), "--target", target, "--out", str(out),
-               "--commit", "abc", "--device", "nvidia-h200", "--command", "c")
+               "--commit", "abc", "--device", "H200", "--command", "c")
 
 
 def test_a_7b_summary_of_a_folder_with_no_run_is_refused_and_writes_nothing(tmp_path):

@@ -26,7 +26,7 @@ from rlt_mono.rl import build
 
 # An H100 80GB as torch.cuda.mem_get_info reports it (vLLM's error in results/h100_qlora.json: "79.18 GiB").
 H100_TOTAL = int(79.18 * GIB)
-# Recorded on nvidia-h100-x1: memory=auto started right after another process had used the GPU and saw 48.9 GiB free;
+# Recorded on H100: memory=auto started right after another process had used the GPU and saw 48.9 GiB free;
 # the same 7B + 7B run with memory=manual (micro-batch 2, reward micro-batch 2, vLLM 0.3) ran, peaking at 59.1 GiB.
 FREE_AT_THAT_INSTANT = int(48.9 * GIB)
 OWN_CONTEXT = GIB // 2

@@ -73,6 +73,6 @@ def test_the_profiled_result_is_found_in_a_list_of_results_or_a_scale_record(sha
     source.write_text(json.dumps(results if shape == "list" else {"commit": "abc1234", "results": results}))
     out = tmp_path / "profile.json"
     monkeypatch.setattr(sys, "argv", ["phase_profile.py", str(source), "--out", str(out), "--commit", "abc1234",
-                                      "--device", "nvidia-h200", "--command", "python3 bench/bench_mono.py ..."])
+                                      "--device", "H200", "--command", "python3 bench/bench_mono.py ..."])
     profile.main()
     assert json.loads(out.read_text())["step"] == 2

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # "#12" or "9" after it), never part of a longer word (issued, issuer).
 WORDS = re.compile(r"\blease|\bsession[ -]?\d|\biss[u]es?(?![a-z])|\bround[ -]?\d|\bsprints?\b"
                    r"|(?<![\w-])GPU[ ]machine|\bdevice[ ]tools?\b|\bstash[ ]calls?\b|\bdevice[ ]calls?\b"
-                   r"|\bdevice[ ]machine\b|\bcall-\d|\bmachine's[ ]time\b",
+                   r"|\bdevice[ ]machine\b|\bcall-\d|\bmachine's[ ]time\b|\bdevice[ ]time\b|\bgiven[ ](?:back|out)\b"
+                   r"|/wor[k]/|\bnvidia-h[0-9]00\b",
                    re.IGNORECASE)
 # A link to an upstream project's bug tracker (vLLM's, TRL's) is about the world, not about rlt_mono's work: the URL
 # alone is left out of the line before it is searched.
@@ -85,7 +86,7 @@ def test_the_words_are_found_with_their_file_and_line(tmp_path):
     named_file, logger = "results/h100_iss" "ue9.json", 'getLogger("ro' 'und3.file")'
     upstream = "vLLM's bug https://github.com/vllm-project/vllm/iss" "ues/12345 is worked around here"
     own = "https://github.com/someone/rlt_mono/iss" "ues/4"
-    page.write_text(f"Measured on nvidia-h200.\n{ran}\nA four-GPU machine.\n{numbered}\nthe release\n"
+    page.write_text(f"Measured on an H200.\n{ran}\nA four-GPU machine.\n{numbered}\nthe release\n"
                     f"{named_file}\nrelease_notes, session_id\n{worded}\n{plural}\n{reviewed}\n{logger}\n"
                     f"issued, the issuer, round(x, 2), a background task\n{upstream}\n{own}\n")
     assert hits([page], tmp_path) == [f"page.md:2: {ran}", f"page.md:4: {numbered}", f"page.md:6: {named_file}",

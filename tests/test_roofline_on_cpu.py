@@ -21,7 +21,7 @@ def test_the_7b_4096_token_step_matches_the_roofline_by_hand():
     # of 32 sequences at a mean context of 2,048) ~ 26 s; score 3 x 2 x 7.6e9 x 131K ~ 7.5 s; train 8 x 7.6e9 x
     # 131K ~ 10 s; about 43 s in all.
     work = roofline.Work(SEVEN_B, completions=32, completion_length=4096)
-    bound = roofline.roofline(work, *roofline.DEVICES["nvidia-h100"])
+    bound = roofline.roofline(work, *roofline.DEVICES["H100"])
     params = SEVEN_B.params()
     assert params == pytest.approx(7.6e9, rel=0.01)
     kv = 32 * 2048 * 2 * 28 * 4 * 128 * 2  # sequences x mean context x (k, v) x layers x kv heads x head dim x bytes
@@ -34,7 +34,7 @@ def test_the_7b_4096_token_step_matches_the_roofline_by_hand():
 
 def test_decode_is_compute_bound_when_many_sequences_share_a_small_model():
     small = Arch.from_config(QWEN25_ARCHS["0.5b"])
-    flops, bandwidth = roofline.DEVICES["nvidia-h200"]
+    flops, bandwidth = roofline.DEVICES["H200"]
     few, many = (roofline.Work(small, n, 1024, prompt_length=132) for n in (1, 4096))
     assert roofline.roofline(few, flops, bandwidth)["generate"] == pytest.approx(
         1024 * (2 * small.params() + (132 + 512) * small.kv_bytes_per_token(2)) / bandwidth)
@@ -53,11 +53,11 @@ def test_training_without_recomputation_does_six_not_eight_times_params_per_toke
 
 def test_the_table_sets_measured_times_and_ratios_beside_the_roofline():
     text = roofline.main(["--arch", "7b", "--completions", "32", "--completion-length", "4096", "--device",
-                          "nvidia-h100", "--measured", "generate=33.7,score=16.2,train=19.8"])
+                          "H100", "--measured", "generate=33.7,score=16.2,train=19.8"])
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in text.splitlines()[2:]}
     assert float(rows["step"][2]) == pytest.approx(69.7)
     assert float(rows["score"][3].strip(" |")) == pytest.approx(16.2 / (3 * 2 * SEVEN_B.params() * 131072 / 800e12),
                                                                  abs=0.01)
     with pytest.raises(SystemExit):
-        roofline.main(["--arch", "7b", "--completions", "1", "--completion-length", "8", "--device", "nvidia-h100",
+        roofline.main(["--arch", "7b", "--completions", "1", "--completion-length", "8", "--device", "H100",
                        "--measured", "sample=1"])

@@ -46,7 +46,7 @@ def test_a_7b_run_is_set_beside_its_roofline():
            "grpo_config": {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 16,
                            "steps_per_generation": 16, "gradient_checkpointing": True, "optim": "adamw_bnb_8bit",
                            "vllm_gpu_memory_utilization": 0.3}}
-    [entry] = summary.seven_b([run], "nvidia-h100")
+    [entry] = summary.seven_b([run], "H100")
     # This step's roofline, by hand (bench/roofline.py's docstring): about 26 + 7.5 + 10 = 43 s, so 73.4 s is 1.71x.
     assert entry["roofline_step_s"] == pytest.approx(43, abs=1.0)
     assert entry["step_ratio"] == pytest.approx(73.4 / entry["roofline_step_s"]) == pytest.approx(1.71, abs=0.04)
@@ -55,11 +55,11 @@ def test_a_7b_run_is_set_beside_its_roofline():
     # The arm says the attention path where the run predates bench_mono.py's left_align_padding field.
     assert entry["left_align_padding"] is True and entry["arm"] is None
     noalign, recorded = summary.seven_b([{**run, "arm": "noalign"}, {**run, "arm": "manual",
-                                                                       "left_align_padding": False}], "nvidia-h100")
+                                                                       "left_align_padding": False}], "H100")
     assert (noalign["arm"], noalign["left_align_padding"]) == ("noalign", False)
     assert recorded["left_align_padding"] is False
     failed = summary.seven_b([{**run, "status": "out_of_memory", "median_step_seconds": None,
-                               "phase/train/seconds": None}], "nvidia-h100")[0]
+                               "phase/train/seconds": None}], "H100")[0]
     assert failed["step_ratio"] is None and failed["phase_ratio"]["train"] is None
 
 
@@ -80,7 +80,7 @@ def test_each_speed_run_is_set_against_the_pairs_rlt_median(tmp_path, monkeypatc
     (tmp_path / "speed_liger_raw.json").write_text(json.dumps(speed([5.0, 0.5, 0.5, 0.0], True)))  # mean 1.5 s
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
-                                      "--device", "nvidia-h200", "--command", "bash offline_host/speed.sh start 05b"])
+                                      "--device", "H200", "--command", "bash offline_host/speed.sh start 05b"])
     summary.main()
     # the pairs' rlt median is (6 + 4) / 2 = 5 s: speedups 5 / 2.5 and 5 / 1.5
     plain, liger = (json.loads((out / f"{name}.json").read_text()) for name in ("speed", "speed_liger"))
@@ -108,7 +108,7 @@ def test_raw_results_with_no_whole_pair_are_refused_and_nothing_is_written(raw_f
     for name, content in raw_files.items():
         (tmp_path / name).write_text(json.dumps(content))
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(tmp_path / "out"), "--commit",
-                                      "abc", "--device", "nvidia-h200", "--command", "c"])
+                                      "abc", "--device", "H200", "--command", "c"])
     with pytest.raises(SystemExit) as stop:
         summary.main()
     assert stop.value.code == 2
@@ -125,7 +125,7 @@ def test_an_arm_whose_pair_never_finished_is_listed_apart_and_in_no_ratio(tmp_pa
     (tmp_path / "pairs_raw.json").write_text(json.dumps(arms))
     out = tmp_path / "out"
     monkeypatch.setattr(sys, "argv", ["speed_summary.py", str(tmp_path), "--out", str(out), "--commit", "abc",
-                                      "--device", "nvidia-h200", "--command", "c"])
+                                      "--device", "H200", "--command", "c"])
     summary.main()
     pairs = json.loads((out / "pairs.json").read_text())
     assert [p["ratio"] for p in pairs["pairs"]] == [pytest.approx(1.3)]

@@ -72,7 +72,7 @@ def test_each_arm_keeps_the_run_it_was_taken_from(tmp_path, monkeypatch):
     out = tmp_path / "study.json"
     _main(monkeypatch, "--run", f"first={tmp_path / 'first' / 'seed0'}", "--run",
           f"second={tmp_path / 'second' / 'seed0'}", "--arm", "base=first", "--arm", "rl_teacher=second",
-          "--out", str(out), "--device", "nvidia-h200")
+          "--out", str(out), "--device", "H200")
     study = json.loads(out.read_text())
     assert study["runs"] == {"first": [str(tmp_path / "first" / "seed0")],
                              "second": [str(tmp_path / "second" / "seed0")]}

@@ -35,7 +35,7 @@ def _summarize(tmp_path, *roots, resamples=400):
     """Each root exported (as a study keeps it), then the summary of the exports."""
     answers = tmp_path / "answers"
     for root in roots:
-        exported = _run("export", root, "--out", answers, "--device", "nvidia-h100", "--commit", "abc1234",
+        exported = _run("export", root, "--out", answers, "--device", "H100", "--commit", "abc1234",
                         "--command", "bash x.sh")
         if exported.returncode:
             return exported, None
@@ -56,8 +56,8 @@ def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
     result, out = _summarize(tmp_path, root)
     assert result.returncode == 0, result.stderr
     study = json.loads((out / "study.json").read_text())
-    assert study["commit"] == ["abc1234"] and study["device"] == ["nvidia-h100"] and study["commands"] == ["bash x.sh"]
-    assert {"student": "s", "arm": "worked", "seed": 1, "device": "nvidia-h100", "commit": "abc1234",
+    assert study["commit"] == ["abc1234"] and study["device"] == ["H100"] and study["commands"] == ["bash x.sh"]
+    assert {"student": "s", "arm": "worked", "seed": 1, "device": "H100", "commit": "abc1234",
             "command": "bash x.sh"} in study["runs"]
     # the summary of the eval folders themselves is the summary of their exports
     direct = _run("summarize", root, "--out", tmp_path / "direct", "--resamples", 400)
@@ -599,7 +599,7 @@ COMMON = {"questions": 2, "templates": 2, "distills": {
 
 
 def _teachers(root: Path, out: Path, commit: str = "abc1234"):
-    return _run("teachers", root, "--out", out, "--device", "nvidia-h100", "--commit", commit, "--command", "bash x.sh")
+    return _run("teachers", root, "--out", out, "--device", "H100", "--commit", commit, "--command", "bash x.sh")
 
 
 def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_medians(tmp_path):
@@ -627,7 +627,7 @@ def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_me
     assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
     assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
     assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
-    assert (rl["device"], rl["commit"], rl["command"]) == ("nvidia-h100", "abc1234", "bash x.sh")
+    assert (rl["device"], rl["commit"], rl["command"]) == ("H100", "abc1234", "bash x.sh")
     # every step done under a time limit: not stopped by it; no max_steps configured: not stopped either
     assert (rl["max_steps"], rl["stopped_by_time_limit"]) == (4, False)
     assert saved["teachers"]["rl_answer_s0"]["reward_setting"] == "answer"
@@ -693,7 +693,7 @@ def test_the_teachers_file_is_merged_into_and_a_teacher_is_added_once(tmp_path):
     metrics.write_text(metrics.read_text().replace('"eval_reward": -2.0', '"eval_reward": -2.5'))
     changed = _teachers(first, out, commit="ddd")
     assert changed.returncode == 2 and changed.stderr == (
-        f"error: {out} has teacher rl_s0 already, from commit aaa on nvidia-h100, with other figures: one is added "
+        f"error: {out} has teacher rl_s0 already, from commit aaa on H100, with other figures: one is added "
         "once (delete its entry to replace it)\n")
     assert json.loads(out.read_text())["teachers"]["rl_s0"]["commit"] == "aaa"
 
