@@ -759,6 +759,30 @@ def test_restore_checks_each_kept_file_against_its_sha256_and_overwrites_no_othe
                                                           f"{tmp_path / 'none'} writes them)\n")
 
 
+def test_the_students_part_takes_the_kept_explanations_when_its_distilled_folder_holds_none(tmp_path):
+    _, common, kept = _kept(tmp_path)
+    root, student = tmp_path / "students", "qwen2.5_coder_0.5b_instruct"
+    root.mkdir()
+    (root / "commit").write_text("abc1234\n")
+    # the arm's answers are committed already: no student trains, the explanations are still laid out
+    _eval_folder(tmp_path / "earlier", student, "rl_teacher_s0", {"instances": [True]})
+    assert _run("export", tmp_path / "earlier", "--out", tmp_path / "answers", "--device", "d", "--commit",
+                "abc1234", "--command", "x").returncode == 0
+    env = {"STUDY_ARMS": "rl_teacher", "STUDY_ANSWERS": str(tmp_path / "answers"), "STUDY_EXPLANATIONS": str(kept)}
+    run = _fair_sh("students", root, "0", timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    distilled = root / "distilled"
+    for path in common.iterdir():
+        assert (distilled / path.name).read_bytes() == path.read_bytes()
+        assert (distilled / path.name.removesuffix(".gz")).read_bytes() == gzip.decompress(path.read_bytes())
+    # a distilled folder that holds explanations is left as it is
+    (distilled / "sft.jsonl.gz").unlink()
+    (distilled / "sft.jsonl").write_text("{}\n")
+    again = _fair_sh("students", root, "0", timeout=300, env=env)
+    assert again.returncode == 0 and not (distilled / "sft.jsonl.gz").exists()
+    assert (distilled / "sft.jsonl").read_text() == "{}\n"
+
+
 def test_an_empty_common_set_is_one_line_and_writes_nothing(tmp_path):
     root, out = tmp_path / "study", tmp_path / "common"
     _write_rows(root / "teachers" / "distill_rl_s0" / "distill.jsonl", [_distill_row("q0", 0, -1.0, -1.0, 0.0, True, 0,
