@@ -8,6 +8,8 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
         --device H200 --commit <sha> --command "<how it ran>"
     python bench/study_fair.py common <root> --out <folder of the students' distilled files>
+    python bench/study_fair.py keep <root> --out study_data/gsm_symbolic_v2/explanations [--replace]
+    python bench/study_fair.py restore study_data/gsm_symbolic_v2/explanations --out <folder of the students' files>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
@@ -38,7 +40,13 @@ percentile-bootstrap interval over the points. The teacher's reward is its disti
 questions where the file has a common block, else its held-out reward (the correlation's ``x`` says which).
 
 ``common`` writes, for every distill of a root, ``<out>/<name>.jsonl.gz``: its rows of the questions every distill
-explained, in its own order, so that each taught arm trains on the same questions.
+explained, so that each taught arm trains on the same questions: each row with its ``question_id`` first, sorted by
+it (the same order in every file, whatever order the distills wrote). ``keep`` keeps those rows in the
+repository, where they outlast the machine that trained the students: ``<out>/<name>.jsonl.xz`` per distill and
+``<out>/manifest.json`` (rows, the sha256 of the uncompressed rows, and where the root records them the teacher, the
+study's commit and command, and the configs of the teacher's training and of its distill); a distill kept already
+with other rows is refused unless ``--replace``. ``restore`` writes ``common``'s files from them, byte for byte
+(bench/study_fair.sh's students part does, when its distilled folder is empty).
 
 ``traces`` makes the larger-model traces (the analog of the RLT paper's larger-model thoughts: the teacher's SFT
 warm-up data and the traces student arm) from an eval folder run with ``eval.split=train`` and
@@ -54,6 +62,7 @@ import gzip
 import hashlib
 import json
 import logging
+import lzma
 import re
 import sys
 from pathlib import Path
@@ -63,6 +72,7 @@ from omegaconf import OmegaConf
 
 from rlt_mono.errors import UserError
 from rlt_mono.read_source import module_constant
+from rlt_mono.runs.atomic_write import write_bytes, write_json
 from rlt_mono.runs.outputs import (
     CONFIG_FILE,
     EVAL_EVENT,
@@ -120,6 +130,9 @@ _TEACHER_SAVED = re.compile(r"^\|\s*steps done\s*\|.*the trained teacher is in `
 # distilled/<name>.jsonl (the file read when the first is not there).
 DISTILLED_FOLDER = "distilled"
 TEACHERS_FILE = "teachers.json"
+# The students' files (common, restore) and the repository's copy of them (keep): per distill <name>.jsonl.gz,
+# <name>.jsonl.xz and one manifest.json.
+STUDENTS_SUFFIX, KEPT_SUFFIX, MANIFEST_FILE = ".jsonl.gz", ".jsonl.xz", "manifest.json"
 # The correlation: no figure under MIN_POINTS points, no interval under INTERVAL_POINTS.
 CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
 # The correlation's teacher reward without a common block in the teachers file.
@@ -453,8 +466,12 @@ def _common_rows(root: Path) -> tuple[dict[str, list[tuple[str, dict]]], set[str
                          f"{DISTILLED_FOLDER}/<name>.jsonl): pass the root the teachers part of bench/study_fair.sh "
                          "wrote")
     rows = {name: _jsonl_lines(path) for name, path in files.items()}
-    common = set.intersection(*({row["question"] for _, row in pairs} for pairs in rows.values()))
-    return rows, common
+    return rows, _questions_in_all(rows)
+
+
+def _questions_in_all(rows: dict[str, list[tuple[str, dict]]]) -> set[str]:
+    """The questions every file of ``rows`` (``{name: [(line, row), ...]}``) holds."""
+    return set.intersection(*({row["question"] for _, row in pairs} for pairs in rows.values()))
 
 
 def _share(values: list[bool]) -> float | None:
@@ -482,19 +499,139 @@ def common_block(root: Path) -> dict | None:
         for name, mine in kept.items()}}
 
 
-def write_common(root: Path, out: Path) -> list[tuple[Path, int]]:
-    """``out/<name>.jsonl.gz`` for every distill under ``root``: its rows of the questions every distill explained,
-    in its own order; returns ``(file, rows)`` of each. An empty common set is refused."""
+def students_rows(root: Path) -> dict[str, list[str]]:
+    """Each distill's rows of the questions every distill under ``root`` explained, as the students read them: one
+    JSON line per question, ``question_id`` first, then the row as the distill wrote it, sorted by question id (the
+    same order in every file, whatever order the distills wrote). An empty common set is refused."""
     rows, common = _common_rows(root)
     if not common:
         raise StudyError(f"{root}: no question every distill explained ({', '.join(rows)}): nothing written")
+    lines = {}
+    for name, pairs in rows.items():
+        kept = sorted((_question_id(row["question"]), row) for _, row in pairs if row["question"] in common)
+        lines[name] = [json.dumps({"question_id": question_id, **row}) for question_id, row in kept]
+    return lines
+
+
+def _text(lines: list[str]) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_students_file(out: Path, name: str, data: bytes, replace: bool) -> Path:
+    """``out/<name>.jsonl.gz`` of the uncompressed rows ``data``: the same bytes for the same rows (no time stamp).
+    A file already there with other rows is replaced only with ``replace``."""
+    path = out / f"{name}{STUDENTS_SUFFIX}"
+    if not replace and path.is_file() and gzip.decompress(path.read_bytes()) != data:
+        raise StudyError(f"{path}: holds other rows than the kept ones: restore into an empty folder")
     out.mkdir(parents=True, exist_ok=True)
+    write_bytes(path, gzip.compress(data, mtime=0))
+    return path
+
+
+def write_common(root: Path, out: Path) -> list[tuple[Path, int]]:
+    """``out/<name>.jsonl.gz`` of ``students_rows`` for every distill under ``root``; returns ``(file, rows)`` of
+    each. A file there is replaced (a later ``wait`` brings more rows)."""
+    return [(_write_students_file(out, name, _text(lines), replace=True), len(lines))
+            for name, lines in students_rows(root).items()]
+
+
+def _root_file(root: Path, name: str) -> str | None:
+    """The text of ``root/<name>`` (the commit or command a study was started with), or None."""
+    path = root / name
+    text = path.read_text().strip() if path.is_file() else ""
+    return text or None
+
+
+def _config(path: Path) -> dict | None:
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
+
+
+def _provenance(root: Path, name: str, rows: list[str]) -> dict:
+    """What ``root`` records of how distill ``name``'s rows were made: its ``teacher`` (as the distill's config, else
+    its rows, name it; the part below ``teachers/`` where there is one), the study's ``commit`` and ``command``
+    (``root/commit``, ``root/command``) and the ``config`` of the teacher's training run and of the distill (their
+    ``config.yaml``); None where not there."""
+    distill = _config(root / "teachers" / f"distill_{name}" / CONFIG_FILE)
+    recorded = {json.loads(line).get("teacher") for line in rows} - {None}
+    teacher = (distill or {}).get("model", {}).get("model_name_or_path") or (
+        recorded.pop() if len(recorded) == 1 else None)
+    training = None
+    if teacher is not None and "teachers" in Path(teacher).parts:  # as the host named it: <study>/teachers/rl_s0/...
+        parts = Path(teacher).parts
+        below = parts[len(parts) - parts[::-1].index("teachers"):]
+        teacher = "/".join(below)
+        training = _config(root.joinpath("teachers", *below).parent / CONFIG_FILE)  # its run's, beside final/
+    return {"teacher": teacher, "commit": _root_file(root, "commit"), "command": _root_file(root, "command"),
+            "config": {"training": training, "distill": distill}}
+
+
+def _kept_sha256(path: Path) -> str | None:
+    return _sha256(lzma.decompress(path.read_bytes())) if path.is_file() else None
+
+
+def _read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST_FILE
+    return json.loads(path.read_text()) if path.is_file() else {"teachers": {}}
+
+
+def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, str]]:
+    """Keep in ``out`` the explanations the students read (``students_rows``), for the repository: per distill
+    ``<name>.jsonl.xz`` of its rows and its entry in ``manifest.json`` (``file``, ``rows``, the ``sha256`` of the
+    uncompressed rows and ``_provenance``). A distill kept already with other rows is refused, before anything is
+    written, unless ``replace``; one kept with the same rows keeps its file and entry. Returns ``(file, rows,
+    "kept" | "already kept" | "replaced")`` of each."""
+    lines = students_rows(root)
+    plans = []
+    for name, mine in lines.items():
+        data, path = _text(mine), out / f"{name}{KEPT_SUFFIX}"
+        held, digest = _kept_sha256(path), _sha256(data)
+        if held not in (None, digest) and not replace:
+            raise StudyError(f"{path}: {name} is kept already with other rows (sha256 {held[:12]}, these "
+                             f"{digest[:12]}): keep these into another folder, or pass --replace")
+        state = "kept" if held is None else "already kept" if held == digest else "replaced"
+        plans.append((name, data, path, digest, state))
+    manifest = _read_manifest(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data, path, digest, state in plans:
+        if state == "already kept" and name in manifest["teachers"]:
+            continue
+        if state != "already kept":
+            write_bytes(path, lzma.compress(data))
+        manifest["teachers"][name] = {"file": path.name, "rows": len(lines[name]), "sha256": digest,
+                                      **_provenance(root, name, lines[name])}
+    manifest["teachers"] = dict(sorted(manifest["teachers"].items()))
+    write_json(out / MANIFEST_FILE, manifest)
+    return [(path, len(lines[name]), state) for name, _, path, _, state in plans]
+
+
+def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
+    """The students' files (``out/<name>.jsonl.gz``, as ``common`` writes them) from the explanations ``keep`` kept
+    in ``folder``: each kept file checked against its sha256 in ``manifest.json``, then its rows of the questions
+    every kept distill explained (all of them, when they were kept together), byte for byte. Returns ``(file,
+    rows)`` of each."""
+    teachers = _read_manifest(folder)["teachers"]
+    if not teachers:
+        raise StudyError(f"{folder}: no {MANIFEST_FILE} naming kept explanations (bench/study_fair.py keep <root> "
+                         f"--out {folder} writes them)")
+    rows = {}
+    for name, entry in teachers.items():
+        path = folder / entry["file"]
+        if not path.is_file():
+            raise StudyError(f"{path}: not there, but {MANIFEST_FILE} names it for {name}")
+        data = lzma.decompress(path.read_bytes())
+        if _sha256(data) != entry["sha256"]:
+            raise StudyError(f"{path}: its rows are not the ones kept (sha256 {_sha256(data)[:12]}, "
+                             f"{MANIFEST_FILE}: {entry['sha256'][:12]})")
+        rows[name] = [(line, json.loads(line)) for line in data.decode().splitlines()]
+    common = _questions_in_all(rows)
     written = []
     for name, pairs in rows.items():
         lines = [line for line, row in pairs if row["question"] in common]
-        path = out / f"{name}.jsonl.gz"
-        path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode(), mtime=0))
-        written.append((path, len(lines)))
+        written.append((_write_students_file(out, name, _text(lines), replace=False), len(lines)))
     return written
 
 
@@ -972,6 +1109,15 @@ def main(argv: list[str] | None = None) -> int:
                                             "<out>/<name>.jsonl.gz")
     commons.add_argument("root", type=Path)
     commons.add_argument("--out", type=Path, required=True)
+    keeping = sub.add_parser("keep", help="the rows common writes, for the repository: <out>/<name>.jsonl.xz and "
+                                          f"<out>/{MANIFEST_FILE}")
+    keeping.add_argument("root", type=Path)
+    keeping.add_argument("--out", type=Path, required=True)
+    keeping.add_argument("--replace", action="store_true", help="replace a distill kept already with other rows")
+    restoring = sub.add_parser("restore", help="the files common writes (<out>/<name>.jsonl.gz), from the ones keep "
+                                               "kept")
+    restoring.add_argument("folder", type=Path, help="keep's --out folder")
+    restoring.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
@@ -996,6 +1142,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.action == "common":
             for path, rows in write_common(args.root, args.out):
+                print(f"{path}: {rows} rows")
+            return 0
+        if args.action == "keep":
+            for path, rows, state in keep(args.root, args.out, args.replace):
+                print(f"{path}: {rows} rows, {state}")
+            return 0
+        if args.action == "restore":
+            for path, rows in restore(args.folder, args.out):
                 print(f"{path}: {rows} rows")
             return 0
         teachers_file = args.teachers or (args.out / TEACHERS_FILE if (args.out / TEACHERS_FILE).is_file() else None)

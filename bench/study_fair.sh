@@ -19,7 +19,8 @@
 #             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only), worked_common (the
 #             worked solutions alone, of the questions the SFT teacher's file holds: the teachers' arms' questions when
 #             the files hold the questions every teacher explained, bench/study_fair.py common). The distilled files
-#             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED. The
+#             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED; where that
+#             holds none, from the explanations the repository keeps (STUDY_EXPLANATIONS). The
 #             control's arms run here too, so that every arm runs at one commit on one machine: untrained and
 #             untrained_plain (the two untrained evals, once each) and worked (every training question's worked
 #             solution).
@@ -28,6 +29,10 @@
 #   STUDY_ARMS       the students part's arms (default traces,sft_teacher,rl_teacher,rl_teacher_answer_only,
 #                    worked_common)
 #   STUDY_DISTILLED  folder of <teacher>.jsonl[.gz] for the students part (default <root>/distilled)
+#   STUDY_EXPLANATIONS  the teachers' explanations kept in the repository (bench/study_fair.py keep's folder; default
+#                    study_data/gsm_symbolic_v2/explanations, none with STUDY_TINY=1; empty: none): when
+#                    STUDY_DISTILLED holds no <teacher>.jsonl[.gz], the students part writes them there from it
+#                    (bench/study_fair.py restore)
 #   STUDY_RL_STEPS   RL optimizer steps of 256 completions (default 188: 48,128 completions a seed)
 #   STUDY_RL_MINUTES stop each RL run after this many minutes of training (trainer.max_minutes; a GPU held for a
 #                    fixed time); its held-out curve and teachers.json say the step it reached
@@ -66,6 +71,9 @@ read -ra sft_extra <<< "${STUDY_SFT:-}"
 arms=${STUDY_ARMS:-traces,sft_teacher,rl_teacher,rl_teacher_answer_only,worked_common}
 arms=${arms//,/ }
 distilled=${STUDY_DISTILLED:-$root/distilled}
+kept_explanations=study_data/gsm_symbolic_v2/explanations
+[ "${STUDY_TINY:-0}" = 1 ] && kept_explanations=
+kept_explanations=${STUDY_EXPLANATIONS-$kept_explanations}
 rl_steps=${STUDY_RL_STEPS:-188}
 for arm in $arms; do
   case "$arm" in
@@ -323,6 +331,14 @@ for one in $parts; do
     slots=${STUDY_SLOTS:-$default_slots}
     [ "${STUDY_SERIAL:-0}" = 1 ] && slots=1
     [[ $slots =~ ^[1-9][0-9]*$ ]] || { echo "bench/study_fair.sh: STUDY_SLOTS=$slots: a whole number >= 1" >&2; exit 2; }
+    # the explanations the repository keeps, where no earlier machine's came with this root (the same rows, byte
+    # for byte, as bench/study_fair.py common wrote)
+    if [ "$check" != 1 ] && [ -f "$kept_explanations/manifest.json" ] \
+        && ! compgen -G "$distilled/*.jsonl" > /dev/null && ! compgen -G "$distilled/*.jsonl.gz" > /dev/null; then
+      PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py restore "$kept_explanations" \
+        --out "$distilled" || echo "bench/study_fair.sh: the explanations in $kept_explanations were not restored" \
+                                  "(above)" >&2
+    fi
     # each input unpacked once, before lanes that share it start
     for file in "$distilled"/*.jsonl.gz; do
       [ -f "$file" ] && [ ! -s "${file%.gz}" ] && gzip -dc "$file" > "${file%.gz}.tmp" && mv "${file%.gz}.tmp" "${file%.gz}"

@@ -108,7 +108,8 @@ case "${1:-}" in
   fair)
     setup
     mkdir -p "$study" && rm -f "$study/DONE"
-    # The teachers' explanations from an earlier machine (the students part), carried in .study/distilled.
+    # The teachers' explanations from an earlier machine (the students part), carried in .study/distilled; without
+    # it the students part rebuilds them from the ones the repository keeps (bench/study_fair.sh, STUDY_EXPLANATIONS).
     if [ -d .study/distilled ]; then mkdir -p "$study/distilled" && cp -n .study/distilled/* "$study/distilled/"; fi
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.

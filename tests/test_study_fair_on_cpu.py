@@ -2,7 +2,9 @@
 control and the paired differences, from hand-made eval folders."""
 
 import gzip
+import hashlib
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -658,11 +660,127 @@ def test_common_writes_each_distills_rows_of_the_questions_every_distill_explain
     assert sorted(p.name for p in out.iterdir()) == ["rl_s0.jsonl.gz", "rl_step2.jsonl.gz", "sft.jsonl.gz"]
     written = {name: [json.loads(line) for line in gzip.decompress((out / f"{name}.jsonl.gz").read_bytes())
                       .decode().splitlines()] for name in ("rl_s0", "rl_step2", "sft")}
-    # q0 and q2, in each file's own order, the rows as they were
-    assert {name: [row["question"] for row in rows] for name, rows in written.items()} == {
-        "rl_s0": ["q0", "q2"], "rl_step2": ["q2", "q0"], "sft": ["q2", "q0"]}
-    assert written["sft"] == [json.loads(line) for line in
-                              (root / "teachers" / "distill_sft" / "distill.jsonl").read_text().splitlines()]
+    # q0 and q2 in every file, sorted by question id (the same order in each, whatever order the distill wrote), each
+    # row as the distill wrote it after its question id
+    ids = {question: hashlib.sha256(question.encode()).hexdigest()[:12] for question in ("q0", "q2")}
+    assert sorted(ids, key=ids.get) == ["q0", "q2"]
+    assert {name: [(row["question_id"], row["question"]) for row in rows] for name, rows in written.items()} == {
+        name: [(ids["q0"], "q0"), (ids["q2"], "q2")] for name in written}
+    distilled = [json.loads(line) for line in
+                 (root / "teachers" / "distill_sft" / "distill.jsonl").read_text().splitlines()]  # q2, q0
+    assert written["sft"] == [{"question_id": ids[row["question"]], **row} for row in distilled[::-1]]
+    assert list(written["sft"][0]) == ["question_id", *distilled[0]]
+
+
+def _kept(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """``_teachers_root`` as a teachers part's machine sends it back (``study.tgz`` and the distilled parts unpacked
+    into one root: the study's commit and command beside the teachers), its students' files (``common``) and the
+    explanations ``keep`` kept of it."""
+    root, common, kept = tmp_path / "study", tmp_path / "common", tmp_path / "study_data" / "explanations"
+    _teachers_root(root)
+    (root / "commit").write_text("abc1234def\n")
+    (root / "command").write_text("STUDY_RL_MINUTES=11 bash offline_host/gpu_pipeline.sh fair teachers 0,1,2\n")
+    assert _run("common", root, "--out", common).returncode == 0
+    result = _run("keep", root, "--out", kept)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "".join(f"{kept / name}.jsonl.xz: 2 rows, kept\n" for name in ("rl_s0", "rl_step2", "sft"))
+    return root, common, kept
+
+
+def test_the_kept_explanations_are_the_students_rows_and_restore_rebuilds_their_files_byte_for_byte(tmp_path):
+    root, common, kept = _kept(tmp_path)
+    manifest = json.loads((kept / "manifest.json").read_text())["teachers"]
+    assert sorted(p.name for p in kept.iterdir()) == ["manifest.json", "rl_s0.jsonl.xz", "rl_step2.jsonl.xz",
+                                                      "sft.jsonl.xz"]
+    for name, entry in manifest.items():
+        rows = lzma.decompress((kept / f"{name}.jsonl.xz").read_bytes())
+        assert rows == gzip.decompress((common / f"{name}.jsonl.gz").read_bytes())  # what the students read
+        assert (entry["file"], entry["rows"], entry["sha256"]) == (f"{name}.jsonl.xz", 2, hashlib.sha256(rows)
+                                                                   .hexdigest())
+        assert (entry["commit"], entry["command"]) == ("abc1234def", "STUDY_RL_MINUTES=11 bash offline_host/"
+                                                                     "gpu_pipeline.sh fair teachers 0,1,2")
+    # the teacher below teachers/, its training run's config and its distill's, where the root has them
+    rl = manifest["rl_s0"]
+    assert rl["teacher"] == "rl_s0/rl/final"
+    assert (rl["config"]["training"]["seed"], rl["config"]["training"]["trainer"]["max_minutes"]) == (0, 11)
+    assert rl["config"]["distill"]["data"] == {"gsm_solution": "worked"}
+    assert manifest["sft"]["teacher"] == "sft/final" and manifest["sft"]["config"]["training"] is None
+    assert manifest["rl_step2"]["teacher"] is None and manifest["rl_step2"]["config"] == {"training": None,
+                                                                                          "distill": None}
+
+    restored = tmp_path / "restored"
+    result = _run("restore", kept, "--out", restored)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "".join(f"{restored / name}.jsonl.gz: 2 rows\n" for name in ("rl_s0", "rl_step2", "sft"))
+    assert sorted(p.name for p in restored.iterdir()) == sorted(p.name for p in common.iterdir())
+    for path in common.iterdir():
+        assert (restored / path.name).read_bytes() == path.read_bytes()
+    # a second keep of the same rows changes nothing
+    again = _run("keep", root, "--out", kept)
+    assert again.returncode == 0 and again.stdout.endswith(f"{kept / 'sft'}.jsonl.xz: 2 rows, already kept\n")
+    assert json.loads((kept / "manifest.json").read_text())["teachers"] == manifest
+
+
+def test_a_second_keep_of_other_rows_for_a_teacher_is_one_line_unless_replaced(tmp_path):
+    root, _, kept = _kept(tmp_path)
+    before = {path.name: path.read_bytes() for path in kept.iterdir()}
+    sft = root / "teachers" / "distill_sft" / "distill.jsonl"
+    sft.write_text(sft.read_text().replace('"abc"', '"abC"'))
+    refused = _run("keep", root, "--out", kept)
+    held = json.loads((kept / "manifest.json").read_text())["teachers"]["sft"]["sha256"]
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.startswith(f"error: {kept / 'sft.jsonl.xz'}: sft is kept already with other rows (sha256 "
+                                     f"{held[:12]}, these ") and refused.stderr.count("\n") == 1
+    assert refused.stderr.endswith("): keep these into another folder, or pass --replace\n")
+    assert {path.name: path.read_bytes() for path in kept.iterdir()} == before  # nothing written
+    replaced = _run("keep", root, "--out", kept, "--replace")
+    assert replaced.returncode == 0 and f"{kept / 'sft'}.jsonl.xz: 2 rows, replaced\n" in replaced.stdout
+    assert "abC" in lzma.decompress((kept / "sft.jsonl.xz").read_bytes()).decode()
+
+
+def test_restore_checks_each_kept_file_against_its_sha256_and_overwrites_no_other_rows(tmp_path):
+    _, common, kept = _kept(tmp_path)
+    # other rows in the folder restored into: refused
+    out = tmp_path / "restored"
+    out.mkdir()
+    (out / "sft.jsonl.gz").write_bytes(gzip.compress(b'{"question": "q9"}\n'))
+    refused = _run("restore", kept, "--out", out)
+    assert refused.returncode == 2 and refused.stderr == (f"error: {out / 'sft.jsonl.gz'}: holds other rows than the "
+                                                          "kept ones: restore into an empty folder\n")
+    # a kept file that is not the one the manifest names
+    (kept / "rl_s0.jsonl.xz").write_bytes(lzma.compress(b'{"question": "q0"}\n'))
+    broken = _run("restore", kept, "--out", tmp_path / "elsewhere")
+    assert broken.returncode == 2 and broken.stderr.startswith(f"error: {kept / 'rl_s0.jsonl.xz'}: its rows are not "
+                                                               "the ones kept (sha256 ")
+    assert not (tmp_path / "elsewhere").exists()
+    nothing = _run("restore", tmp_path / "none", "--out", out)
+    assert nothing.returncode == 2 and nothing.stderr == (f"error: {tmp_path / 'none'}: no manifest.json naming kept "
+                                                          "explanations (bench/study_fair.py keep <root> --out "
+                                                          f"{tmp_path / 'none'} writes them)\n")
+
+
+def test_the_students_part_takes_the_kept_explanations_when_its_distilled_folder_holds_none(tmp_path):
+    _, common, kept = _kept(tmp_path)
+    root, student = tmp_path / "students", "qwen2.5_coder_0.5b_instruct"
+    root.mkdir()
+    (root / "commit").write_text("abc1234\n")
+    # the arm's answers are committed already: no student trains, the explanations are still laid out
+    _eval_folder(tmp_path / "earlier", student, "rl_teacher_s0", {"instances": [True]})
+    assert _run("export", tmp_path / "earlier", "--out", tmp_path / "answers", "--device", "d", "--commit",
+                "abc1234", "--command", "x").returncode == 0
+    env = {"STUDY_ARMS": "rl_teacher", "STUDY_ANSWERS": str(tmp_path / "answers"), "STUDY_EXPLANATIONS": str(kept)}
+    run = _fair_sh("students", root, "0", timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    distilled = root / "distilled"
+    for path in common.iterdir():
+        assert (distilled / path.name).read_bytes() == path.read_bytes()
+        assert (distilled / path.name.removesuffix(".gz")).read_bytes() == gzip.decompress(path.read_bytes())
+    # a distilled folder that holds explanations is left as it is
+    (distilled / "sft.jsonl.gz").unlink()
+    (distilled / "sft.jsonl").write_text("{}\n")
+    again = _fair_sh("students", root, "0", timeout=300, env=env)
+    assert again.returncode == 0 and not (distilled / "sft.jsonl.gz").exists()
+    assert (distilled / "sft.jsonl").read_text() == "{}\n"
 
 
 def test_an_empty_common_set_is_one_line_and_writes_nothing(tmp_path):

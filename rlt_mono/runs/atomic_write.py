@@ -1,8 +1,8 @@
 """Writes that leave either the old file or the new one, and one line when the disk says no.
 
-- ``write_text`` / ``write_json``: a whole file (``eval.json``, ``sft_summary.json``, ``pipeline.json``,
-  ``config.yaml``) is written to a temporary file in the same folder, then ``publish``-ed over the old one.
-  A failure at any point leaves the previous file as it was.
+- ``write_text`` / ``write_bytes`` / ``write_json``: a whole file (``eval.json``, ``sft_summary.json``,
+  ``pipeline.json``, ``config.yaml``, a compressed file) is written to a temporary file in the same folder, then
+  ``publish``-ed over the old one. A failure at any point leaves the previous file as it was.
 - ``publish``: a finished file or folder, staged beside its final name (a downloaded wheel, a converted model, a
   cache entry), is synced and renamed into place (``os.replace`` is atomic within a filesystem), and the folder
   synced so the rename itself survives a crash: the final name holds the old content or all of the new. This
@@ -39,13 +39,18 @@ class DiskError(UserError):
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (the old content, or all of the new)."""
+    """Replace ``path`` with ``text`` (UTF-8) atomically (the old content, or all of the new)."""
+    write_bytes(path, text.encode())
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically (the old content, or all of the new)."""
     path = Path(path)
-    with writing(path, needed=len(text.encode())):
+    with writing(path, needed=len(data)):
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
             publish(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
