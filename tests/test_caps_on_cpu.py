@@ -140,10 +140,10 @@ def test_a_megabyte_row_is_refused_or_skipped_before_any_stage_reads_it(tmp_path
 def test_a_question_of_zero_width_spaces_is_a_bad_row():
     rows = [GOOD, {**GOOD, "question": "\u200b\u200b \u2060\ufeff"}]
     with pytest.raises(BadRowError) as err:
-        validate_rows(rows, "rows.jsonl")
+        validate_rows(rows, "rows.jsonl", "error", "error")
     assert str(err.value) == ("rows.jsonl: row 1: column 'question' has no visible character (fix the row, or set "
                               "data.on_bad_row=skip to drop such rows)")
-    assert validate_rows(rows, "rows.jsonl", on_bad_row="skip") == ([GOOD], 1)
+    assert validate_rows(rows, "rows.jsonl", on_bad_row="skip", on_long_row="error") == ([GOOD], 1)
 
 
 # ---- the RLT mapping on GSM-Symbolic ----------------------------------------------------------------------------

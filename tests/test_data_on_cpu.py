@@ -56,13 +56,14 @@ def _rows(n, prefix="q"):
 )
 def test_bad_row_error_names_source_row_and_column(bad, column, what):
     with pytest.raises(BadRowError) as err:
-        validate_rows([GOOD, GOOD, bad], "rows.jsonl")
+        validate_rows([GOOD, GOOD, bad], "rows.jsonl", "error", "error")
     assert f"rows.jsonl: row 2: column '{column}' {what}" in str(err.value)
     assert isinstance(err.value, UserError) and isinstance(err.value, ValueError)
 
 
 def test_skip_mode_drops_and_counts():
-    rows, skipped = validate_rows([GOOD, {"question": "q", "solution": "  "}, {**GOOD, "extra": 1}], "x", "skip")
+    rows, skipped = validate_rows([GOOD, {"question": "q", "solution": "  "}, {**GOOD, "extra": 1}], "x", "skip",
+                                  "error")
     assert skipped == 1 and rows == [GOOD, GOOD]
 
 

@@ -232,7 +232,7 @@ def test_options_a_stage_does_not_read_are_named_in_one_warning_each(tmp_path, m
     monkeypatch.setattr(explanation_sampler, "model_path", _no_model_load)
     cfg = compose("distill", ["size=tiny", f"output_dir={tmp_path / 'distill'}", "distill.vllm_kv_cache_gib=2"])
     with caplog.at_level(logging.WARNING, logger="rlt_mono.rl.build"), pytest.raises(Stop):
-        explanation_sampler.load_stage_models(cfg, None, 0.7)
+        explanation_sampler.load_stage_models(cfg, None, 0.7, left_align_padding=True)
     assert [r.getMessage() for r in caplog.records] == [
         "distill.vllm_kv_cache_gib=2 is ignored: this run samples with transformers, not vLLM (no CUDA GPU, no vllm "
         "package, or placement.rollout=transformers)"]

@@ -117,7 +117,7 @@ def test_the_tiny_pair_cut_short_in_the_cache_is_one_line_saying_delete_it(tmp_p
     monkeypatch.setenv("RLT_MONO_CACHE", str(cache))
     cfg = compose("eval", ["size=tiny", "model.model_name_or_path=null", f"output_dir={tmp_path / 'eval'}"])
     with pytest.raises(UserError) as err:
-        load_stage_models(cfg, TeacherRewardConfig(), 0.7, with_teacher=False)
+        load_stage_models(cfg, TeacherRewardConfig(), 0.7, with_teacher=False, left_align_padding=True)
     assert str(err.value) == (
         f"student.model_name_or_path={pair / 'student'}: its weights cannot be read (Error while deserializing "
         f"header: incomplete metadata, file not fully covered), a file cut short or damaged: delete {pair} (rlt_mono "

@@ -180,8 +180,7 @@ def _is_path(source: str) -> bool:
     return path.exists() or path.suffix in FILE_SUFFIXES or source.startswith(("/", ".", "~")) or source.count("/") > 1
 
 
-def validate_rows(rows: list[dict], source: str, on_bad_row: str = "error", on_long_row: str = "error"
-                  ) -> tuple[list[dict], int]:
+def validate_rows(rows: list[dict], source: str, on_bad_row: str, on_long_row: str) -> tuple[list[dict], int]:
     """Check every row; return ``(valid_rows, skipped)``, each valid row reduced to the known columns.
 
     Raises:

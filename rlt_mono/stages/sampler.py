@@ -81,7 +81,7 @@ class StageModels:
 
 
 def load_stage_models(cfg: DictConfig, reward_config: TeacherRewardConfig, teacher_temperature: float,
-                      with_teacher: bool = True, left_align_padding: bool = True) -> StageModels:
+                      *, left_align_padding: bool, with_teacher: bool = True) -> StageModels:
     """Load the student (and the teacher with its reward) where the placement puts them: on a GPU both live in
     CPU memory and are swapped in for their passes, leaving the GPU to vLLM while it generates. With
     ``left_align_padding`` their padded scoring passes run left-aligned without a mask (``rlt_mono.rl.left_align``, as
