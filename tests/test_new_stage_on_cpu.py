@@ -120,3 +120,12 @@ def test_a_new_stages_option_dataclass_declares_its_group_and_holds_its_defaults
     assert (misspelt.returncode, misspelt.stdout) == (2, "")
     assert misspelt.stderr.startswith("error: unknown key dummy.mesage"), misspelt.stderr
     assert "dummy.message" in misspelt.stderr
+
+
+def test_every_stage_has_its_row_in_the_readmes_stage_table():
+    """The README's stage table is the docs row a new stage adds: one row per entry of STAGES, in its order."""
+    from rlt_mono.stages import STAGES
+
+    rows = [line.split("|")[1].strip().strip("`") for line in (ROOT / "README_MONO_GPU.md").read_text().splitlines()
+            if line.startswith("| `") and line.split("|")[1].strip().strip("`") in STAGES]
+    assert rows == list(STAGES)
