@@ -111,18 +111,20 @@ class ConfigError(UserError, ValueError):
 
 
 def resolve_run_config(name_or_path: str) -> str:
-    """Map ``demo_tiny``, ``run_cfg/demo_tiny`` or ``cfgs/run_cfg/demo_tiny.yaml`` to ``run_cfg/demo_tiny``."""
+    """Map ``demo_tiny``, ``run_cfg/demo_tiny`` or ``cfgs/run_cfg/demo_tiny.yaml`` to ``run_cfg/demo_tiny``; a run
+    config file of the user's own, outside the package's configs (``~/runs/mine.yaml``), to its absolute path without
+    the suffix (``compose`` reads it with the package's groups on Hydra's search path)."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml"):
         resolved = path.resolve()
-        try:
-            relative = resolved.relative_to(CONFIG_DIR)
-        except ValueError:
-            raise ConfigError(f"config file {name_or_path} is not inside {CONFIG_DIR}; run configs: "
-                              f"{available_run_configs()}") from None
         if not resolved.is_file():
             raise ConfigError(f"config file {name_or_path} does not exist; run configs: {available_run_configs()}")
-        return str(relative.with_suffix(""))
+        if not resolved.is_relative_to(CONFIG_DIR):
+            if path.suffix != ".yaml":
+                raise ConfigError(f"config file {name_or_path}: a run config of your own ends in .yaml (Hydra's "
+                                  "suffix)")
+            return str(resolved.with_suffix(""))
+        return str(resolved.relative_to(CONFIG_DIR).with_suffix(""))
     name = name_or_path if "/" in name_or_path else f"run_cfg/{name_or_path}"
     if not (CONFIG_DIR / f"{name}.yaml").is_file():
         raise ConfigError(f"no run config named {name_or_path!r}; available: {available_run_configs()}")
@@ -279,10 +281,16 @@ def compose(name_or_path: str = "demo_tiny", overrides: list[str] | tuple[str, .
 
     config_name = resolve_run_config(name_or_path)
     register_group_defaults()
+    # A run config of the user's own: read from its folder, the package's groups and root config found on Hydra's
+    # search path. (dropped_groups reads CONFIG_DIR / <absolute path>, which is that path.)
+    own = Path(config_name).is_absolute()
+    config_dir, name = (str(Path(config_name).parent), Path(config_name).name) if own else (str(CONFIG_DIR),
+                                                                                            config_name)
+    search = [f"hydra.searchpath=[file://{CONFIG_DIR}]"] if own else []
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
             dropped = [f"~{group}" for group in dropped_groups(config_name, overrides)]
-            cfg = hydra_compose(config_name=config_name, overrides=[*dropped, *overrides])
+            cfg = hydra_compose(config_name=name, overrides=[*search, *dropped, *overrides])
     except (HydraException, OmegaConfBaseException) as err:
         message = " ".join(line.strip() for line in str(err).strip().splitlines())
         if err.__cause__ is not None:

@@ -287,3 +287,19 @@ def test_no_key_is_declared_twice_across_groups():
                 continue  # the same field of two different models
             assert key not in seen, f"{group}.{key} also declared in {seen.get(key)}"
             seen[key] = group
+
+
+def test_a_run_config_of_ones_own_outside_the_package_composes_with_the_packages_groups(tmp_path):
+    """An installed user's own run config (not inside the package's cfgs/) builds on the package's root and groups
+    as a shipped one does, its stage's unread groups left out the same way."""
+    for name in ("demo_tiny", "teacher_sft"):
+        own = tmp_path / f"my_{name}.yaml"
+        own.write_text((CONFIG_DIR / "run_cfg" / f"{name}.yaml").read_text())
+        assert compose(str(own), ["trainer.max_steps=2"] if name == "demo_tiny" else []) == \
+            compose(name, ["trainer.max_steps=2"] if name == "demo_tiny" else [])
+    assert "student" not in compose(str(tmp_path / "my_teacher_sft.yaml"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        compose(str(tmp_path / "nowhere.yaml"))
+    (tmp_path / "mine.yml").write_text("stage: eval\n")
+    with pytest.raises(ConfigError, match="a run config of your own ends in .yaml"):
+        compose(str(tmp_path / "mine.yml"))
