@@ -35,7 +35,6 @@ import math
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,9 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import TrainerCallback
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
+
+from bench_mono import code_commit  # noqa: E402
 
 from rlt_mono.config import ConfigError, compose, instantiate  # noqa: E402
 from rlt_mono.data.models import (  # noqa: E402
@@ -457,14 +458,6 @@ def run_pairs(config: str, overrides: list[str], pairs: int, workdir: Path) -> d
 # ---- command line ----------------------------------------------------------------------------------------------
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def device_name(cfg: DictConfig) -> str:
     if cfg.trainer.get("use_cpu") or not torch.cuda.is_available():
         return "cpu"
@@ -494,7 +487,7 @@ def main(argv: list[str] | None = None) -> Path:
     try:
         cfg = compose(a.config, overrides)
         given = argv if argv is not None else sys.argv[1:]
-        shared = {"commit": commit(), "device": device_name(cfg),
+        shared = {"commit": code_commit(), "device": device_name(cfg),
                   "command": " ".join(["python", "bench/peer_trl_rlt.py", *given]),
                   "work": f"run config {a.config} with {' '.join(overrides)}: {a.steps} optimizer steps per run"}
         if a.pairs:
