@@ -57,8 +57,9 @@ and ``optimizer_steps_per_s`` (1 / the median step). ``--out`` holds the commit,
 run and a ``summary`` per arm over the rounds: its runs (per-step seconds included), the medians of its figures, and
 against the first arm (the baseline) the ratio of optimizer steps and of completions per second in each round both
 ran, with the median ratio and its 95% percentile-bootstrap interval over the rounds. Both are logged as Markdown
-tables. A ``dp`` child is this script under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU; rank 0
-writes its result.
+tables. Each run also says where its time outside the steps went: ``process_seconds`` (the child from start to exit),
+``setup/models_s``, ``setup/build_trainer_s`` (vLLM's engine started) and ``setup/to_first_step_s``. A ``dp`` child
+is this script under ``accelerate launch`` (``rlt_mono.launch``), one rank per GPU; rank 0 writes its result.
 
 Every child process writes a JSON result with ``status``: ``ok``, ``out_of_memory`` (a CUDA out-of-memory
 error) or ``error`` (anything else, with its one-line message in ``error``); its log is under
@@ -376,6 +377,8 @@ class StepTimer:
         class _Callback(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
                 timer.start = time.perf_counter()
+                if timer.first_begin is None:
+                    timer.first_begin = timer.start
                 timer.current = {}
 
             def on_step_end(self, args, state, control, **kwargs):
@@ -387,6 +390,7 @@ class StepTimer:
 
         self.steps: list[float] = []
         self.calls: list[dict[str, float]] = []
+        self.first_begin: float | None = None  # perf_counter at the first step's begin
         self.current: dict[str, float] = {}
         self.callback = _Callback()
 
@@ -446,9 +450,12 @@ def run_folder(a, mode: str) -> Path:
 
 def run_rlt(a) -> dict:
     apply_cap(a)
+    start = time.perf_counter()
     teacher, student = make_model(a.arch, "teacher", a.models, 0), make_model(a.arch, "student", a.models, 1)
+    models_s = time.perf_counter() - start
     with card_of(a.card_gib) as held:
-        return {**run_rlt_steps(a, teacher, student, held), "card_gib": a.card_gib, "others_gib": held}
+        return {**run_rlt_steps(a, teacher, student, held), "setup/models_s": models_s, "card_gib": a.card_gib,
+                "others_gib": held}
 
 
 def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
@@ -457,7 +464,9 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
 
     out = run_folder(a, f"rlt-{a.placement}{a.gpus if a.placement == 'dp' else ''}")
     cfg = compose_bench(a, teacher, student, out)
+    start = time.perf_counter()
     trainer = build_trainer(cfg)
+    build_s = time.perf_counter() - start
     config = grpo_fields(trainer.args)
     prediction = predicted_peaks(cfg, trainer, a.arch)
     timer = StepTimer()
@@ -469,7 +478,9 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
 
         profiler = PhaseProfiler(trainer, a.profile_step)
         trainer.add_callback(profiler.callback)  # after the step timer's: the step is timed before the profile is read
+    start = time.perf_counter()
     trainer.train()
+    to_first_step_s = (timer.first_begin or time.perf_counter()) - start
     if profiler is not None and len(timer.steps) >= a.profile_step:  # its syncs and tracing slow it: not a sample
         del timer.steps[a.profile_step - 1], timer.calls[a.profile_step - 1]
     all_rows = [r for r in read_metrics(out / "metrics.jsonl")
@@ -484,6 +495,7 @@ def run_rlt_steps(a, teacher: Path, student: Path, others_gib: float) -> dict:
     return {"mode": "rlt", "placement": a.placement, "gpus": a.gpus, "ranks": ranks,
             "completions_per_step": completions,
             "completions_per_s": completions / summary["median_step_seconds"],
+            "setup/build_trainer_s": build_s, "setup/to_first_step_s": to_first_step_s,
             "lora_r": cfg.model.lora_r, "load_in_4bit": cfg.model.load_in_4bit,
             "detokenize": trainer.args.generation_kwargs["detokenize"],
             "left_align_padding": trainer.args.left_align_padding,
@@ -726,13 +738,15 @@ def run_child(mode: str, argv: list[str], log_dir: Path) -> dict:
         result_file = Path(tmp) / "result.json"
         logger.info("%s: running, log %s", mode, log_path)
         command, env = child_command(mode, argv, result_file, tmp)
+        start = time.perf_counter()
         proc = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        process_seconds = time.perf_counter() - start
         if result_file.exists():
             result = json.loads(result_file.read_text())
         else:
             result = {"mode": mode, "status": ERROR,
                       "error": f"the child exited with code {proc.returncode} without writing a result"}
-    return {**result, "log": log_path}
+    return {**result, "process_seconds": process_seconds, "log": log_path}
 
 
 Runner = Callable[[str, list[str]], dict]
@@ -837,6 +851,9 @@ def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
 
 RATIO_FIGURES = ("optimizer_steps_per_s", "completions_per_s")  # each arm against the baseline, round by round
 RUN_FIGURES = ("step_seconds", "median_step_seconds", "completions_per_s", "optimizer_steps_per_s")  # kept per run
+# Where a run's time outside its steps goes (kept per run where the run reports them): the child process from start to
+# exit, building the models, building the trainer (vLLM's engine started), and from train() to the first step.
+SETUP_FIGURES = ("process_seconds", "setup/models_s", "setup/build_trainer_s", "setup/to_first_step_s")
 
 
 def _median(values: list[float]) -> float | None:
@@ -860,7 +877,8 @@ def scale_summary(results: list[dict], arms: list[tuple[str, int]]) -> dict:
         entry = {
             "arm": label, "completions_per_step": next((r["completions_per_step"] for r in ok), None),
             "runs": [{"round": r["round"], "position": r["position"], "status": r["status"],
-                      **({k: r[k] for k in RUN_FIGURES} if r["status"] == OK else {"error": r.get("error", "")})}
+                      **({k: r[k] for k in RUN_FIGURES} if r["status"] == OK else {"error": r.get("error", "")}),
+                      **{k: r[k] for k in SETUP_FIGURES if k in r}}
                      for r in runs.values()],
             "rounds_ok": len(ok), "failed_rounds": [r["round"] for r in runs.values() if r["status"] != OK],
             "median_step_seconds": _median([r["median_step_seconds"] for r in ok]),
@@ -880,16 +898,18 @@ def scale_summary(results: list[dict], arms: list[tuple[str, int]]) -> dict:
 def scale_table(results: list[dict]) -> str:
     """Every run of a ``scale`` command in the order they ran."""
     lines = ["| round | position | placement | GPUs | completions / step | median step | completions / s | "
-             "optimizer steps / s | generate / score / train (rank 0) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "optimizer steps / s | generate / score / train (rank 0) | process: models / trainer / to step 1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         where = f"| {r['round']} | {r['position']} | {r['placement']} | {r['gpus']} |"
         if r["status"] != OK:
-            lines.append(f"{where} | {r['status']}: {r.get('error', '')} | | | |")
+            lines.append(f"{where} | {r['status']}: {r.get('error', '')} | | | | |")
             continue
         phases = " / ".join(f"{r.get(f'phase/{p}/seconds', float('nan')):.2f}" for p in ("generate", "score", "train"))
+        setup = " / ".join(f"{r.get(k, float('nan')):.0f}" for k in SETUP_FIGURES[1:])
         lines.append(f"{where} {r['completions_per_step']} | {r['median_step_seconds']:.2f} s | "
-                     f"{r['completions_per_s']:.2f} | {r['optimizer_steps_per_s']:.3f} | {phases} s |")
+                     f"{r['completions_per_s']:.2f} | {r['optimizer_steps_per_s']:.3f} | {phases} s | "
+                     f"{r.get('process_seconds', float('nan')):.0f} s: {setup} s |")
     return "\n".join(lines)
 
 

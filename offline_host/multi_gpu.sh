@@ -6,7 +6,7 @@
 #   bash offline_host/multi_gpu.sh <arms> [<pytest -k expression>]
 #       <arms>   scale arms, e.g. mono:1,dp:2 (bench_mono.py scale --arms); "none" runs no arm
 #       <expr>   then run the GPU tests matching it; "all" runs every GPU test
-# Writes $OUT/scale_<arch>_<arms>[_r<rounds>].json and .log, $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each
+# Writes $OUT/scale_<arch>_<arms>[_r<rounds>].json and .log (and _logs.tgz: each run's own log), $OUT/gpu_tests_<n>.log (n: GPUs the tests saw), each
 # failed test's report as it ends ($OUT/gpu_test_failures.txt) and the sleep/wake leak test's readings,
 # $OUT/sleep_leak_readings.json. Where pytest-timeout is installed a test is stopped after GPU_TEST_TIMEOUT seconds
 # (default 420). All the tests took over 9 minutes on one H200: run them as two commands, 'not fsdp2' then fsdp2.
@@ -69,7 +69,7 @@ case "${1:-}" in
     done
     tail -n 8 "$root/chain.log"
     OUT=${OUT:-$PWD/gpu_out} && mkdir -p "$OUT"
-    for f in "$root"/*.json "$root"/*.txt "$root"/*.log; do [ ! -f "$f" ] || cp "$f" "$OUT"/; done
+    for f in "$root"/*.json "$root"/*.txt "$root"/*.log "$root"/*.tgz; do [ ! -f "$f" ] || cp "$f" "$OUT"/; done
     if [ -f "$root/DONE" ]; then echo "DONE, exit codes: $(cat "$root/DONE")"; else echo "still running"; fi
     exit 0 ;;
 esac
@@ -111,5 +111,11 @@ if [ "$arms" != none ]; then
     --rounds "$rounds" "${commit[@]}" --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 \
     || echo "scale failed: $OUT/scale_$name.log"
   tail -n 12 "$OUT/scale_$name.log"
+  # Each run's own log (the JSON names them), in one archive beside the JSON: where a run's minutes went.
+  if [ -f "$OUT/scale_$name.json" ]; then
+    python3 -c 'import json, sys; print("\n".join(r["log"] for r in json.load(open(sys.argv[1]))["results"] if "log" in r))' \
+      "$OUT/scale_$name.json" | tar czf "$OUT/scale_${name}_logs.tgz" --files-from=- --transform='s|.*/||' \
+      2> /dev/null || echo "the runs' logs were not archived: $OUT/scale_${name}_logs.tgz"
+  fi
 fi
 [ -z "$tests" ] || run_tests

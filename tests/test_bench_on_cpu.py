@@ -246,6 +246,20 @@ def test_run_child_reads_the_childs_result_file(tmp_path):
     assert "pcie failed" in Path(result["log"]).read_text()
 
 
+def test_run_child_times_the_childs_process(tmp_path, monkeypatch):
+    """``process_seconds``: from the child's start to its exit, read around the child alone."""
+    clock = iter([100.0, 107.5])
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+
+    def child(command, **kwargs):
+        Path(command[-1]).write_text(json.dumps({"mode": "vllm", "status": "ok"}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(bench.subprocess, "run", child)
+    result = bench.run_child("vllm", [], tmp_path / "logs")
+    assert (result["status"], result["process_seconds"]) == ("ok", 7.5)
+
+
 # ---- envelope and all, with a fake child runner ----------------------------------------------------------------
 
 
@@ -413,9 +427,26 @@ def test_scale_runs_each_arm_with_its_placement_and_strategy(tmp_path, monkeypat
             for _, argv in runner.calls] == [("mono", "1", False), ("dp", "2", "ddp"), ("student_gpu", "2", False),
                                              ("dp", "2", "fsdp2"), ("dp", "4", "ddp"), ("dp", "2", "ddp")]
     table = bench.scale_table(results)
-    assert "| 1 | 2 | dp | 2 | 64 | 4.40 s | 14.55 | 0.227 | 1.00 / nan / nan s |" in table
+    assert "| 1 | 2 | dp | 2 | 64 | 4.40 s | 14.55 | 0.227 | 1.00 / nan / nan s | nan s: nan / nan / nan s |" in table
     assert "| 1 | 4 | fsdp2 | 2 | 64 | 5.00 s | 12.80 | 0.200 |" in table
-    assert "| 1 | 5 | dp | 4 | | out_of_memory:  | | | |" in table
+    assert "| 1 | 5 | dp | 4 | | out_of_memory:  | | | | |" in table
+
+
+def test_scale_keeps_where_each_runs_time_outside_its_steps_goes(tmp_path, monkeypatch):
+    """The child's process time and its setup (models, trainer, train() to the first step) stay with each run in
+    the summary and show in the table; a run that does not report them keeps none."""
+    out = tmp_path / "scale.json"
+    setup = {"process_seconds": 213.4, "setup/models_s": 20.2, "setup/build_trainer_s": 95.0,
+             "setup/to_first_step_s": 12.4}
+    code, _ = scale_main(monkeypatch, {**measured(8.0), **setup}, measured(4.0),
+                         argv=["--arms", "mono:1,async:2", "--out", str(out)])
+    assert code == 0
+    record = json.loads(out.read_text())
+    mono, fast = record["summary"]["arms"]
+    assert {k: mono["runs"][0][k] for k in setup} == setup
+    assert not set(setup) & set(fast["runs"][0])
+    table = bench.scale_table(record["results"])
+    assert "| 1 | 1 | mono | 1 | 32 | 8.00 s | 4.00 | 0.125 | 1.00 / nan / nan s | 213 s: 20 / 95 / 12 s |" in table
 
 
 def test_scale_rounds_reverse_the_order_every_other_round(monkeypatch):

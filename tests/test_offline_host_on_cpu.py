@@ -5,6 +5,7 @@ and every folder they keep lies under OFFLINE_HOST_ROOT."""
 import json
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,24 @@ def test_multi_gpu_hands_its_rounds_and_commit_to_the_scale_bench(tmp_path):
                       str(out / "scale_0.5b_mono_1_async_2_r3.json")]
     once = json.loads((out / "scale_1.5b_mono_1_async_2.log").read_text())
     assert once[once.index("--rounds"):] == ["--rounds", "1", "--out", str(out / "scale_1.5b_mono_1_async_2.json")]
+
+
+def test_multi_gpu_archives_the_log_of_each_run_beside_the_scale_json(tmp_path):
+    """The runs' own logs, named in the scale JSON, come back as one archive of their file names."""
+    logs = tmp_path / "bench_logs"
+    logs.mkdir()
+    for name in ("rlt-1.log", "rlt-2.log"):
+        (logs / name).write_text(f"{name}: vLLM engine started\n")
+    results = [{"placement": "mono", "log": str(logs / "rlt-1.log")},
+               {"placement": "async", "log": str(logs / "rlt-2.log")}, {"placement": "dp", "status": "error"}]
+    _executable(tmp_path / "repo" / "bench" / "bench_mono.py",
+                "import json, sys\nargs = sys.argv[1:]\n"
+                f"open(args[args.index('--out') + 1], 'w').write(json.dumps({{'results': {results!r}}}))\n")
+    done = _multi_gpu(tmp_path, "mono:1,async:2,dp:2", env={"SCALE_ARCH": "0.5b"})
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(tmp_path / "out" / "scale_0.5b_mono_1_async_2_dp_2_logs.tgz") as archive:
+        assert sorted(archive.getnames()) == ["rlt-1.log", "rlt-2.log"]
+        assert archive.extractfile("rlt-2.log").read() == b"rlt-2.log: vLLM engine started\n"
 
 
 def test_multi_gpu_commands_side_by_side_unpack_the_stack_in_turn(tmp_path):
