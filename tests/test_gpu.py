@@ -297,7 +297,7 @@ def test_actor_aside_frees_the_gpu_and_restores_weights_gradients_and_optimizer_
     grads = [p.grad.clone() for p in model.parameters()]
     states = [{k: v.clone() for k, v in optimizer.state[p].items()} for p in model.parameters()]  # "step": CPU
     timer = PhaseTimer("cuda:0")
-    swapper = ModelSwapper("cuda:0", timer)
+    swapper = ModelSwapper("cuda:0", timer, pin_memory=True)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     aside = swapper.actor_aside(model, optimizer)

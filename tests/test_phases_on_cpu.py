@@ -52,7 +52,7 @@ def test_a_phase_ends_when_its_queued_device_work_does():
 
 def test_cpu_swapper_never_moves_models():
     timer = PhaseTimer("cpu")
-    swapper = ModelSwapper("cpu", timer)
+    swapper = ModelSwapper("cpu", timer, pin_memory=True)
     model = torch.nn.Linear(4, 4)
     weight = model.weight.data_ptr()
     swapper.place(model, "student", offload=True)
@@ -64,7 +64,7 @@ def test_cpu_swapper_never_moves_models():
 
 def test_swaps_count_into_the_timer():
     timer = PhaseTimer("cpu")
-    swapper = ModelSwapper("cpu", timer)
+    swapper = ModelSwapper("cpu", timer, pin_memory=True)
     swapper._count_swap(start=0.0, nbytes=3 * 1024**3)
     metrics = timer.pop_metrics()
     assert metrics["swap/gib"] == 3.0 and metrics["swap/seconds"] > 0

@@ -18,7 +18,7 @@ SMALL = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4']",
          "'trainer.max_completion_length=24']",
          "pipeline.distill.overrides=['size=tiny','data.max_rows=4']",
          "pipeline.student_sft.overrides=['size=tiny','sft.max_steps=2']",
-         "pipeline.eval.overrides=['size=tiny','data.max_rows=3']"]
+         "pipeline.eval.overrides=['size=tiny','data.max_rows=3','eval.confidence=0.9','eval.bootstrap_resamples=300']"]
 
 
 def test_each_stage_reads_the_output_of_the_one_before(tmp_path):
@@ -86,6 +86,8 @@ def test_the_whole_pipeline_and_its_study_run_on_the_tiny_pair_and_continue(tmp_
     assert {r["teacher"] for r in sft_teacher} == {"1_teacher_sft/final"}
     study = json.loads((out / "study.json").read_text())
     assert study["teachers"]["teacher/reward"]["rl_minus_sft"]["n"] == 3
+    # the study's intervals at the evaluations' confidence and resamples, as the pipeline's eval overrides set them
+    assert (teacher_eval["confidence"], teacher_eval["bootstrap_resamples"], study["confidence"]) == (0.9, 300, 0.9)
     assert set(study["students"]) == {"base", "raw_traces", "sft_teacher", "rl_teacher"}
     assert "| student accuracy difference (paired) |" in (out / "study_table.md").read_text()
 

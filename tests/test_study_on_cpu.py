@@ -19,7 +19,7 @@ def test_paired_difference_matches_questions_and_skips_missing_values():
     b = [{"question": "q4", "correct": True}, {"question": "q2", "correct": True},  # other order: matched by text
          {"question": "q1", "correct": False}, {"question": "q3", "correct": True},
          {"question": "q5", "correct": True}]  # q3: None on one side; q5: absent from a
-    result = paired_difference(a, b, "correct", resamples=500)
+    result = paired_difference(a, b, "correct", confidence=0.95, resamples=500, seed=0)
     # q4: 1-1=0, q2: 1-0=1, q1: 0-1=-1 -> mean 0 over 3 questions
     assert result["n"] == 3 and result["mean"] == pytest.approx(0.0)
     assert -1.0 <= result["low"] < 0.0 < result["high"] <= 1.0
@@ -28,7 +28,8 @@ def test_paired_difference_matches_questions_and_skips_missing_values():
 def test_a_constant_difference_has_a_zero_width_interval():
     a = [{"question": f"q{i}", "total": float(i)} for i in range(10)]
     b = [{"question": f"q{i}", "total": float(i) + 0.5} for i in range(10)]
-    assert paired_difference(a, b, "total") == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 10, "too_few": True}
+    assert paired_difference(a, b, "total", 0.95, 2000, 0) == {"mean": 0.5, "low": 0.5, "high": 0.5, "n": 10,
+                                                               "too_few": True}
     assert summarize([], 0.95, 10, 0)["n"] == 0
 
 
@@ -59,7 +60,7 @@ def test_write_study_reads_each_arm_and_writes_the_table(tmp_path):
         (folders[step] / "sft_summary.json").write_text(json.dumps(
             {"rows": {"train": rows_trained}, "steps": 8, "heldout_loss_before": 1.5, "heldout_loss_after": 0.5}))
 
-    table = write_study(tmp_path, folders, resamples=200)
+    table = write_study(tmp_path, folders, seed=0, confidence=0.95, resamples=200)
     study = json.loads((tmp_path / STUDY_FILE).read_text())
     assert (tmp_path / STUDY_TABLE_FILE).read_text() == table + "\n"
     # RL - SFT teacher reward per question: 1, 0.5, 0, 1 -> 0.625
@@ -126,7 +127,7 @@ def test_an_arm_that_has_not_run_reads_as_missing(tmp_path):
     rows = [{"question": "q", "total": -8.0, "correct": True}]
     _eval_folder(folders["eval_teacher"], rows, {"teacher/reward": {"mean": -8.0, "low": -8.0, "high": -8.0, "n": 1}})
     _eval_folder(folders["eval_student"], rows, {"student/accuracy": {"mean": 1.0, "low": 1.0, "high": 1.0, "n": 1}})
-    table = write_study(tmp_path, folders, resamples=10)
+    table = write_study(tmp_path, folders, seed=0, confidence=0.95, resamples=10)
     study = json.loads((tmp_path / STUDY_FILE).read_text())
     assert study["missing"] == ["eval_sft_teacher", "eval_student_raw_traces", "eval_student_sft_teacher"]
     assert study["teachers"]["teacher/reward"]["rl_minus_sft"]["n"] == 0

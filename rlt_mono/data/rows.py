@@ -191,8 +191,7 @@ def validate_rows(rows: list[dict], source: str, on_bad_row: str, on_long_row: s
     return [row for _, row in indexed], skipped
 
 
-def _validate(rows: list[dict], source: str, on_bad_row: str, on_long_row: str = "error"
-              ) -> tuple[list[tuple[int, dict]], int]:
+def _validate(rows: list[dict], source: str, on_bad_row: str, on_long_row: str) -> tuple[list[tuple[int, dict]], int]:
     """``validate_rows`` keeping each valid row's index in the source, for later messages."""
     valid, bad, long = [], 0, 0
     for index, row in enumerate(rows):

@@ -111,13 +111,13 @@ def teacher_reward_terms(
     reduction_log_prob_fn: list[str],
     kl_penalty_reward_coeff: list[float],
     reduction_kl_fn: list[str],
-    normalize_log_prob_fn: str = "none",
-    normalize_kl_fn: str = "none",
-    clip_log_prob: float | None = None,
-    clip_kl: float | None = None,
-    use_schulman_kl_estimation: bool = False,
-    include_teacher_think_entropy: bool = True,
-    not_matched_penalty: float = -1.0,
+    normalize_log_prob_fn: str,
+    normalize_kl_fn: str,
+    clip_log_prob: float | None,
+    clip_kl: float | None,
+    use_schulman_kl_estimation: bool,
+    include_teacher_think_entropy: bool,
+    not_matched_penalty: float,
 ) -> RewardTerms:
     """Combine per-token log-probs into the RLT teacher reward.
 

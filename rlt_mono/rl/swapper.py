@@ -39,7 +39,7 @@ class ModelSwapper:
         pin_memory: keep the CPU copies in pinned memory (faster, asynchronous host-to-device copies).
     """
 
-    def __init__(self, device: torch.device | str, timer: PhaseTimer, pin_memory: bool = True):
+    def __init__(self, device: torch.device | str, timer: PhaseTimer, pin_memory: bool):
         self.device = torch.device(device)
         self.timer = timer
         self.offload = self.device.type == "cuda"

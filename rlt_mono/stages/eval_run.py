@@ -146,6 +146,7 @@ def evaluate(cfg: DictConfig, options: EvalConfig, reward_config: TeacherRewardC
         "questions": len(rows),
         "questions_sha256": questions_fingerprint([row["question"] for row in rows]),
         "confidence": options.confidence,
+        "bootstrap_resamples": options.bootstrap_resamples,
         "seed": cfg.seed,
         **summarize_records(records, options.confidence, options.bootstrap_resamples, cfg.seed),
     }

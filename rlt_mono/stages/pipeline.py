@@ -520,7 +520,10 @@ def run_pipeline(cfg: DictConfig) -> Path:
     write_text(root / TABLE_FILE, table + "\n")
     logger.info("pipeline done: %s\n%s", root, table)
     if options.study:
-        logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed))
+        # the study's paired intervals drawn as its evaluations drew theirs (eval.confidence, bootstrap_resamples)
+        drawn = json.loads(evals[0].read_text())
+        logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed, confidence=drawn["confidence"],
+                                              resamples=drawn["bootstrap_resamples"]))
     return root
 
 

@@ -77,8 +77,8 @@ STUDENT_PAIRS = (("rl_teacher", "sft_teacher"), ("rl_teacher", "raw_traces"), ("
                  ("rl_teacher", "base"))
 
 
-def paired_difference(rows_a: list[dict], rows_b: list[dict], field: str, confidence: float = 0.95,
-                      resamples: int = 2000, seed: int = 0) -> dict:
+def paired_difference(rows_a: list[dict], rows_b: list[dict], field: str, confidence: float, resamples: int,
+                      seed: int) -> dict:
     """Mean over shared questions of ``b[field] - a[field]`` with its bootstrap interval.
 
     Rows are matched by their ``question`` text; a question missing from either side, or whose value is None
@@ -97,8 +97,7 @@ def question_values(rows: list[dict], field: str, held_out: str | None = None) -
             if r.get(field) is not None and (held_out is None or r.get("heldout") == held_out)}
 
 
-def write_study(root: Path, folders: dict[str, Path], seed: int = 0, confidence: float = 0.95,
-                resamples: int = 2000) -> str:
+def write_study(root: Path, folders: dict[str, Path], *, seed: int, confidence: float, resamples: int) -> str:
     """Write ``study.json`` and ``study_table.md`` into ``root`` from the study's step folders; returns the table."""
     # An arm whose eval has not run (yet) is reported as missing, not guessed: its cells read "—".
     steps = ("eval_sft_teacher", "eval_teacher", *(arm[0] for arm in STUDENT_ARMS.values()))
