@@ -40,6 +40,8 @@
 #                          every template; default all 5,242)
 #   STUDY_DISTILL_SAMPLES  explanations per question, the best by the RLT reward kept (default 4)
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
+#   STUDY_RL         extra overrides of the teachers' RL runs, after the study's own (words, no spaces inside one;
+#                    e.g. memory=speed trainer.vllm_gpu_memory_utilization=0.5: a teacher alone on its GPU)
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
 #   STUDY_CHECK      1: run nothing; compose and check every command the parts would run (launch_mono.sh --check,
 #                    each into its log; exit codes in DONE), on any machine: a typo costs seconds here, not a GPU
@@ -68,6 +70,7 @@ seeds=${seeds//,/ }
 students=${STUDY_STUDENTS:-qwen2.5_coder_0.5b_instruct}
 students=${students//,/ }
 read -ra sft_extra <<< "${STUDY_SFT:-}"
+read -ra rl_extra <<< "${STUDY_RL:-}"
 arms=${STUDY_ARMS:-traces,sft_teacher,rl_teacher,rl_teacher_answer_only,worked_common}
 arms=${arms//,/ }
 distilled=${STUDY_DISTILLED:-$root/distilled}
@@ -232,7 +235,7 @@ teacher_chain() {  # <seed> <reward: worked|answer>: RL from the SFT teacher, th
   [ "$seed" = 0 ] && [ "$reward" = worked ] && keep=("${rl_checkpoints[@]}")
   dir=$root/teachers/$name
   stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" "${data[@]}" "${keep[@]}" \
-    "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || return 1
+    "${rl_extra[@]}" "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || return 1
   # Seed 0's checkpoints explain the training questions on the other lanes' GPUs (they are still training or
   # explaining: side by side), while its final teacher explains on its own.
   local pids=() status=0 lane=1 final_step

@@ -468,6 +468,27 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     assert sorted(p.name for p in root.iterdir()) == ["DONE", "command", "logs", "traces"]
 
 
+def test_study_rl_reaches_the_teachers_rl_runs_and_nothing_else(tmp_path):
+    """STUDY_RL's words go to each RL run's command after the study's own (a later memory= wins) and to no other
+    stage: with an option the RL group lacks, the RL checks fail naming it while the teacher's SFT and distill pass."""
+    (tmp_path / "site" / "liger_kernel").mkdir(parents=True)
+    (tmp_path / "site" / "liger_kernel" / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", PYTHONPATH=f"{tmp_path / 'site'}:{env.get('PYTHONPATH', '')}".rstrip(":"))
+
+    def teachers(root, words):
+        subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(root), "0"], cwd=SCRIPT.parents[1],
+                       env={**env, "STUDY_RL": words}, capture_output=True, text=True, timeout=600)
+        return (root / "DONE").read_text().split()[0], {p.stem: p.read_text() for p in (root / "logs").iterdir()}
+
+    done, logs = teachers(tmp_path / "speed", "memory=speed trainer.learning_rate=1.0e-6")
+    assert done == "teachers=0" and all("pass every check a run makes" in text for text in logs.values())
+    done, logs = teachers(tmp_path / "typo", "trainer.no_such_option=1")
+    assert done == "teachers=1"
+    assert "no_such_option" in logs["rl_s0_rl"] and "no_such_option" in logs["rl_answer_s0_rl"]
+    assert "pass every check" in logs["teacher_sft"] and "no_such_option" not in logs["teacher_sft"]
+
+
 @pytest.mark.parametrize(("student", "lanes"), [("qwen2.5_coder_0.5b_instruct", ["a", "b", "c", "d"]),
                                                ("qwen2.5_coder_1.5b_instruct", ["a+c", "b+d"])])
 def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_itself(tmp_path, student, lanes):
