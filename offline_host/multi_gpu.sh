@@ -19,9 +19,12 @@
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default $OFFLINE_HOST_ROOT/multi_gpu):
 #   bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
+#       An entry may name its GPUs, '<gpus>@<arms>[|<expr>]', and hold several commands joined by '+', which run side
+#       by side, each on its GPUs, writing into <root>/lane-<gpus>; the entry ends when all of them have, e.g.
+#       '0@none|not fsdp2+1@none|fsdp2' '0,1@mono:1,async:2' (the tests on one GPU each, then the arms on both)
 #   bash offline_host/multi_gpu.sh wait <seconds>   waits for them (at most <seconds>), shows the end of their log
-#       and copies what they wrote (JSON, logs, failures) into $OUT; <root>/DONE holds each entry's exit code once
-#       all ran
+#       and copies what they wrote (JSON, logs, failures; a lane's files as lane-<gpus>_<name>) into $OUT;
+#       <root>/DONE holds each entry's exit code once all ran (side-by-side commands' codes joined by '+')
 set -euo pipefail
 # OFFLINE_HOST_ROOT, and the install of the offline GPU stack and of the carried wheels beside it.
 source offline_host/gpu_host.sh
@@ -46,14 +49,31 @@ case "${1:-}" in
     exit 0 ;;
   chain)  # start's background job: chain <root> <entry>...
     shift 2
+    # one command of an entry: [<gpus>@]<arms>[|<expr>]; with GPUs named, on those GPUs, into <root>/lane-<gpus>
+    one() {
+      local spec=$1 gpus="" out=$root
+      if [[ "$spec" == *@* ]]; then
+        gpus=${spec%%@*} spec=${spec#*@} out=$root/lane-${gpus//,/_}
+        mkdir -p "$out"
+      fi
+      local command=("${spec%%|*}")
+      [[ "$spec" != *"|"* ]] || command+=("${spec#*|}")
+      echo "== $(date -u +%H:%M:%S) ${gpus:+CUDA_VISIBLE_DEVICES=$gpus }bash offline_host/multi_gpu.sh ${command[*]}"
+      if [ -n "$gpus" ]; then
+        CUDA_VISIBLE_DEVICES=$gpus VLLM_CACHE_ROOT=$out/vllm-cache OUT=$out bash offline_host/multi_gpu.sh \
+          "${command[@]}"
+      else
+        OUT=$out bash offline_host/multi_gpu.sh "${command[@]}"
+      fi
+    }
     codes=()
     for entry in "$@"; do
-      command=("${entry%%|*}")
-      [[ "$entry" != *"|"* ]] || command+=("${entry#*|}")
-      echo "== $(date -u +%H:%M:%S) bash offline_host/multi_gpu.sh ${command[*]}"
-      status=0
-      OUT=$root bash offline_host/multi_gpu.sh "${command[@]}" || status=$?
-      codes+=("$status")
+      IFS=+ read -ra side <<< "$entry"
+      pids=()
+      for spec in "${side[@]}"; do one "$spec" & pids+=($!); done
+      statuses=()
+      for pid in "${pids[@]}"; do status=0; wait "$pid" || status=$?; statuses+=("$status"); done
+      codes+=("$(IFS=+; echo "${statuses[*]}")")
     done
     echo "${codes[*]}" > "$root/DONE"
     exit 0 ;;
@@ -70,6 +90,12 @@ case "${1:-}" in
     tail -n 8 "$root/chain.log"
     OUT=${OUT:-$PWD/gpu_out} && mkdir -p "$OUT"
     for f in "$root"/*.json "$root"/*.txt "$root"/*.log "$root"/*.tgz; do [ ! -f "$f" ] || cp "$f" "$OUT"/; done
+    for lane in "$root"/lane-*/; do
+      [ -d "$lane" ] || continue
+      for f in "$lane"*.json "$lane"*.txt "$lane"*.log "$lane"*.tgz; do
+        [ ! -f "$f" ] || cp "$f" "$OUT/$(basename "$lane")_$(basename "$f")"
+      done
+    done
     if [ -f "$root/DONE" ]; then echo "DONE, exit codes: $(cat "$root/DONE")"; else echo "still running"; fi
     exit 0 ;;
 esac

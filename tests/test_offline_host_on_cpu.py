@@ -155,6 +155,32 @@ def test_multi_gpu_archives_the_log_of_each_run_beside_the_scale_json(tmp_path):
         assert archive.extractfile("rlt-2.log").read() == b"rlt-2.log: vLLM engine started\n"
 
 
+def test_multi_gpu_runs_the_commands_of_an_entry_side_by_side_each_on_its_gpus(tmp_path):
+    """'0@...+1@...' runs both at once, each seeing its GPU and writing into its lane; the next entry starts once both
+    ended; wait brings every lane's files back named by the lane, and DONE joins side-by-side codes with '+'."""
+    trace = tmp_path / "trace"
+    _executable(tmp_path / "repo" / "bench" / "bench_mono.py",
+                "import json, os, sys, time\nargs = sys.argv[1:]\ngpus = os.environ['CUDA_VISIBLE_DEVICES']\n"
+                f"log = open({str(trace)!r}, 'a')\n"
+                "print('start', gpus, file=log, flush=True)\ntime.sleep(1.5)\n"
+                "print('end', gpus, file=log, flush=True)\n"
+                "open(args[args.index('--out') + 1], 'w').write(json.dumps({'results': [], 'gpus': gpus}))\n"
+                "sys.exit(3 if gpus == '1' else 0)\n")
+    started = _multi_gpu(tmp_path, "start", "0@mono:1+1@mono:1", "0,1@mono:1,async:2")
+    assert started.returncode == 0 and "2 command(s) started" in started.stdout, started.stderr
+    waited = _multi_gpu(tmp_path, "wait", "40")
+    assert "DONE, exit codes: 0+0 0" in waited.stdout, waited.stdout + waited.stderr  # the arms' failure is logged
+    lines = trace.read_text().split("\n")
+    assert sorted(lines[:2]) == ["start 0", "start 1"] and sorted(lines[2:4]) == ["end 0", "end 1"]
+    assert lines[4:6] == ["start 0,1", "end 0,1"]
+    out = tmp_path / "out"
+    for lane, gpus in (("lane-0", "0"), ("lane-1", "1"), ("lane-0_1", "0,1")):
+        arms = "mono_1_async_2" if gpus == "0,1" else "mono_1"
+        assert json.loads((out / f"{lane}_scale_1.5b_{arms}.json").read_text())["gpus"] == gpus
+    chain = (tmp_path / "root" / "chain.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=1 bash offline_host/multi_gpu.sh mono:1" in chain
+
+
 def test_multi_gpu_commands_side_by_side_unpack_the_stack_in_turn(tmp_path):
     """Two commands started together on one host (each on its own GPUs) never unpack the stack at the same time."""
     trace = tmp_path / "trace"
