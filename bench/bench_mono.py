@@ -133,6 +133,8 @@ OPTIONS = {
                    "(split:2: dp over two GPUs; fsdp2:<N>: dp with the teacher sharded); the first is the baseline"),
     "--rounds": dict(type=int, default=1, help="scale: run the arms this many times, the order reversed every other "
                      "round"),
+    "--max-minutes": dict(type=float, help="scale: start no run that would end after this many minutes from the "
+                          "start, judged by the longest run so far (the rounds left are not run; the log says so)"),
     "--commit": dict(help="scale: the commit of the code run, recorded in --out (default: git rev-parse --short HEAD "
                      "here; give it in a copy of the code without .git)"),
     "--memory": dict(choices=["auto", "speed", "manual"], default="manual", help="memory: auto lets the planner pick "
@@ -182,7 +184,8 @@ SUBCOMMANDS = {
     "envelope": [*(o for o in MODE_OPTIONS["rlt"] if o not in ENVELOPE_SETS), "--micro-batches", "--accumulation",
                  "--out"],
     "planner": [*(o for o in MODE_OPTIONS["rlt"] if o not in PLANNER_SETS), "--pairs", "--out"],
-    "scale": [*(o for o in MODE_OPTIONS["rlt"] if o not in SCALE_SETS), "--arms", "--rounds", "--commit", "--out"],
+    "scale": [*(o for o in MODE_OPTIONS["rlt"] if o not in SCALE_SETS), "--arms", "--rounds", "--max-minutes",
+              "--commit", "--out"],
 }
 HELP = {
     "rlt": "one rlt_mono step benchmark", "trl": "one plain TRL GRPOTrainer step benchmark",
@@ -838,11 +841,19 @@ def scale_order(arms: list[tuple[str, int]], rounds: int) -> Iterator[tuple[int,
 
 def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
     """One rlt run per arm and round (``scale_order``); each result says its round and position, and an ok one gains
-    ``optimizer_steps_per_s`` (one optimizer step per median step)."""
+    ``optimizer_steps_per_s`` (one optimizer step per median step). With ``--max-minutes``, a run that would end
+    past it (by the longest run so far) is not started, nor any after it."""
+    start, longest = time.monotonic(), 0.0
     for round_, position, (arm, gpus) in scale_order(scale_arms(a.arms), a.rounds):
+        elapsed = time.monotonic() - start
+        if a.max_minutes is not None and elapsed + longest > a.max_minutes * 60:
+            logger.info("scale: stopped before round %d's %s (%.1f of --max-minutes %g spent; the longest run took "
+                        "%.1f min)", round_, arm, elapsed / 60, a.max_minutes, longest / 60)
+            return
         placement, strategy = ARMS[arm]
         attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus, strategy=strategy)
         result = runner("rlt", child_argv("rlt", attempt))
+        longest = max(longest, time.monotonic() - start - elapsed)
         result.update(placement=arm, gpus=gpus, round=round_, position=position)
         if result["status"] == OK:
             result["optimizer_steps_per_s"] = 1 / result["median_step_seconds"]
@@ -1015,6 +1026,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if a.command == "scale" and a.rounds < 1:
         parser.error(f"--rounds {a.rounds}: the arms must run at least once (1 or more)")
+    if a.command == "scale" and a.max_minutes is not None and not a.max_minutes > 0:
+        parser.error(f"--max-minutes {a.max_minutes}: a time above 0")
     header = None
     if a.command == "scale":
         header = {"commit": a.commit or code_commit(), "device": visible_gpus(), "command": command_line(argv),

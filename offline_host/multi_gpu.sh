@@ -15,7 +15,8 @@
 # 1.5b; 0.5b, 7b: bench_mono.py --arch). SCALE_ROUNDS runs the arms that many times, the order reversed every other
 # round (bench_mono.py --rounds; default 1; above 1 the file names end in _r<rounds>): the JSON's summary sets each
 # arm against the first round by round. SCALE_COMMIT is the commit the JSON records, for code carried without .git
-# (bench_mono.py --commit; default: git rev-parse --short HEAD).
+# (bench_mono.py --commit; default: git rev-parse --short HEAD). SCALE_MINUTES starts no arm run that would end past
+# that many minutes (bench_mono.py --max-minutes), so that what follows in a chain still runs.
 # In the background, for runs longer than one remote command may last (each entry one command as above, one after
 # another, from a copy of the code, into MULTI_GPU_ROOT, default $OFFLINE_HOST_ROOT/multi_gpu):
 #   bash offline_host/multi_gpu.sh start '<arms>[|<pytest -k expression>]' ...   e.g. 'none|async' mono:1,async:2
@@ -114,6 +115,8 @@ name=${arch}_${arms//[:,]/_}
 [ "$rounds" = 1 ] || name=${name}_r$rounds
 commit=()
 [ -z "${SCALE_COMMIT:-}" ] || commit=(--commit "$SCALE_COMMIT")
+minutes=()
+[ -z "${SCALE_MINUTES:-}" ] || minutes=(--max-minutes "$SCALE_MINUTES")
 optim=()  # fsdp2 cannot step bitsandbytes' optimizers: every arm of such a command takes plain AdamW
 [[ "$arms" != *fsdp2* ]] || optim=(--optim adamw_torch)
 
@@ -134,7 +137,7 @@ run_tests() {
 
 if [ "$arms" != none ]; then
   python3 bench/bench_mono.py scale --arch "$arch" --completion-length 1024 --steps 4 "${optim[@]}" --arms "$arms" \
-    --rounds "$rounds" "${commit[@]}" --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 \
+    --rounds "$rounds" "${minutes[@]}" "${commit[@]}" --out "$OUT/scale_$name.json" > "$OUT/scale_$name.log" 2>&1 \
     || echo "scale failed: $OUT/scale_$name.log"
   tail -n 12 "$OUT/scale_$name.log"
   # Each run's own log (the JSON names them), in one archive beside the JSON: where a run's minutes went.

@@ -432,6 +432,35 @@ def test_scale_runs_each_arm_with_its_placement_and_strategy(tmp_path, monkeypat
     assert "| 1 | 5 | dp | 4 | | out_of_memory:  | | | | |" in table
 
 
+def test_scale_starts_no_run_that_would_end_past_max_minutes(tmp_path, monkeypatch, caplog):
+    """Runs of 10 minutes each under --max-minutes 35: the first three start (the third by 20 + 10 <= 35), the
+    fourth would end at 40 and is not started, nor any after it; the JSON holds the three."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+
+    def ten_minutes(mode, child, log_dir):
+        clock[0] += 600
+        return measured(8.0)
+
+    monkeypatch.setattr(bench, "run_child", ten_minutes)
+    out = tmp_path / "scale.json"
+    with caplog.at_level("INFO", logger="bench_mono"):
+        code = bench.main(["scale", "--arms", "mono:1,async:2", "--rounds", "3", "--max-minutes", "35",
+                           "--out", str(out)])
+    assert code == 0
+    assert [(r["round"], r["placement"]) for r in json.loads(out.read_text())["results"]] == [
+        (1, "mono"), (1, "async"), (2, "async")]
+    stop = "stopped before round 2's mono (30.0 of --max-minutes 35 spent; the longest run took 10.0 min)"
+    assert stop in caplog.text
+
+
+@pytest.mark.parametrize("minutes", ["0", "-5"])
+def test_scale_refuses_a_time_budget_of_nothing(minutes, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["scale", "--max-minutes", minutes])
+    assert f"--max-minutes {float(minutes)}: a time above 0" in capsys.readouterr().err
+
+
 def test_scale_keeps_where_each_runs_time_outside_its_steps_goes(tmp_path, monkeypatch):
     """The child's process time and its setup (models, trainer, train() to the first step) stay with each run in
     the summary and show in the table; a run that does not report them keeps none."""

@@ -119,19 +119,19 @@ def test_multi_gpu_tests_count_the_gpus_the_command_was_given(tmp_path):
 
 
 def test_multi_gpu_hands_its_rounds_and_commit_to_the_scale_bench(tmp_path):
-    """SCALE_ROUNDS and SCALE_COMMIT reach bench_mono.py scale (a stand-in that prints its arguments into the arms'
-    log); more than one round names the files, the default of one leaves their names as they were."""
+    """SCALE_ROUNDS, SCALE_MINUTES and SCALE_COMMIT reach bench_mono.py scale (a stand-in that prints its arguments
+    into the arms' log); more than one round names the files, the default of one leaves their names as they were."""
     _executable(tmp_path / "repo" / "bench" / "bench_mono.py", "import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     out = tmp_path / "out"
     done = _multi_gpu(tmp_path, "mono:1,async:2", env={"SCALE_ARCH": "0.5b", "SCALE_ROUNDS": "3",
-                                                       "SCALE_COMMIT": "abc1234"})
+                                                       "SCALE_COMMIT": "abc1234", "SCALE_MINUTES": "20"})
     assert done.returncode == 0, done.stderr
     assert _multi_gpu(tmp_path, "mono:1,async:2").returncode == 0
     assert sorted(p.name for p in out.glob("scale_*.log")) == ["scale_0.5b_mono_1_async_2_r3.log",
                                                                "scale_1.5b_mono_1_async_2.log"]
     rounds = json.loads((out / "scale_0.5b_mono_1_async_2_r3.log").read_text())
     assert rounds == ["scale", "--arch", "0.5b", "--completion-length", "1024", "--steps", "4", "--arms",
-                      "mono:1,async:2", "--rounds", "3", "--commit", "abc1234", "--out",
+                      "mono:1,async:2", "--rounds", "3", "--max-minutes", "20", "--commit", "abc1234", "--out",
                       str(out / "scale_0.5b_mono_1_async_2_r3.json")]
     once = json.loads((out / "scale_1.5b_mono_1_async_2.log").read_text())
     assert once[once.index("--rounds"):] == ["--rounds", "1", "--out", str(out / "scale_1.5b_mono_1_async_2.json")]
