@@ -844,11 +844,12 @@ def scale(a: argparse.Namespace, runner: Runner) -> Iterator[dict]:
     ``optimizer_steps_per_s`` (one optimizer step per median step). With ``--max-minutes``, a run that would end
     past it (by the longest run so far) is not started, nor any after it."""
     start, longest = time.monotonic(), 0.0
-    for round_, position, (arm, gpus) in scale_order(scale_arms(a.arms), a.rounds):
+    order = list(scale_order(scale_arms(a.arms), a.rounds))
+    for run, (round_, position, (arm, gpus)) in enumerate(order, 1):
         elapsed = time.monotonic() - start
         if a.max_minutes is not None and elapsed + longest > a.max_minutes * 60:
-            logger.info("scale: stopped before round %d's %s (%.1f of --max-minutes %g spent; the longest run took "
-                        "%.1f min)", round_, arm, elapsed / 60, a.max_minutes, longest / 60)
+            logger.info("scale: stopped before run %d of %d, %s (%.1f of --max-minutes %g spent; the longest run "
+                        "took %.1f min)", run, len(order), arm, elapsed / 60, a.max_minutes, longest / 60)
             return
         placement, strategy = ARMS[arm]
         attempt = argparse.Namespace(**vars(a), placement=placement, gpus=gpus, strategy=strategy)

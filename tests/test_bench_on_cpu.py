@@ -450,7 +450,7 @@ def test_scale_starts_no_run_that_would_end_past_max_minutes(tmp_path, monkeypat
     assert code == 0
     assert [(r["round"], r["placement"]) for r in json.loads(out.read_text())["results"]] == [
         (1, "mono"), (1, "async"), (2, "async")]
-    stop = "stopped before round 2's mono (30.0 of --max-minutes 35 spent; the longest run took 10.0 min)"
+    stop = "stopped before run 4 of 6, mono (30.0 of --max-minutes 35 spent; the longest run took 10.0 min)"
     assert stop in caplog.text
 
 
