@@ -90,6 +90,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts bes
 
 from roofline import OneLineParser  # noqa: E402
 
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 from rlt_mono.runs.lock import exclusive  # noqa: E402
 
 logger = logging.getLogger("bench_mono")
@@ -706,13 +707,6 @@ def run_mode(mode: str, a: argparse.Namespace) -> dict:
     # After the run: --vllm-gib sets util.
     header = {k: v for k, v in vars(a).items() if k in ("arch", "completion_length", "completions", "util")}
     return {"mode": mode, **header, **outcome}
-
-
-def write_json(path: Path, value) -> None:
-    """Write whole or not at all (a reader never sees half a file)."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value, indent=1))
-    partial.replace(path)
 
 
 def child_command(mode: str, argv: list[str], result_file: Path, errors_dir: str) -> tuple[list[str], dict]:
