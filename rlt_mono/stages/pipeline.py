@@ -521,9 +521,11 @@ def run_pipeline(cfg: DictConfig) -> Path:
     logger.info("pipeline done: %s\n%s", root, table)
     if options.study:
         # the study's paired intervals drawn as its evaluations drew theirs (eval.confidence, bootstrap_resamples)
+        # (an eval.json written before it recorded its resamples drew the eval group's default)
         drawn = json.loads(evals[0].read_text())
+        resamples = drawn.get("bootstrap_resamples", evaluate.EvalConfig.bootstrap_resamples)
         logger.info("study:\n%s", write_study(root, folders, seed=cfg.seed, confidence=drawn["confidence"],
-                                              resamples=drawn["bootstrap_resamples"]))
+                                              resamples=resamples))
     return root
 
 
