@@ -9,6 +9,7 @@ import argparse
 import json
 from pathlib import Path
 
+from rlt_mono.runs.atomic_write import write_json
 from rlt_mono.study.arithmetic import check
 
 
@@ -29,7 +30,7 @@ def main() -> None:
                          "equations_per_row": (right + wrong) / max(1, len(rows))}
         print(f"{spec}: {wrong} of {right + wrong} equations wrong ({results[spec]['wrong_frac']:.1%}); "
               f"{results[spec]['rows_with_a_wrong_equation']} of {len(rows)} rows hold a wrong one")
-    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    write_json(Path(args.out), results, indent=1)
 
 
 if __name__ == "__main__":

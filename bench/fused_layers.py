@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rlt_mono.memory.model import QWEN25_ARCHS  # noqa: E402
+from rlt_mono.runs.atomic_write import write_text  # noqa: E402
 
 
 def timed(fn, repeats: int) -> list[float]:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
     result["ratio_liger_over_plain"] = {k: result["liger"][k] / result["plain"][k] for k in result["plain"]}
     text = json.dumps(result, indent=2)
     if a.out:
-        a.out.write_text(text + "\n")
+        write_text(a.out, text + "\n")
     sys.stdout.write(text + "\n")
     return result
 

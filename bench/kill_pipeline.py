@@ -26,6 +26,10 @@ from pathlib import Path
 from safetensors.numpy import load_file
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
+
 OVERRIDES = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4','sft.save_steps=2']",
              "pipeline.teacher_rlt.overrides=['trainer.max_steps=6','trainer.save_steps=2',"
              "'trainer.max_completion_length=24']",
@@ -136,9 +140,9 @@ def main() -> int:
             print(point, json.dumps(results[point]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
+    write_json(args.out, {"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
                                     "machine": "CPU, 2 cores", "command": " ".join(["python", *sys.argv]),
-                                    "overrides": OVERRIDES, "kill_points": results}, indent=1) + "\n")
+                                    "overrides": OVERRIDES, "kill_points": results}, indent=1)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import logging
 import math
 import os
@@ -64,6 +63,7 @@ from rlt_mono.data.prompts import PromptFormat, begin_tag, end_tag  # noqa: E402
 from rlt_mono.data.rows import DataConfig, prepare_dataset  # noqa: E402
 from rlt_mono.errors import UserError  # noqa: E402
 from rlt_mono.placement import Role, resolve_placement_for  # noqa: E402
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 from rlt_mono.study.eval_stats import median_interval  # noqa: E402
 
 logger = logging.getLogger("peer_trl_rlt")
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> Path:
     except UserError as err:
         parser.error(str(err))
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(a.out, result, indent=1)
     logger.info("wrote %s", a.out)
     return a.out
 

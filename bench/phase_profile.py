@@ -200,6 +200,8 @@ def main() -> None:
     import json
     from pathlib import Path
 
+    from rlt_mono.runs.atomic_write import write_json, write_text
+
     parser = argparse.ArgumentParser(description="The kernel profile of a bench_mono.py rlt result (--profile-step) "
                                      "as JSON (with where it was measured) and Markdown")
     parser.add_argument("result", type=Path, help="bench_mono.py's --out file (a list of results, or scale's record "
@@ -216,8 +218,8 @@ def main() -> None:
     summary = {"commit": args.commit, "device": args.device, "command": args.command,
                "work": {k: result.get(k) for k in ("arch", "completion_length", "completions", "util")},
                "settings": result.get("chosen"), **result["profile"]}
-    args.out.write_text(json.dumps(summary, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(result["profile"]))
+    write_json(args.out, summary, indent=1)
+    write_text(args.out.with_suffix(".md"), markdown(result["profile"]))
 
 
 if __name__ == "__main__":

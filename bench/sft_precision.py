@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 
 logger = logging.getLogger("bench.sft_precision")
 
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                "speedup_over_float32": {m: round(base / r["median_s_per_step"], 2) for m, r in results.items()}
                if base else {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(summary, indent=1) + "\n")
+    write_json(args.out, summary, indent=1)
     return 0
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from roofline import DEVICES, PHASES, OneLineParser, Work, roofline
 
 from rlt_mono.memory.model import QWEN25_ARCHS, Arch
+from rlt_mono.runs.atomic_write import write_json, write_text
 
 
 def pair_ratios(arms: list[dict]) -> list[dict]:
@@ -111,11 +112,10 @@ def main() -> None:
             parser.error(f"{a.folder} holds no 7B run (step_<arm>.json, arm one of {', '.join(ARMS)}): nothing to "
                          "summarise")
         a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / "step.json").write_text(json.dumps({
+        write_json(a.out / "step.json", {
             "commit": a.commit, "device": a.device, "command": a.command, "goal": "step <= 1.3x its roofline",
             "work": "random-weight Qwen2.5-7B teacher and student, 32 completions x 4,096 forced tokens per step, "
-                    "full fine-tuning, 8-bit Adam (bench/bench_mono.py)", "runs": seven_b(runs, a.device)},
-            indent=1) + "\n")
+                    "full fine-tuning, 8-bit Adam (bench/bench_mono.py)", "runs": seven_b(runs, a.device)}, indent=1)
         return
     if not (a.folder / "pairs_raw.json").exists():  # the speed runs' baseline is the same run's default arms
         parser.error(f"{a.folder} has no pairs_raw.json: the memory=speed runs are set against the pairs' rlt arms of "
@@ -135,11 +135,11 @@ def main() -> None:
                       "optimizer step (bench/bench_mono.py)"}
     ratios = [p["ratio"] for p in pairs]
     a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "pairs.json").write_text(json.dumps({
+    write_json(a.out / "pairs.json", {
         **shared, "pairs": pairs, "median_ratio": statistics.median(ratios), "goal": "median ratio <= 1.0",
         "unpaired_arms": unpaired, "rlt_reward_micro_batch_size": next(  # the rlt arms' score micro-batch
             (arm["chosen"]["reward_micro_batch_size"] for arm in arms if "chosen" in arm), None),
-        "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1) + "\n")
+        "settings": {arm["mode"]: arm["grpo_config"] for arm in arms[:2]}}, indent=1)
     default = statistics.median(p["rlt_median_step_s"] for p in pairs)
     lines = ["| pair | order | rlt s/step | TRL s/step | rlt / TRL |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {i} | {p['order']} | {p['rlt_median_step_s']:.2f} | {p['trl_median_step_s']:.2f} | {p['ratio']:.3f} |"
@@ -153,19 +153,19 @@ def main() -> None:
         per_generation = config["steps_per_generation"] // config["gradient_accumulation_steps"]  # optimizer steps
         step = cycle_mean(speed["step_seconds"], per_generation)
         tokens = speed["completions_per_step"] * speed["completion_length"]
-        (a.out / f"{name}.json").write_text(json.dumps({
+        write_json(a.out / f"{name}.json", {
             **shared, "memory": speed["memory"], "use_liger_kernel": speed.get("use_liger_kernel", False),
             "optimizer_steps_per_generation": per_generation,
             "step_seconds": speed["step_seconds"], "cycle_mean_step_s": step, "default_median_step_s": default,
             "completion_tokens_per_s": tokens / step, "default_completion_tokens_per_s": tokens / default,
             "speedup": default / step, "goal": "speedup >= 3", "phases_of_the_generating_step": {
                 k: v for k, v in speed.items() if k.startswith(("phase/", "perf/"))},
-            "plan": speed["predicted_table"], "settings": config}, indent=1) + "\n")
+            "plan": speed["predicted_table"], "settings": config}, indent=1)
         lines.append(f"memory=speed{' with liger-kernel' if speed.get('use_liger_kernel') else ''}: "
                      f"{per_generation} optimizer steps per generation, {step:.2f} s per step over a whole cycle vs "
                      f"{default:.2f} s (the pairs' rlt median): {tokens / step:,.0f} vs {tokens / default:,.0f} "
                      f"completion tokens/s, {default / step:.2f}x")
-    (a.out / "table.md").write_text("\n".join(lines) + "\n")
+    write_text(a.out / "table.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -17,9 +17,9 @@ share it (the SFT teacher, scored once), per held-out set. Usage:
 """
 
 import argparse
-import json
 from pathlib import Path
 
+from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.study.aggregate import (
     HELD_OUT_SETS,
     STUDENT_ARMS,
@@ -118,7 +118,7 @@ def main() -> None:
              "arms": arms, "teachers": teachers, "differences": differences,
              "correlation": correlation(teacher_student_points(teachers, arms)), "commands": args.commands,
              "device": args.device}
-    args.out.write_text(json.dumps(study, indent=1) + "\n")
+    write_json(args.out, study, indent=1)
     table = ["| arm | run | seeds | held-out templates [95% CI] | held-out instances [95% CI] |",
              "| --- | --- | --- | --- | --- |"]
     for arm in arms:
@@ -137,7 +137,7 @@ def main() -> None:
               "| --- | --- | --- | --- | --- |"]
     table += [f"| {p['teacher']} | {p['held_out']} | {', '.join(map(str, p['seeds']))} | {p['teacher_reward']:.2f} | "
               f"{p['student_accuracy']:.3f} |" for p in r["points"]]
-    args.out.with_name("study_table.md").write_text("\n".join(table) + "\n")
+    write_text(args.out.with_name("study_table.md"), "\n".join(table) + "\n")
 
 
 if __name__ == "__main__":

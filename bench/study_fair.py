@@ -72,7 +72,7 @@ from omegaconf import OmegaConf
 
 from rlt_mono.errors import UserError
 from rlt_mono.read_source import module_constant
-from rlt_mono.runs.atomic_write import write_bytes, write_json
+from rlt_mono.runs.atomic_write import write_bytes, write_json, write_text
 from rlt_mono.runs.outputs import (
     CONFIG_FILE,
     EVAL_EVENT,
@@ -264,12 +264,12 @@ def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
         if path.exists():
             raise StudyError(f"{path} exists: a run is exported once (choose another --suffix, or delete it)")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({
+        write_json(path, {
             **run_where, "question": [row["question"] for row in rows],
             "heldout": "".join(row["heldout"][0] for row in rows), "template": [row.get("template") for row in rows],
             "correct": "".join("1" if row["correct"] else "0" for row in rows),
             "capped": "".join("1" if row.get("capped") else "0" for row in rows),
-            "looped": "".join("1" if row["looped"] else "0" for row in rows)}) + "\n")
+            "looped": "".join("1" if row["looped"] else "0" for row in rows)}, indent=None)
         written.append(path)
     if not written:
         raise StudyError(f"no <student>/<arm>/eval/eval_rows.jsonl under {root}: pass the folder bench/study_fair.sh "
@@ -299,7 +299,7 @@ def traces(folder: Path, out: Path) -> tuple[int, int]:
             for row in rows if row.get("correct") and not row.get("capped")]
     kept = [row for row in kept if row["trace"]]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    write_text(out, "".join(json.dumps(row) + "\n" for row in kept))
     return len(kept), len(rows)
 
 
@@ -674,7 +674,7 @@ def write_teachers(root: Path, out: Path, where: dict) -> tuple[list[str], list[
         else:
             merged["common"] = common
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(merged, indent=1) + "\n")
+    write_json(out, merged, indent=1)
     return added, kept, common
 
 
@@ -1166,9 +1166,9 @@ def main(argv: list[str] | None = None) -> int:
                             "over": ["seeds", "templates", "questions"]},
               "teachers": None if teachers_file is None else str(teachers_file),
               "students": students}
-    (args.out / "study.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out / "study.json", result, indent=2)
     text = table(students)
-    (args.out / "study_table.md").write_text(text)
+    write_text(args.out / "study_table.md", text)
     if students:
         plot(students, args.out / "study.png")
     print(text)

@@ -20,11 +20,11 @@ for an arm whose steps are the baseline's size (``placement=async``, one step of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
+from rlt_mono.runs.atomic_write import write_json
 from rlt_mono.runs.files import WALL_TIME_KEY
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result.update(device=args.device, commit=args.commit, command=args.command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, indent=1)
     print(f"target: held-out reward {result['target']['eval_reward']} ({result['target']['from']})")
     for arm, entry in result["arms"].items():
         spread = result["curves"][arm].get("within_baseline_spread")

@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
+
 TRAIN = [sys.executable, "-m", "rlt_mono.cli"]
 FIT = [sys.executable, "-m", "rlt_mono.memory.planner"]
 EVALUATE = [sys.executable, "-m", "rlt_mono.stages.eval"]
@@ -152,8 +156,8 @@ def main() -> int:
     counts = Counter(r["outcome"] for r in results)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
-                                    "machine": "CPU, 2 cores", "counts": counts, "cases": results}, indent=1) + "\n")
+    write_json(args.out, {"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
+                                    "machine": "CPU, 2 cores", "counts": counts, "cases": results}, indent=1)
     print("\n| case | outcome | exit | what the user sees |\n| --- | --- | --- | --- |")
     for r in results:
         print(f"| {r['case']} | {r['outcome']} | {r['exit']} | {r['line'].replace('|', '/')} |")

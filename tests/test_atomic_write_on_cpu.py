@@ -108,3 +108,15 @@ def test_torch_zip_writer_running_out_of_disk_mid_checkpoint_is_one_line(tmp_pat
         with checkpoints.training_failures(trainer, tmp_path, "x"):
             raise OSError(errno.EROFS, "Read-only file system", "/ro/x")
 
+
+
+def test_a_new_file_gets_the_umask_mode_and_a_replaced_file_keeps_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(atomic_write, "_UMASK", 0o027)
+    new = tmp_path / "study.json"
+    atomic_write.write_json(new, {"arms": 2})
+    assert new.stat().st_mode & 0o777 == 0o640  # 0666 less the umask, not mkstemp's 0600
+    shared = tmp_path / "table.md"
+    shared.write_text("old\n")
+    shared.chmod(0o664)
+    atomic_write.write_text(shared, "new\n")
+    assert shared.read_text() == "new\n" and shared.stat().st_mode & 0o777 == 0o664

@@ -1,5 +1,6 @@
 """One file lock (rlt_mono.runs.lock.exclusive) and one rename into place (rlt_mono.runs.atomic_write.publish) for
-the whole package: no other module takes an flock or renames a file into place itself; a second holder of the lock
+the whole package and the benchmark scripts: no other module takes an flock or renames a file into place itself,
+and a benchmark writes its result files through atomic_write; a second holder of the lock
 waits for the first, a killed holder's lock is free; a published file is the old one or all of the new; a distill
 run whose file holds every row loads no model."""
 
@@ -25,8 +26,14 @@ from rlt_mono.stages import distill, distill_run
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlt_mono"
+BENCH = ROOT / "bench"
 LOCKS = "rlt_mono/runs/lock.py"
 RENAMES = "rlt_mono/runs/atomic_write.py"
+# Whole-file writes in bench/ that are not through atomic_write, each for a reason of its own:
+OTHER_BENCH_WRITES = {
+    # a case's input file, written into the case's own temporary folder before the command under test reads it
+    "bench/tryout.py",
+}
 # Renames outside atomic_write.py, each for a reason of its own:
 OTHER_RENAMES = {
     # a checkpoint's manifest, written beside and renamed over once every file is synced; its disk errors are the
@@ -47,7 +54,26 @@ def _calls(path: Path):
 
 
 def _modules():
-    return {str(path.relative_to(ROOT)): path for path in sorted(PACKAGE.rglob("*.py"))}
+    """The package's modules and the benchmark scripts, by their path from the repository's root."""
+    paths = sorted(PACKAGE.rglob("*.py")) + sorted(BENCH.glob("*.py"))
+    return {str(path.relative_to(ROOT)): path for path in paths}
+
+
+def test_the_walk_covers_the_benchmark_scripts():
+    names = set(_modules())
+    assert {"bench/bench_mono.py", "bench/study_fair.py", "rlt_mono/runs/atomic_write.py"} <= names
+
+
+def test_benchmarks_write_their_results_through_atomic_write():
+    found = []
+    for name, path in _modules().items():
+        if not name.startswith("bench/") or name in OTHER_BENCH_WRITES:
+            continue
+        found += [f"{name}:{node.lineno}: {func}()" for func, node in _calls(path)
+                  if func.rpartition(".")[2] in ("write_text", "write_bytes") and "." in func
+                  or func in ("json.dump", "pickle.dump")]
+    assert not found, ("result files written in place in bench/ (use rlt_mono.runs.atomic_write's write_json, "
+                       "write_text or write_bytes):\n" + "\n".join(found))
 
 
 def test_only_the_lock_module_takes_a_file_lock():

@@ -13,7 +13,7 @@ CHECKPOINT_MANIFEST = next(line.split("=")[1].split()[0] for line in STAGE.read_
 FAKE_RUN = r"""#!/usr/bin/env bash
 root=$(dirname "$0")
 n=$(( $(cat "$root/calls" 2>/dev/null || echo 0) + 1 )); echo $n > "$root/calls"
-echo "call $n: $*"
+echo "start $n: $*"
 mapfile -t fails < "$root/fails"
 if [ "$n" -le "${#fails[@]}" ]; then echo "${fails[$((n - 1))]}"; exit 1; fi
 out=${@: -1}; [ "$out" = resume_from_checkpoint=true ] && out=${@: -2:1}; out=${out#output_dir=}
@@ -99,7 +99,7 @@ def _whole_checkpoint(folder):
 
 def test_a_run_with_a_whole_checkpoint_resumes_from_the_first_try(tmp_path):
     status, calls, log, folder = _stage(tmp_path, [], folder_setup=_whole_checkpoint)
-    assert status == 0 and calls == 1 and "call 1: eval seed=0 output_dir=" in log
+    assert status == 0 and calls == 1 and "start 1: eval seed=0 output_dir=" in log
     assert log.rstrip().endswith("resume_from_checkpoint=true") and (folder / "checkpoint-10").is_dir()
 
 

@@ -32,6 +32,10 @@ FULL = (errno.ENOSPC, errno.EDQUOT)
 READ_ONLY = (errno.EROFS,)
 NOT_ALLOWED = (errno.EACCES, errno.EPERM)
 KEPT = "what was written before stays complete and readable"
+# The process's umask, read once at import (reading it means setting it): a new file gets the mode ``open`` would
+# give it, not mkstemp's owner-only 0600.
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 class DiskError(UserError):
@@ -44,11 +48,17 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (the old content, or all of the new)."""
+    """Replace ``path`` with ``data`` atomically (the old content, or all of the new). The file keeps the mode of the
+    one it replaces; a new one gets the mode ``open`` gives (0666 less the umask)."""
     path = Path(path)
     with writing(path, needed=len(data)):
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_UMASK
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             publish(tmp, path)
