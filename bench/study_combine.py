@@ -32,6 +32,7 @@ from rlt_mono.study.aggregate import (
     teacher_entry,
     values_by_seed,
 )
+from rlt_mono.study.eval_stats import RESAMPLES
 
 
 def cross_run_difference(runs_a, step_a: str, runs_b, step_b: str, held_out: str) -> dict | None:
@@ -104,9 +105,9 @@ def main() -> None:
     unnamed = sorted({run for run in entries.values() if run not in runs})
     if unnamed:
         parser.error(f"--arm names run {unnamed}, which no --run gives: the runs are {list(runs)}")
-    arms = [{**arm_entry(runs[run], label.split("@")[0], 2000, 0), "label": label, "run": run}
+    arms = [{**arm_entry(runs[run], label.split("@")[0], RESAMPLES, 0), "label": label, "run": run}
             for label, run in entries.items()]
-    teachers = [{**teacher_entry(runs[run], label.split("@")[0], 2000, 0), "label": label, "run": run}
+    teachers = [{**teacher_entry(runs[run], label.split("@")[0], RESAMPLES, 0), "label": label, "run": run}
                 for label, run in entries.items() if label.split("@")[0] in TEACHER_EVALS]
     differences = {}
     for b, a in compared_pairs(list(entries)):

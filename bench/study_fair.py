@@ -84,6 +84,7 @@ from rlt_mono.runs.outputs import (
     read_metrics,
 )
 from rlt_mono.study.aggregate import pearson
+from rlt_mono.study.eval_stats import RESAMPLES
 
 logger = logging.getLogger("study_fair")
 
@@ -1078,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("roots", nargs="+", type=Path)
     summary.add_argument("--out", type=Path, required=True)
     summary.add_argument("--gpu-minutes", type=float, default=None)
-    summary.add_argument("--resamples", type=int, default=2000)
+    summary.add_argument("--resamples", type=int, default=RESAMPLES)
     summary.add_argument("--seed", type=int, default=0)
     summary.add_argument("--teachers", type=Path, default=None,
                          help=f"the teachers file (bench/study_fair.py teachers) for each student's correlation; "

@@ -30,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.errors import UserError
-from rlt_mono.read_source import module_file
+from rlt_mono.read_source import module_constant, module_file
 
 # The configs: inside the package when it is installed from a wheel (setup.py copies cfgs/ there), else the
 # checkout's cfgs/ beside rlt_mono/ (an editable install, or running from the repository).
@@ -165,7 +165,7 @@ def dataclass_defaults(reference: str) -> dict[str, Any]:
         if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) \
                 and not any(word in ast.unparse(statement.annotation) for word in ("ClassVar", "KW_ONLY")):
             try:
-                values[statement.target.id] = _field_default(statement.value)
+                values[statement.target.id] = _field_default(statement.value, tree, module)
             except ValueError as err:
                 raise ValueError(f"{reference}.{statement.target.id}: its default is no literal ({err})") from err
     return values
@@ -184,9 +184,13 @@ def _rlt_mono_module(base: ast.expr, tree: ast.Module, module: str) -> str | Non
     return None
 
 
-def _field_default(value: ast.expr | None) -> Any:
-    """A field's default from its source: ``= literal``, ``field(default=literal)``, ``field(default_factory=list)``
-    or ``field(default_factory=lambda: literal)``; ``"???"`` (OmegaConf's unset) for none."""
+def _field_default(value: ast.expr | None, tree: ast.Module, module: str) -> Any:
+    """A field's default from its source (``tree``, of ``module``): ``= literal``, ``= NAME`` (a module-level literal
+    constant of an rlt_mono module, imported by name: a default shared with library code keeps one home),
+    ``field(default=literal)``, ``field(default_factory=list)`` or ``field(default_factory=lambda: literal)``;
+    ``"???"`` (OmegaConf's unset) for none."""
+    if isinstance(value, ast.Name):
+        return _imported_constant(value.id, tree, module)
     if not (isinstance(value, ast.Call) and ast.unparse(value.func) in ("field", "dataclasses.field")):
         return "???" if value is None else ast.literal_eval(value)
     given = {keyword.arg: keyword.value for keyword in value.keywords}
@@ -200,6 +204,22 @@ def _field_default(value: ast.expr | None) -> Any:
     if factory is None:
         return "???"
     raise ValueError(ast.unparse(factory))
+
+
+def _imported_constant(name: str, tree: ast.Module, module: str) -> Any:
+    """The literal value of ``name`` as ``module`` (source ``tree``) sees it: a constant it defines or imports by
+    name (``from rlt_mono.x import NAME``) from another rlt_mono module."""
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rlt_mono":
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    value = module_constant(node.module, alias.name)
+                    if value is None:
+                        raise ValueError(f"{node.module} has no literal constant {alias.name}")
+                    return value
+    raise ValueError(f"{name} is neither a literal constant of {module} nor imported by name from rlt_mono")
 
 
 @functools.cache

@@ -204,3 +204,19 @@ def test_a_group_declared_twice_or_not_written_out_is_refused(tmp_path, sources,
     with pytest.raises(ValueError) as caught:
         declared_group_classes(_package(tmp_path, sources))
     assert str(caught.value).endswith(message)
+
+
+def test_a_default_named_by_an_imported_constant_is_read_from_its_module():
+    import ast
+
+    from rlt_mono.config import _imported_constant, compose
+    from rlt_mono.study import eval_stats
+
+    cfg = compose("eval", ["size=tiny"])
+    assert (cfg.eval.confidence, cfg.eval.bootstrap_resamples) == (eval_stats.CONFIDENCE, eval_stats.RESAMPLES)
+    tree = ast.parse("from rlt_mono.study.eval_stats import RESAMPLES as R\nLOCAL = 7\n")
+    assert _imported_constant("R", tree, "x") == eval_stats.RESAMPLES and _imported_constant("LOCAL", tree, "x") == 7
+    with pytest.raises(ValueError, match="MISSING is neither a literal constant of x nor imported"):
+        _imported_constant("MISSING", tree, "x")
+    with pytest.raises(ValueError, match="rlt_mono.study.eval_stats has no literal constant NOPE"):
+        _imported_constant("NOPE", ast.parse("from rlt_mono.study.eval_stats import NOPE\n"), "x")

@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README_MONO_GPU.md"
 PAGES = [ROOT / "README.md", README, *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+# A repository path named in a page's text (a command to run, a file to read): bench/x.py, offline_host/x.sh ...
+NAMED_PATH = re.compile(r"(?<![\w/.-])((?:bench|offline_host|rlt_mono|cfgs|tests|notebooks|docs)/[\w/.-]*\w"
+                        r"\.(?:sh|py|yaml|ipynb|md))")
 
 
 def _commands(text: str) -> list[str]:
@@ -50,6 +53,17 @@ def test_relative_links_resolve(page):
             if anchor not in {_anchor(h) for h in headings}:
                 broken.append(target)
     assert not broken, f"{page.name}: {broken}"
+
+
+@pytest.mark.parametrize("page", [*PAGES, ROOT / "offline_host" / "README.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_script_and_file_a_page_names_exists(page):
+    missing = sorted({path for path in NAMED_PATH.findall(page.read_text()) if not (ROOT / path).exists()})
+    assert not missing, f"{page.relative_to(ROOT)} names files that are not in the repository: {missing}"
+
+
+def test_a_moved_script_is_caught():
+    assert NAMED_PATH.findall("then `bash bench/gpu_pipeline.sh fair` and rlt_mono/stages/x.py") == [
+        "bench/gpu_pipeline.sh", "rlt_mono/stages/x.py"]
 
 
 def test_no_page_points_into_the_old_results_folder():

@@ -8,9 +8,10 @@ so ``python -m rlt_mono.cli --help`` and config errors stay quick. This package,
 stage modules are the layer of declarations, below the study over seeds and the stages' code (the layers:
 ``tests/test_import_graph_on_cpu.py``).
 
-A new stage: its module here (its ``STAGE`` and its run function), its entry below (the module imported, its
-``STAGE`` listed), its config group (cfgs/<group>/) if it has options, and a run config (cfgs/run_cfg/) naming it;
-nothing else (tests/test_new_stage_on_cpu.py adds one).
+A new stage: its module here (its ``STAGE`` and its run function), its entry below (two lines: the module imported,
+its ``STAGE`` listed), its config group (cfgs/<group>/) if it has options, a run config (cfgs/run_cfg/) naming it,
+and its row in README_MONO_GPU.md's table of stages; nothing else (tests/test_new_stage_on_cpu.py adds one, and
+checks that the table lists every stage in the registry's order).
 """
 
 from rlt_mono.stages import distill, pipeline, student_sft, teacher_rlt, teacher_sft

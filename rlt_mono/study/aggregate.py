@@ -45,7 +45,15 @@ from rlt_mono.runs.atomic_write import write_json, write_text
 from rlt_mono.runs.outputs import CONFIG_FILE, EVAL_EVENT, METRICS_FILE, is_number, read_metrics
 from rlt_mono.runs.plots import plot_arms_accuracy, plot_heldout_reward_by_seed, plot_tied_groups_by_seed
 from rlt_mono.stages.pipeline_steps import STEP_FOLDER_NAMES
-from rlt_mono.study.eval_stats import EVAL_FILE, ROWS_FILE, interval_text, read_rows, summarize
+from rlt_mono.study.eval_stats import (
+    CONFIDENCE,
+    EVAL_FILE,
+    RESAMPLES,
+    ROWS_FILE,
+    interval_text,
+    read_rows,
+    summarize,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +192,6 @@ HELD_OUT_SETS = ("templates", "instances")
 TEACHER_EVALS = {"sft_teacher": "eval_sft_teacher", "rl_teacher": "eval_teacher"}
 # A teacher's figure in study.json -> its per-question field of eval_rows.jsonl.
 TEACHER_FIELDS = {"reward": "total", "r_ss": "r_ss", "r_kl": "r_kl"}
-CONFIDENCE = 0.95
 # Steps of a tied-group fraction's rolling mean in rl_tied_groups.png.
 TIED_WINDOW = 10
 CORRELATION_NOTE = (
@@ -250,7 +257,7 @@ def read_seed(folder: Path) -> SeedRun:
                    teacher_sft_folder=folders[TEACHER_SFT_STEP].resolve())
 
 
-def pooled_over_seeds(values_by_seed: dict[int, dict[str, float]], resamples: int = 2000,
+def pooled_over_seeds(values_by_seed: dict[int, dict[str, float]], resamples: int = RESAMPLES,
                       seed: int = 0) -> dict | None:
     """One figure over seeds from each seed's ``{question: value}`` (``question_values``): ``mean`` over questions
     of each question's value averaged over the seeds that have it, ``ci95`` its percentile-bootstrap interval over
@@ -274,7 +281,7 @@ def question_means(values_by_seed: dict[int, dict[str, float]]) -> dict[str, flo
     return {q: float(np.mean([values[q] for values in values_by_seed.values() if q in values])) for q in questions}
 
 
-def paired_over_seeds(pairs: dict[int, tuple[dict[str, float], dict[str, float]]], resamples: int = 2000,
+def paired_over_seeds(pairs: dict[int, tuple[dict[str, float], dict[str, float]]], resamples: int = RESAMPLES,
                       seed: int = 0) -> dict | None:
     """``b - a`` from each seed's ``(a, b)`` per-question values: per question the mean over seeds of ``b - a``
     (seeds where both sides have it), then ``mean``, ``ci95`` (bootstrap over questions), ``per_seed`` (each
@@ -410,7 +417,7 @@ def missing_files(run: SeedRun) -> list[str]:
             + ([f"{sft_folder}/{SFT_SUMMARY_FILE}"] if run.teacher_sft is None else []))
 
 
-def aggregate_study(runs: list[SeedRun], commands: Sequence[str], device: str | None, resamples: int = 2000,
+def aggregate_study(runs: list[SeedRun], commands: Sequence[str], device: str | None, resamples: int = RESAMPLES,
                     seed: int = 0) -> dict:
     """The study over seeds as ``study.json`` holds it (``aggregate`` writes it): arms, teachers, paired
     differences between arms, the teacher-reward/student-accuracy correlation, the RL runs and the teacher SFT.
@@ -429,7 +436,7 @@ def aggregate_study(runs: list[SeedRun], commands: Sequence[str], device: str | 
 
 
 def aggregate(seed_folders: Sequence[Path], out: Path, commands: Sequence[str] = (), device: str | None = None,
-              resamples: int = 2000, seed: int = 0) -> dict:
+              resamples: int = RESAMPLES, seed: int = 0) -> dict:
     """The study over seeds: read each seed's pipeline folder (``read_seed``), write ``study.json``,
     ``study_table.md`` and the plots (``AGGREGATE_FILES``) into ``out``, log the table; returns the study."""
     runs = [read_seed(Path(folder)) for folder in seed_folders]

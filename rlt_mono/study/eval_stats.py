@@ -18,13 +18,19 @@ ROWS_FILE = "eval_rows.jsonl"
 MIN_ROWS_FOR_INTERVAL = 30
 
 
+# The bootstrap's defaults, here alone: every interval of an eval, a study table and a speed ratio is drawn at this
+# coverage from this many resamples unless its caller (the eval group's options, a script's flag) says otherwise.
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+
+
 def read_rows(folder: Path) -> list[dict]:
     """The per-question rows of an eval run folder (``eval_rows.jsonl``)."""
     with open(Path(folder) / ROWS_FILE) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 2000,
+def bootstrap_interval(values: list[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
                        seed: int = 0, statistic=np.mean) -> tuple[float, float]:
     """Percentile-bootstrap interval of ``statistic`` (the mean unless given; it takes an ``axis``) of ``values``:
     resample them with replacement ``resamples`` times, take the ``(1 - confidence) / 2`` and
@@ -36,7 +42,8 @@ def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples:
     return float(low), float(high)
 
 
-def median_interval(ratios: list[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0) -> dict:
+def median_interval(ratios: list[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
+                    seed: int = 0) -> dict:
     """Percentile-bootstrap interval of the median of paired ``ratios`` (the pairs resampled with replacement), as
     ``{"confidence", "low", "high", "resamples"}``; no bounds (and no resamples) from fewer than 2 pairs."""
     if len(ratios) < 2:

@@ -55,7 +55,15 @@ from rlt_mono.stages import eval_compare
 from rlt_mono.stages.base import Stage
 from rlt_mono.stages.eval_compare import cell
 from rlt_mono.stages.sampling_options import SamplingOptions
-from rlt_mono.study.eval_stats import EVAL_FILE, MIN_ROWS_FOR_INTERVAL, ROWS_FILE, read_rows, summarize
+from rlt_mono.study.eval_stats import (
+    CONFIDENCE,
+    EVAL_FILE,
+    MIN_ROWS_FOR_INTERVAL,
+    RESAMPLES,
+    ROWS_FILE,
+    read_rows,
+    summarize,
+)
 
 if TYPE_CHECKING:
     from rlt_mono.rewards import TeacherRewardConfig
@@ -93,8 +101,8 @@ class EvalConfig(SamplingOptions):
     student_accuracy: bool = True
     student_prompt: str = "student"
     student_max_new_tokens: int = 4096
-    bootstrap_resamples: int = 2000
-    confidence: float = 0.95
+    bootstrap_resamples: int = RESAMPLES
+    confidence: float = CONFIDENCE
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -225,7 +233,7 @@ def run_eval(cfg: DictConfig) -> Path:
     return evaluate(cfg, options, reward_config)
 
 
-def rescore(folder: Path, resamples: int = 2000) -> dict:
+def rescore(folder: Path, resamples: int = RESAMPLES) -> dict:
     """Check the stored student answers of an eval folder again with ``check_answer`` (after a change to how
     answers are read) and rewrite ``eval_rows.jsonl`` and the ``student/accuracy`` of ``eval.json``; returns the
     new figure. Nothing is generated again."""
