@@ -42,6 +42,10 @@
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
 #   STUDY_RL         extra overrides of the teachers' RL runs, after the study's own (words, no spaces inside one;
 #                    e.g. memory=speed trainer.vllm_gpu_memory_utilization=0.5: a teacher alone on its GPU)
+#   STUDY_ANSWER_ONLY  0: the teachers part leaves out the answer-only RL teacher (the ablation arm)
+#   STUDY_SFT_DISTILL  teachers part: when the SFT teacher explains: beside (default; beside the RL runs) or after
+#                    (once they end: on one GPU the RL run then has the card alone, and its memory plan, read at
+#                    its start, is not undercut by a distill starting beside it)
 #   STUDY_TINY       1: the embedded tiny pair on CPU (what the tests run)
 #   STUDY_CHECK      1: run nothing; compose and check every command the parts would run (launch_mono.sh --check,
 #                    each into its log; exit codes in DONE), on any machine: a typo costs seconds here, not a GPU
@@ -181,6 +185,10 @@ size_source=gsm_symbolic  # the worked-solution students' data
 [ "${STUDY_TINY:-0}" = 1 ] && size_source=embedded
 
 check=${STUDY_CHECK:-0}
+sft_distill=${STUDY_SFT_DISTILL:-beside}
+[[ $sft_distill == beside || $sft_distill == after ]] \
+  || { echo "bench/study_fair.sh: STUDY_SFT_DISTILL=$sft_distill: beside or after" >&2; exit 2; }
+[[ ${STUDY_ANSWER_ONLY:-1} == [01] ]] || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$STUDY_ANSWER_ONLY: 0 or 1" >&2; exit 2; }
 source bench/study_stage.sh  # stage: one run, skipped when finished, tried again when it fails
 for knob in STUDY_RETRY_SECONDS STUDY_MEMORY_TRIES; do  # stage's waits and tries: whole numbers, said at once
   [[ ${!knob:-0} =~ ^[0-9]+$ ]] || { echo "bench/study_fair.sh: $knob=${!knob}: a whole number" >&2; exit 2; }
@@ -234,8 +242,12 @@ teacher_chain() {  # <seed> <reward: worked|answer>: RL from the SFT teacher, th
   [ "$reward" = answer ] && name=rl_answer_s$seed data=(data.gsm_solution=answer)
   [ "$seed" = 0 ] && [ "$reward" = worked ] && keep=("${rl_checkpoints[@]}")
   dir=$root/teachers/$name
+  local rl_status=0
   stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" "${data[@]}" "${keep[@]}" \
-    "${rl_extra[@]}" "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || return 1
+    "${rl_extra[@]}" "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || rl_status=1
+  # STUDY_SFT_DISTILL=after waits for this, whatever the RL run's end (a check runs nothing and writes nothing)
+  [ "$check" = 1 ] || { mkdir -p "$dir" && : > "$dir/rl_ended"; }
+  [ $rl_status = 0 ] || return 1
   # Seed 0's checkpoints explain the training questions on the other lanes' GPUs (they are still training or
   # explaining: side by side), while its final teacher explains on its own.
   local pids=() status=0 lane=1 final_step
@@ -268,12 +280,23 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   unpack_traces || return 1
   stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
-  on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
+  local rl_names=() name
+  for seed in $seeds; do rl_names+=("rl_s$seed"); done
+  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || rl_names+=(rl_answer_s0)
+  for name in "${rl_names[@]}"; do rm -f "$root/teachers/$name/rl_ended"; done
+  if [ "$sft_distill" = beside ]; then
+    on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
+  else  # once every RL run has ended (beside the RL teachers' own distills)
+    { for name in "${rl_names[@]}"; do
+        until [ "$check" = 1 ] || [ -e "$root/teachers/$name/rl_ended" ]; do sleep 5; done
+      done
+      on_gpu 0 distill "$root/teachers/sft/final" sft; } & pids+=($!)
+  fi
   for seed in $seeds; do
     on_gpu $lane teacher_chain "$seed" worked & pids+=($!)
     lane=$((lane + 1))
   done
-  on_gpu $lane teacher_chain 0 answer & pids+=($!)
+  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || { on_gpu $lane teacher_chain 0 answer & pids+=($!); }
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }

@@ -967,3 +967,25 @@ def test_with_a_common_block_the_correlation_uses_each_teachers_reward_on_the_co
     assert (instances["points"], instances["pearson_r"], instances["spearman_rho"]) == (3, 0.2402, 0.5)
     assert ("Teacher reward on the common questions vs student accuracy (s; points: sft_teacher, rl_teacher s0, "
             "rl_teacher_step2): ") in (out / "study_table.md").read_text()
+
+
+def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the_sft_teacher_after_rl(tmp_path):
+    """STUDY_ANSWER_ONLY=0: no answer-only RL run. STUDY_SFT_DISTILL=after: the SFT teacher's distill starts once the
+    RL run has ended (its marker written), so on one GPU the RL run's memory plan is read with the card to itself."""
+    root = tmp_path / "study"
+    _traces(root)
+    run = _fair_sh("teachers", root, "0", timeout=600,
+                   env={"STUDY_ANSWER_ONLY": "0", "STUDY_SFT_DISTILL": "after"})
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("teachers=0 "), run.stdout + run.stderr
+    assert sorted(p.name for p in (root / "distilled").iterdir()) == ["rl_s0.jsonl", "rl_step1.jsonl", "sft.jsonl"]
+    assert not (root / "teachers" / "rl_answer_s0").exists()
+    ended = (root / "teachers" / "rl_s0" / "rl_ended").stat().st_mtime_ns
+    sft_distill = root / "teachers" / "distill_sft"
+    assert min(p.stat().st_mtime_ns for p in sft_distill.rglob("*") if p.is_file()) >= ended
+
+
+@pytest.mark.parametrize(("knob", "value", "said"), [("STUDY_SFT_DISTILL", "later", "beside or after"),
+                                                     ("STUDY_ANSWER_ONLY", "no", "0 or 1")])
+def test_a_teachers_knob_out_of_its_choices_is_one_line(tmp_path, knob, value, said):
+    run = _fair_sh("teachers", tmp_path / "study", "0", timeout=60, env={knob: value})
+    assert run.returncode == 2 and run.stderr.strip() == f"bench/study_fair.sh: {knob}={value}: {said}"
