@@ -1,6 +1,6 @@
 """One study.json from the "Does it teach?" arms measured in different runs of the study (docs/STUDY.md).
 
-A run of bench/study_gsm.sh may stop before every arm has run (a time limit, a lost machine), so an arm can exist
+A run of bench/study_gsm.sh may stop before every arm has run (a time limit, a crash), so an arm can exist
 only in an earlier run's folders. This takes each arm from the run named for it, keeps where it came from, and
 compares arms of different runs paired over the held-out questions they share (every run draws the same held-out
 sets: data.seed and the held-out templates are fixed by cfgs/run_cfg/study_gsm_symbolic.yaml). Within a run the

@@ -34,6 +34,9 @@
 #                    STUDY_DISTILLED holds no <teacher>.jsonl[.gz], the students part writes them there from it
 #                    (bench/study_fair.py restore)
 #   STUDY_RL_STEPS   RL optimizer steps of 256 completions (default 188: 48,128 completions a seed)
+#   STUDY_EXPLANATION_TOKENS  the longest explanation a teacher writes, in RL and in distill (default 256; the
+#                    SFT teacher's trace-style explanations overran 256 on half the questions, so RL learned mostly
+#                    to close within it: docs/STUDY.md, "What is left")
 #   STUDY_RL_MINUTES stop each RL run after this many minutes of training (trainer.max_minutes; a GPU held for a
 #                    fixed time); its held-out curve and teachers.json say the step it reached
 #   STUDY_DISTILL_ROWS     training questions each teacher explains (data.max_rows: a seeded sample covering
@@ -82,6 +85,9 @@ kept_explanations=study_data/gsm_symbolic_v2/explanations
 [ "${STUDY_TINY:-0}" = 1 ] && kept_explanations=
 kept_explanations=${STUDY_EXPLANATIONS-$kept_explanations}
 rl_steps=${STUDY_RL_STEPS:-188}
+explanation_tokens=${STUDY_EXPLANATION_TOKENS:-256}
+[[ $explanation_tokens =~ ^[1-9][0-9]*$ ]] \
+  || { echo "bench/study_fair.sh: STUDY_EXPLANATION_TOKENS=$explanation_tokens: a whole number >= 1" >&2; exit 2; }
 for arm in $arms; do
   case "$arm" in
     untrained|untrained_plain|worked|traces|sft_teacher|rl_teacher|rl_teacher_answer_only|rl_teacher_step[0-9]*|worked_common) ;;
@@ -162,7 +168,7 @@ else
   # The student and reference stay on the GPU, vLLM awake (runs side by side), a 2,048-token context.
   rl_run=teacher_rlt_mono
   rl_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 logging=local memory=manual
-           "trainer.max_steps=$rl_steps" trainer.max_completion_length=256 trainer.num_generations=16
+           "trainer.max_steps=$rl_steps" "trainer.max_completion_length=$explanation_tokens" trainer.num_generations=16
            trainer.per_device_train_batch_size=32 trainer.gradient_accumulation_steps=8 trainer.steps_per_generation=8
            reward.micro_batch_size=32 trainer.learning_rate=5.0e-6 trainer.optim=adamw_torch trainer.save_steps=100000
            trainer.gradient_checkpointing=false trainer.eval_strategy=steps trainer.eval_steps=47
@@ -174,7 +180,7 @@ else
   # (the teacher-reward <-> student-accuracy correlation).
   rl_checkpoints=(trainer.save_steps=47)
   # Every training question, 4 explanations each, the best by the RLT reward kept; a fixed 6 GiB KV cache.
-  distill_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 distill.max_new_tokens=256
+  distill_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 "distill.max_new_tokens=$explanation_tokens"
                 "distill.samples_per_question=${STUDY_DISTILL_SAMPLES:-4}" distill.vllm_gpu_memory_utilization=0.1
                 distill.vllm_kv_cache_gib=6 reward.micro_batch_size=32
                 ${STUDY_DISTILL_ROWS:+"data.max_rows=$STUDY_DISTILL_ROWS"})

@@ -278,8 +278,8 @@ def test_a_rank_that_stops_on_a_user_error_ends_the_run_in_one_line(tmp_path):
     done = _launch("placement.num_processes=2", "trainer.max_completion_length=100000", f"output_dir={tmp_path / 'x'}")
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert lines[-1] == ("error: trainer.max_completion_length=100000 leaves no room for a prompt in the teacher's "
-                         "2048-token context (max_position_embeddings): lower it (rank 0)")
+    assert lines[-1] == ("error: trainer.max_completion_length=100000 leaves no room for a prompt in a 2048-token "
+                         "context (the teacher's max_position_embeddings): lower it, or raise it (rank 0)")
     assert "Traceback" not in done.stderr and "ChildFailedError" not in done.stderr
     assert sum(line.startswith("error:") for line in lines) == 1  # said once, by the launcher
 

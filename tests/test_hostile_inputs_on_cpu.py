@@ -289,3 +289,21 @@ def test_an_sft_stage_sees_one_gpu_whatever_placement_it_ignores(monkeypatch, st
     monkeypatch.setattr(runtime, "gpus_present", lambda: 2)
     cli.expose_gpus(cli.exposed_mode(stage, mode))
     assert os.environ["CUDA_VISIBLE_DEVICES"] == exposed
+
+
+def test_a_prompt_leaves_room_for_a_completion_in_the_shorter_of_the_teachers_and_the_engines_context():
+    from types import SimpleNamespace
+
+    from rlt_mono.rl.build import prompt_room
+
+    def args(completion, engine, use_vllm=True):
+        return SimpleNamespace(max_completion_length=completion, vllm_max_model_length=engine, use_vllm=use_vllm)
+
+    assert prompt_room(32768, args(512, 2048)) == 1536  # the engine's 2,048 tokens, not the model's 32,768
+    assert prompt_room(32768, args(512, None)) == 32256
+    assert prompt_room(32768, args(512, 2048, use_vllm=False)) == 32256  # no engine: its length does not apply
+    assert prompt_room(1024, args(512, 4096)) == 512
+    with pytest.raises(ConfigError, match=r"^trainer.max_completion_length=4096 leaves no room for a prompt in a "
+                                          r"2048-token context \(trainer.vllm_max_model_length\): lower it, or raise "
+                                          r"it$"):
+        prompt_room(32768, args(4096, 2048))

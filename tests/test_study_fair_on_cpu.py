@@ -985,7 +985,8 @@ def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the
 
 
 @pytest.mark.parametrize(("knob", "value", "said"), [("STUDY_SFT_DISTILL", "later", "beside or after"),
-                                                     ("STUDY_ANSWER_ONLY", "no", "0 or 1")])
+                                                     ("STUDY_ANSWER_ONLY", "no", "0 or 1"),
+                                                     ("STUDY_EXPLANATION_TOKENS", "long", "a whole number >= 1")])
 def test_a_teachers_knob_out_of_its_choices_is_one_line(tmp_path, knob, value, said):
     run = _fair_sh("teachers", tmp_path / "study", "0", timeout=60, env={knob: value})
     assert run.returncode == 2 and run.stderr.strip() == f"bench/study_fair.sh: {knob}={value}: {said}"

@@ -96,12 +96,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     lora.check_rank_fits(cfg.model, teacher_config.hidden_size)
     # ---- data -----------------------------------------------------------------------------------------
     prompt_format = PromptFormat()
-    # A prompt must leave room for a whole completion in the teacher's context (TRL 1.16 does not truncate).
-    context = teacher_config.max_position_embeddings
-    max_prompt_tokens = context - args.max_completion_length
-    if max_prompt_tokens <= 0:
-        raise ConfigError(f"trainer.max_completion_length={args.max_completion_length} leaves no room for a prompt "
-                          f"in the teacher's {context}-token context (max_position_embeddings): lower it")
+    max_prompt_tokens = prompt_room(teacher_config.max_position_embeddings, args)
     dataset, skipped = prepare_dataset(data_config, tokenizer, prompt_format, seed=cfg.seed,
                                        max_prompt_tokens=max_prompt_tokens)
     eval_dataset = None  # the held-out learning curve: TRL's evaluation on the first eval_questions held-out rows
@@ -299,6 +294,21 @@ def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> d
                     "is off", cfg.model.lora_r)
         kwargs["sync_ref_model"] = False
     return kwargs
+
+
+def prompt_room(max_position_embeddings: int, args) -> int:
+    """The longest prompt a run takes: a prompt must leave room for a whole completion
+    (``args.max_completion_length``) in the teacher's context (TRL 1.16 does not truncate), and in vLLM's where the
+    engine is given a shorter one (``args.vllm_max_model_length``); a ``ConfigError`` where no prompt fits."""
+    context, context_name = max_position_embeddings, "the teacher's max_position_embeddings"
+    engine_context = getattr(args, "vllm_max_model_length", None) if args.use_vllm else None
+    if engine_context and engine_context < context:
+        context, context_name = engine_context, "trainer.vllm_max_model_length"
+    room = context - args.max_completion_length
+    if room <= 0:
+        raise ConfigError(f"trainer.max_completion_length={args.max_completion_length} leaves no room for a prompt "
+                          f"in a {context}-token context ({context_name}): lower it, or raise it")
+    return room
 
 
 def ensure_single_process_distributed_env() -> None:
