@@ -11,7 +11,7 @@
 #             prompt (eval.split=train, at most 768 tokens) in <root>/traces/eval; its right, uncut answers become
 #             <root>/traces/traces.jsonl (bench/study_fair.py traces; column trace). Seeds are not used.
 #   teachers  the teachers: SFT warm-up of the 0.5B teacher on <root>/traces/traces.jsonl (written from
-#             results/study_gsm_symbolic_v2/traces.jsonl.gz when absent), then GRPO with the worked-solution reward
+#             study_data/gsm_symbolic_v2/traces.jsonl.gz when absent), then GRPO with the worked-solution reward
 #             for each seed and with the answer-only reward (seed 0), then each teacher (and seed 0's checkpoints)
 #             explains every training question: <root>/distilled/<teacher>.jsonl.
 #   students  students trained on each arm's explanations + solutions (STUDY_ARMS), for each seed, then evaluated:
@@ -279,7 +279,7 @@ distill() {  # <teacher folder> <name> [data override]: every training question 
 }
 unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unless the traces part wrote it
   [ -s "$root/traces/traces.jsonl" ] && return 0
-  mkdir -p "$root/traces" && gzip -dc results/study_gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
+  mkdir -p "$root/traces" && gzip -dc study_data/gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
 }
 teachers() {  # the SFT teacher on the traces, then the RL teachers side by side (one per GPU where there are several)
   local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0

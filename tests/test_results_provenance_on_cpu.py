@@ -19,12 +19,23 @@ MOST_NOT_RECORDED = 39
 PLACEHOLDERS = {"unknown", "n/a", "na", "none", "null", "?", "tbd", "todo", "-", "not known", "not recorded."}
 
 
+def _said(value) -> bool:
+    """Whether a field's value says something: not empty, not a placeholder, not "not recorded" (a list: each item)."""
+    if isinstance(value, list):
+        return bool(value) and all(_said(item) for item in value)
+    if not isinstance(value, str):
+        return bool(value)
+    text = value.strip().lower()
+    return bool(text) and text not in PLACEHOLDERS and NOT_RECORDED not in text
+
+
 def inline(path: Path) -> set[str]:
-    """The fields ``path`` carries itself, each with a value that is not empty (``commands`` counts as ``command``)."""
+    """The fields ``path`` carries itself, each with a value that says something (``commands`` counts as
+    ``command``): a file that writes "unknown" or "not recorded" for a field is indexed like one that lacks it."""
     value = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(value, dict):
         return set()
-    return {f for f in FIELDS if value.get(f) or (f == "command" and value.get("commands"))}
+    return {f for f in FIELDS if _said(value.get(f)) or (f == "command" and _said(value.get("commands")))}
 
 
 def result_files() -> list[Path]:
@@ -116,5 +127,9 @@ def test_the_helpers_read_a_result_as_the_index_does(tmp_path):
     assert inline(result) == {"commit"}
     result.write_text(json.dumps([{"commit": "abc1234", "device": "H200", "command": "a"}]))
     assert inline(result) == set()
+    result.write_text(json.dumps({"commit": "unknown", "device": "?", "command": "not recorded"}))
+    assert inline(result) == set()  # placeholders in the file itself say nothing either
+    result.write_text(json.dumps({"commit": "abc1234", "device": "H200", "commands": ["a", "n/a"]}))
+    assert inline(result) == {"commit", "device"}
     entries = {"a.json": {"commit": NOT_RECORDED, "device": "H100", "command": "runs 1-2 not recorded"}}
     assert not_recorded(entries) == ["results/a.json: commit", "results/a.json: command"]

@@ -1,7 +1,9 @@
-"""The tracked results/ folder holds the summaries the docs cite, not raw material: at most 5 MiB in all, no logs.
+"""The tracked results/ folder holds the summaries the docs cite, not raw material: at most 5 MiB in all, JSON, PNG
+and Markdown only, no logs.
 
 Raw logs, raw bench results and per-run rows stay out of the tree (docs/PERFORMANCE.md says which commit has them).
-The one exception, the rows the study's students read, lives in study_data/, a file of at most 2 MiB a teacher.
+The rows the study reads (the larger model's traces, the teachers' explanations) are its input, not its results:
+they live in study_data/, a file of at most 2 MiB.
 """
 
 import subprocess
@@ -30,6 +32,11 @@ def test_the_tracked_results_fit_in_five_mib():
 def test_no_log_is_tracked_under_results():
     logs = [str(path.relative_to(ROOT)) for path in _tracked() if path.name.endswith(".log")]
     assert logs == []
+
+
+def test_results_are_json_png_or_markdown():
+    other = [str(path.relative_to(ROOT)) for path in _tracked() if path.suffix not in (".json", ".png", ".md")]
+    assert other == [], "results/ holds summaries (JSON, PNG, Markdown); rows a run reads belong in study_data/"
 
 
 def test_each_kept_file_of_explanations_fits_in_two_mib():
