@@ -55,6 +55,7 @@ from rlt_mono.errors import UserError
 from rlt_mono.memory import model as memory
 from rlt_mono.memory import planner as memory_planner
 from rlt_mono.placement import PlacementError, check_main_process_port, check_strategy
+from rlt_mono.runs import atomic_write
 from rlt_mono.runs.checkpoints import resolve_output_dir
 from rlt_mono.stages import STAGES
 
@@ -319,7 +320,7 @@ def record_rank_error(err: UserError) -> bool:
     folder = os.environ.get(ERRORS_ENV)
     if not runtime.in_rank() or not folder or not Path(folder).is_dir():
         return False
-    (Path(folder) / f"rank-{runtime.rank()}.txt").write_text(f"{err.exit_code} {err}\n")
+    atomic_write.write_text(Path(folder) / f"rank-{runtime.rank()}.txt", f"{err.exit_code} {err}\n")
     return True
 
 

@@ -283,6 +283,36 @@ def test_every_module_has_a_layer_and_every_layer_entry_a_module():
     assert not stale, f"LAYERS names what rlt_mono does not hold: {stale}"
 
 
+def deferred_upward_imports(modules: dict[str, Path], layer: Callable[[str], int]) -> list[str]:
+    """Each import inside a stage's run or check function (``stage_functions``) of a module above the stages' code
+    (the entry points: launch, cli; ``layer``: a module's index in ``LAYERS``): a stage may reach its heavy code
+    when it runs, never what runs it."""
+    ceiling = next(i for i, (name, _) in enumerate(LAYERS) if name == "stage code")
+    found = []
+    for name, path in sorted(modules.items()):
+        deferred = stage_functions(path)
+        for target, line, function in package_imports(name, path, modules):
+            if function in deferred and target in modules and layer(target) > ceiling:
+                found.append(f"{name}:{line}: {function} imports {target} (layer {LAYERS[layer(target)][0]})")
+    return found
+
+
+def test_a_stage_run_function_reaches_no_higher_than_the_stages_code(tmp_path):
+    modules = module_files()
+    found = deferred_upward_imports(modules, lambda name: layer_of(modules[name]))
+    assert not found, "a stage's run or check function imports an entry point:\n" + "\n".join(found)
+    # the check itself: a made-up stage whose run imports the command line, and whose check imports sft (allowed)
+    made_up = tmp_path / "made_up.py"
+    made_up.write_text("from rlt_mono.stages.base import Stage\n\ndef run(cfg):\n    from rlt_mono.cli import main\n\n"
+                       "def check(cfg):\n    from rlt_mono.stages.sft import run_sft\n\n"
+                       "STAGE = Stage(name='x', run=run, check=check)\n")
+    both = {**modules, "rlt_mono.stages.made_up": made_up}
+    declarations = next(i for i, (name, _) in enumerate(LAYERS) if name == "declarations")
+    found = deferred_upward_imports(both, lambda name: declarations if name == "rlt_mono.stages.made_up"
+                                    else layer_of(modules[name]))
+    assert found == ["rlt_mono.stages.made_up:4: run imports rlt_mono.cli (layer entry)"]
+
+
 def test_no_module_imports_a_module_of_a_higher_layer():
     modules = module_files()
     upward = upward_imports(import_graph(), lambda name: layer_of(modules[name]))

@@ -29,10 +29,24 @@ PACKAGE = ROOT / "rlt_mono"
 BENCH = ROOT / "bench"
 LOCKS = "rlt_mono/runs/lock.py"
 RENAMES = "rlt_mono/runs/atomic_write.py"
-# Whole-file writes in bench/ that are not through atomic_write, each for a reason of its own:
-OTHER_BENCH_WRITES = {
+# Whole-file writes not through atomic_write, each for a reason of its own:
+OTHER_WRITES = {
+    # atomic_write itself: its temporary file, then the append-only logs
+    "rlt_mono/runs/atomic_write.py",
     # a case's input file, written into the case's own temporary folder before the command under test reads it
     "bench/tryout.py",
+    # a run's log, in a temporary folder the benchmark deletes
+    "bench/bench_mono.py",
+    # the model assembled in a temporary folder beside the cache entry, which is published whole
+    "rlt_mono/data/pretrained.py",
+    # the distill file: append-only, a row a line, under the run's lock (rlt_mono.runs.atomic_write.append_to)
+    "rlt_mono/stages/distill_run.py",
+    # the rollout server's log, appended to
+    "rlt_mono/rl/vllm_server.py",
+    # the tiny pair's COMPLETE marker, written into its staging folder, which is published whole
+    "rlt_mono/data/embedded/tiny_models.py",
+    # a checkpoint's manifest, staged beside and renamed over (OTHER_RENAMES)
+    "rlt_mono/runs/checkpoints.py",
 }
 # Renames outside atomic_write.py, each for a reason of its own:
 OTHER_RENAMES = {
@@ -64,16 +78,49 @@ def test_the_walk_covers_the_benchmark_scripts():
     assert {"bench/bench_mono.py", "bench/study_fair.py", "rlt_mono/runs/atomic_write.py"} <= names
 
 
-def test_benchmarks_write_their_results_through_atomic_write():
+def _mode(node: ast.Call, position: int) -> str:
+    """The mode an ``open`` call gives (its argument at ``position`` or ``mode=``), "r" when none is written."""
+    given = [k.value for k in node.keywords if k.arg == "mode"] or node.args[position:position + 1]
+    return given[0].value if given and isinstance(given[0], ast.Constant) else "r"
+
+
+def _whole_file_writes(path: Path) -> list[str]:
+    """Calls that write a whole file in place: ``Path.write_text``/``write_bytes``, ``open``/``Path.open``/
+    ``os.fdopen`` for writing (not appending), ``shutil.copy*``, ``json.dump``, ``pickle.dump``, ``savefig`` to a
+    path."""
     found = []
-    for name, path in _modules().items():
-        if not name.startswith("bench/") or name in OTHER_BENCH_WRITES:
-            continue
-        found += [f"{name}:{node.lineno}: {func}()" for func, node in _calls(path)
-                  if func.rpartition(".")[2] in ("write_text", "write_bytes") and "." in func
-                  or func in ("json.dump", "pickle.dump")]
-    assert not found, ("result files written in place in bench/ (use rlt_mono.runs.atomic_write's write_json, "
-                       "write_text or write_bytes):\n" + "\n".join(found))
+    for func, node in _calls(path):
+        method = func.rpartition(".")[2]
+        writes = (
+            (method in ("write_text", "write_bytes") and "." in func and not func.startswith("atomic_write."))
+            or func in ("json.dump", "pickle.dump", "shutil.copy", "shutil.copy2", "shutil.copyfile")
+            or (func in ("open", "os.fdopen") and any(c in _mode(node, 1) for c in "wx"))
+            or (method == "open" and "." in func and func != "os.open" and any(c in _mode(node, 0) for c in "wx"))
+            or (method == "savefig" and node.args and not (isinstance(node.args[0], ast.Name)
+                                                           and node.args[0].id in ("png", "buffer")))
+        )
+        if writes:
+            found.append((node.lineno, f"{path.relative_to(ROOT)}:{node.lineno}: {func}()"))
+    return [line for _, line in sorted(found)]
+
+
+def test_whole_files_are_written_through_atomic_write():
+    found = [line for name, path in _modules().items() if name not in OTHER_WRITES for line in _whole_file_writes(path)]
+    assert not found, ("files written in place (use rlt_mono.runs.atomic_write's write_json, write_text or "
+                       "write_bytes; a file staged in a folder that is published whole is listed in OTHER_WRITES "
+                       "with its reason):\n" + "\n".join(found))
+
+
+def test_the_write_walk_finds_each_kind_of_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    script = tmp_path / "bench" / "x.py"
+    script.parent.mkdir()
+    script.write_text("import json, shutil\nout.write_text('a')\nwith open(p, 'w') as f: pass\n"
+                      "with p.open(mode='wb') as f: pass\nshutil.copy(a, b)\nfig.savefig(out)\njson.dump(v, f)\n"
+                      "with open(p, 'ab') as f: pass\nwith open(p) as f: pass\nfig.savefig(png, format='png')\n"
+                      "write_text(out, 'a')\n")
+    assert [line.rpartition(": ")[2] for line in _whole_file_writes(script)] == [
+        "out.write_text()", "open()", "p.open()", "shutil.copy()", "fig.savefig()", "json.dump()"]
 
 
 def test_only_the_lock_module_takes_a_file_lock():

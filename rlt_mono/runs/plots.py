@@ -12,12 +12,14 @@ step (``plot_heldout_reward_by_seed``), the tied-group share before and after re
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from rlt_mono.runs.atomic_write import write_bytes
 from rlt_mono.runs.outputs import EVAL_EVENT, STEP_EVENT, in_phase_order, is_number, read_metrics, row_event
 
 logger = logging.getLogger(__name__)
@@ -164,10 +166,7 @@ def plot_metrics(metrics_path: str | Path, out_path: str | Path) -> dict[str, li
     if not panels:
         logger.info("%s has no step metrics to plot", metrics_path)
         return panels
-    fig = draw_metric_series(panels)
-    out_path = Path(out_path)
-    fig.savefig(out_path, dpi=100, bbox_inches="tight")
-    logger.info("wrote %s", out_path)
+    _write_png(draw_metric_series(panels), out_path)
     return panels
 
 
@@ -196,10 +195,18 @@ def _study_figure(height: float = 4.0):
     return fig, fig.subplots()
 
 
+def _write_png(fig, out_path: str | Path) -> None:
+    """``fig`` as a PNG at ``out_path``, written whole (the old plot or all of the new: a reader beside a running
+    run never opens half a file)."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100, bbox_inches="tight")
+    write_bytes(out_path, png.getvalue())
+    logger.info("wrote %s", out_path)
+
+
 def _save(fig, out_path: str | Path) -> None:
     fig.tight_layout()
-    fig.savefig(Path(out_path), dpi=100, bbox_inches="tight")
-    logger.info("wrote %s", out_path)
+    _write_png(fig, out_path)
 
 
 def plot_heldout_reward_by_seed(curves: Mapping[int, Curve], out_path: str | Path) -> bool:

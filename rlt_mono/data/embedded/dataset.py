@@ -19,6 +19,8 @@ import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from rlt_mono.runs.atomic_write import write_text
+
 NAMES = ("Mia", "Noah", "Ava", "Liam", "Zoe", "Omar", "Lena", "Ravi", "Sara", "Theo", "Yuki", "Ines")
 ITEMS = ("apples", "marbles", "stickers", "cookies", "pencils", "shells", "cards", "stamps")
 SHOP_GOODS = (("notebooks", "pens"), ("apples", "pears"), ("shirts", "socks"), ("books", "maps"))
@@ -153,7 +155,5 @@ def generate_rows(num_rows: int = 2000, seed: int = 0) -> list[dict[str, str]]:
 def write_jsonl(rows: Iterable[dict[str, str]], path: str | Path) -> Path:
     """Write ``rows`` to ``path`` as JSON lines (UTF-8, one object per line) and return the path."""
     path = Path(path)
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     return path
