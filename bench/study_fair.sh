@@ -37,6 +37,9 @@
 #   STUDY_EXPLANATION_TOKENS  the longest explanation a teacher writes, in RL and in distill (default 256; the
 #                    SFT teacher's trace-style explanations overran 256 on half the questions, so RL learned mostly
 #                    to close within it: docs/STUDY.md, "What is left")
+#   STUDY_RL_GPUS    GPUs each RL teacher trains on (1, 2, 4 or 8; default 1): placement=dp over that many, the same
+#                    256 completions a step; teacher i's from GPU i x STUDY_RL_GPUS on (a 0.5B teacher's 188 steps
+#                    take about 23 minutes on one GPU)
 #   STUDY_RL_MINUTES stop each RL run after this many minutes of training (trainer.max_minutes; a GPU held for a
 #                    fixed time); its held-out curve and teachers.json say the step it reached
 #   STUDY_DISTILL_ROWS     training questions each teacher explains (data.max_rows: a seeded sample covering
@@ -86,6 +89,14 @@ kept_explanations=study_data/gsm_symbolic_v2/explanations
 kept_explanations=${STUDY_EXPLANATIONS-$kept_explanations}
 rl_steps=${STUDY_RL_STEPS:-188}
 explanation_tokens=${STUDY_EXPLANATION_TOKENS:-256}
+rl_gpus=${STUDY_RL_GPUS:-1}
+[[ $rl_gpus == [1248] ]] || { echo "bench/study_fair.sh: STUDY_RL_GPUS=$rl_gpus: 1, 2, 4 or 8" >&2; exit 2; }
+# An RL teacher on several GPUs: placement=dp, each rank a share of the 256 completions of a step (8 / GPUs micro-
+# batches of 32 a rank), so a step is the same work as on one GPU.
+rl_dp=()
+[ "$rl_gpus" = 1 ] || rl_dp=(placement=dp "placement.num_processes=$rl_gpus"
+                             "trainer.gradient_accumulation_steps=$((8 / rl_gpus))"
+                             "trainer.steps_per_generation=$((8 / rl_gpus))")
 [[ $explanation_tokens =~ ^[1-9][0-9]*$ ]] \
   || { echo "bench/study_fair.sh: STUDY_EXPLANATION_TOKENS=$explanation_tokens: a whole number >= 1" >&2; exit 2; }
 for arm in $arms; do
@@ -112,6 +123,14 @@ on_gpu() {
   if [ ${#gpus[@]} -eq 0 ]; then "$@"; return; fi
   gpu=${gpus[$((lane % ${#gpus[@]}))]}
   CUDA_VISIBLE_DEVICES=$gpu RLT_MONO_ENGINE_LOCK=${TMPDIR:-/tmp}/rlt_mono-engine-gpu$gpu.lock "$@"
+}
+# <lane> <count> <command...>: the command on <count> GPUs from the lane's own on (CUDA_VISIBLE_DEVICES a list), the
+# first one's engine-start lock; one GPU (or none) as on_gpu.
+on_gpus() {
+  local lane=$1 count=$2 list=() i; shift 2
+  if [ ${#gpus[@]} -eq 0 ] || [ "$count" = 1 ]; then on_gpu "$lane" "$@"; return; fi
+  for ((i = 0; i < count; i++)); do list+=("${gpus[$(((lane + i) % ${#gpus[@]}))]}"); done
+  CUDA_VISIBLE_DEVICES=$(IFS=,; echo "${list[*]}") RLT_MONO_ENGINE_LOCK=${TMPDIR:-/tmp}/rlt_mono-engine-gpu${list[0]}.lock "$@"
 }
 mkdir -p "$root/logs"
 start=$SECONDS
@@ -242,30 +261,32 @@ worked_chain() {  # <seed...>: each seed's worked student, one after another
   return $status
 }
 
-teacher_chain() {  # <seed> <reward: worked|answer>: RL from the SFT teacher, then its distills
-  local seed=$1 reward=$2 name dir data=() keep=() step last
+teacher_chain() {  # <lane> <seed> <reward: worked|answer>: RL from the SFT teacher (on STUDY_RL_GPUS GPUs from the
+  # lane's), then its distills (the final teacher's on the lane's GPU)
+  local lane=$1 seed=$2 reward=$3 name dir data=() keep=() step last
   name=rl_s$seed
   [ "$reward" = answer ] && name=rl_answer_s$seed data=(data.gsm_solution=answer)
   [ "$seed" = 0 ] && [ "$reward" = worked ] && keep=("${rl_checkpoints[@]}")
   dir=$root/teachers/$name
   local rl_status=0
-  stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" "${data[@]}" "${keep[@]}" \
-    "${rl_extra[@]}" "model.model_name_or_path=$root/teachers/sft/final" "seed=$seed" || rl_status=1
+  on_gpus "$lane" "$rl_gpus" stage "$dir/rl" "${name}_rl" ./launch_mono.sh "$rl_run" "${size[@]}" "${rl_size[@]}" \
+    "${rl_dp[@]}" "${data[@]}" "${keep[@]}" "${rl_extra[@]}" "model.model_name_or_path=$root/teachers/sft/final" \
+    "seed=$seed" || rl_status=1
   # STUDY_SFT_DISTILL=after waits for this, whatever the RL run's end (a check runs nothing and writes nothing)
   [ "$check" = 1 ] || { mkdir -p "$dir" && : > "$dir/rl_ended"; }
   [ $rl_status = 0 ] || return 1
   # Seed 0's checkpoints explain the training questions on the other lanes' GPUs (they are still training or
   # explaining: side by side), while its final teacher explains on its own.
-  local pids=() status=0 lane=1 final_step
+  local pids=() status=0 other=1 final_step
   if [ ${#keep[@]} -gt 0 ]; then
     final_step=$(grep -o '"step": [0-9]*' "$dir/rl/metrics.jsonl" | tail -1 | grep -o '[0-9]*$')
     for step in $(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n); do
       [ "$step" -ge "${final_step:-0}" ] && continue  # the last step's teacher is final/
-      on_gpu $lane distill "$dir/rl/checkpoint-$step" "rl_step$step" & pids+=($!)
-      lane=$((lane + 1))
+      on_gpu $other distill "$dir/rl/checkpoint-$step" "rl_step$step" & pids+=($!)
+      other=$((other + 1))
     done
   fi
-  distill "$dir/rl/final" "$name" "${data[@]}" || status=1
+  on_gpu "$lane" distill "$dir/rl/final" "$name" "${data[@]}" || status=1
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }
@@ -299,10 +320,10 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
       on_gpu 0 distill "$root/teachers/sft/final" sft; } & pids+=($!)
   fi
   for seed in $seeds; do
-    on_gpu $lane teacher_chain "$seed" worked & pids+=($!)
-    lane=$((lane + 1))
+    teacher_chain "$lane" "$seed" worked & pids+=($!)
+    lane=$((lane + rl_gpus))
   done
-  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || { on_gpu $lane teacher_chain 0 answer & pids+=($!); }
+  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || { teacher_chain "$lane" 0 answer & pids+=($!); }
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }

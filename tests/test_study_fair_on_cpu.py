@@ -990,3 +990,38 @@ def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the
 def test_a_teachers_knob_out_of_its_choices_is_one_line(tmp_path, knob, value, said):
     run = _fair_sh("teachers", tmp_path / "study", "0", timeout=60, env={knob: value})
     assert run.returncode == 2 and run.stderr.strip() == f"bench/study_fair.sh: {knob}={value}: {said}"
+
+
+def test_rl_teachers_on_two_gpus_each_train_data_parallel_with_a_steps_work_unchanged(tmp_path):
+    """STUDY_RL_GPUS=2 on four GPUs: seed 0's RL on GPUs 0,1 and seed 1's on 2,3, each placement=dp over two ranks
+    with half the micro-batches a rank (the same 256 completions a step); every other run on one GPU. A stand-in
+    launch_mono.sh records each command and the GPUs it was given."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    for name in ("study_fair.sh", "study_stage.sh"):
+        shutil.copy(SCRIPT.parents[1] / "bench" / name, repo / "bench" / name)
+    record = tmp_path / "commands.txt"
+    (repo / "launch_mono.sh").write_text(f'#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES $*" >> {record}\n'
+                                         'echo "the config and its overrides pass every check a run makes"\n')
+    (repo / "launch_mono.sh").chmod(0o755)
+    root = tmp_path / "study"
+    (root / "traces").mkdir(parents=True)
+    (root / "traces" / "traces.jsonl").write_text("{}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", STUDY_GPUS="0,1,2,3", STUDY_RL_GPUS="2", STUDY_ANSWER_ONLY="0")
+    run = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(root), "0,1"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("teachers=0 "), run.stdout + run.stderr
+    lines = record.read_text().splitlines()
+    rl = {line.split()[0]: line for line in lines if "teacher_rlt_mono" in line}
+    assert sorted(rl) == ["0,1", "2,3"]
+    for line in rl.values():
+        words = line.split()
+        assert {"placement=dp", "placement.num_processes=2", "trainer.gradient_accumulation_steps=4",
+                "trainer.steps_per_generation=4", "trainer.per_device_train_batch_size=32"} <= set(words)
+        # the step's work as on one GPU: 32 completions x 4 micro-batches x 2 ranks (a later override wins)
+        accumulation = [w for w in words if w.startswith("trainer.gradient_accumulation_steps=")]
+        assert accumulation == ["trainer.gradient_accumulation_steps=8", "trainer.gradient_accumulation_steps=4"]
+    others = [line.split()[0] for line in lines if "teacher_rlt_mono" not in line]
+    assert others and all("," not in gpus for gpus in others)  # teacher SFT and the distills: one GPU each
+    assert {line.split()[0] for line in lines if "distill" in line.split()[1:3]} == {"0", "2"}
