@@ -65,7 +65,11 @@ setup() {
       mv "$cache/pypi/$file.tmp" "$cache/pypi/$file"
     fi
   done
-  cp -n "$parts"/reasoning_gym-*.whl "$cache/reasoning-gym/" 2>/dev/null || true
+  # data=gsm_symbolic's wheel, stashed or carried in .whl (where rlt_mono's own fetch would look for PyPI, which a
+  # host without network lacks: a study's RL would stop at its start)
+  cp -n "$parts"/reasoning_gym-*.whl .whl/reasoning_gym-*.whl "$cache/reasoning-gym/" 2>/dev/null || true
+  compgen -G "$cache/reasoning-gym/reasoning_gym-*.whl" > /dev/null \
+    || echo "offline_host/gpu_pipeline.sh: no reasoning-gym wheel stashed or in .whl: data=gsm_symbolic runs will stop" >&2
   export RLT_MONO_CACHE=$cache PYTHONUNBUFFERED=1
 }
 
