@@ -38,7 +38,7 @@ from rlt_mono.memory.planner import MODES as MEMORY_MODES
 from rlt_mono.placement import PlacementError, gpus_to_expose
 from rlt_mono.runs import checkpoints
 from rlt_mono.runs import lock as run_lock
-from rlt_mono.stages import STAGES
+from rlt_mono.stages import STAGES, adapter_stages
 from rlt_mono.stages.pipeline_steps import pipeline_options
 
 logger = logging.getLogger("rlt_mono")
@@ -258,7 +258,7 @@ def check_run_keys(cfg, overrides: list[str] | tuple[str, ...] = ()) -> None:
         for group in stage.model_groups:
             if cfg.get(group) is not None and (cfg[group].get("lora_r") or 0) > 0:
                 raise UserError(f"{group}.lora_r={cfg[group].lora_r}: {cfg.stage} trains nothing (LoRA adapters are "
-                                f"teacher_rlt's option): set {group}.lora_r=0")
+                                f"{adapter_stages()}'s option): set {group}.lora_r=0")
     warn_unused_lora_options(cfg, stage, overrides)
 
 
@@ -277,7 +277,7 @@ def warn_unused_lora_options(cfg, stage, overrides: list[str] | tuple[str, ...])
         if stage.trains != group:
             why = f"{cfg.stage} trains nothing" if stage.trains is None else f"{cfg.stage} trains {stage.trains}"
         elif not stage.trains_adapters:
-            why = f"{cfg.stage} trains every weight of {group} (LoRA adapters are teacher_rlt's option)"
+            why = f"{cfg.stage} trains every weight of {group} (LoRA adapters are {adapter_stages()}'s option)"
         elif not (isinstance(rank, int) and rank > 0):
             why = f"{group}.lora_r={rank} trains every weight, no adapters (set {group}.lora_r to train adapters)"
         else:

@@ -267,7 +267,7 @@ def warn_unused_options(cfg: DictConfig, placement: Placement | None, *, plans_m
       engine.
     """
     if not plans_memory and cfg.get("memory") in PLANNING_MODES:
-        logger.warning("memory=%s is ignored: it plans the GPU memory of teacher_rlt, and this run is %s", cfg.memory,
+        logger.warning("memory=%s is ignored: it plans the GPU memory of an RL run, and this run is %s", cfg.memory,
                        cfg.stage)
     if placement is None and cfg.get("placement") is not None and cfg.placement.mode in ("student_gpu", "auto",
                                                                                          "async"):

@@ -225,7 +225,7 @@ def test_options_a_stage_does_not_read_are_named_in_one_warning_each(tmp_path, m
         build_sft(compose("teacher_sft", ["size=tiny", f"output_dir={tmp_path / 'sft'}", "memory=auto",
                                           "placement=student_gpu"]))
     assert [r.getMessage() for r in caplog.records] == [
-        "memory=auto is ignored: it plans the GPU memory of teacher_rlt, and this run is teacher_sft",
+        "memory=auto is ignored: it plans the GPU memory of an RL run, and this run is teacher_sft",
         "placement=student_gpu is ignored: teacher_sft trains one model in one process (placement=dp spreads it over "
         "GPUs)"]
     caplog.clear()

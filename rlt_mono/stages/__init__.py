@@ -28,4 +28,11 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
     pipeline.STAGE,
 )}
 
-__all__ = ["MODEL_GROUPS", "STAGES", "Stage"]
+
+
+def adapter_stages() -> str:
+    """The stages that train LoRA adapters (``Stage.trains_adapters``), by name, for messages: "teacher_rlt" today."""
+    return " and ".join(name for name, stage in STAGES.items() if stage.trains_adapters)
+
+
+__all__ = ["MODEL_GROUPS", "STAGES", "Stage", "adapter_stages"]

@@ -70,7 +70,7 @@ from rlt_mono.runs.diverged import StopOnNonFinite, divergence_hint
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics, write_run_config
 from rlt_mono.runtime import set_wandb_env
-from rlt_mono.stages import student_sft, teacher_sft
+from rlt_mono.stages import adapter_stages, student_sft, teacher_sft
 from rlt_mono.stages.final_model import save_final
 from rlt_mono.study import diversity
 
@@ -349,7 +349,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     group = declared.trains
     if lora.lora_rank(cfg[group]):  # a silent full fine-tune would not be what was asked for
         raise ConfigError(f"{group}.lora_r={cfg[group].lora_r}: {stage} trains every weight (LoRA adapters are "
-                          f"teacher_rlt's option): set {group}.lora_r=0")
+                          f"{adapter_stages()}'s option): set {group}.lora_r=0")
     key = f"{group}.model_name_or_path"
     model_path = resolve_model(cfg[group], cfg.seed, group)
     tokenizer = load_tokenizer(model_path, key)
