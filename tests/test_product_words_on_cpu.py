@@ -17,8 +17,9 @@ WORDS = re.compile(r"\blease|\bsession[ -]?\d|\biss[u]es?(?![a-z])|\bround[ -]?\
                    r"|(?<![\w-])GPU[ ]machine|\bdevice[ ]tools?\b|\bstash[ ]calls?\b|\bdevice[ ]calls?\b"
                    r"|\bdevice[ ]machine\b|\bcall-\d|\bmachine's[ ]time\b|\bdevice[ ]time\b|\bgiven[ ](?:back|out)\b"
                    r"|/wor[k]/|\bnvidia-h[0-9]00\b|\bcall[ ]?\d|\bwas[ ]reclaimed\b|\btime[ ]ran[ ]out\b"
-                   r"|\bminutes[ ]on[ ]the[ ]machine\b|\bmachines'[ ]worth\b|\bhost[ ](?:was|stopped|went)\b"
-                   r"|\bwith[ ]the[ ]machine\b|\blost[ ]machine\b|\bpart's[ ](?:\d+[ ]minutes|GPU[ ]time)",
+                   r"|\bminutes[ ]on[ ]the[ ]machine\b|\bmachines'[ ]worth\b|\bhosts?[ ](?:was|were|stopped|went)\b"
+                   r"|\bwith[ ]the[ ]machine\b|\blost[ ]machine\b|\bpart's[ ](?:\d+[ ]minutes|GPU[ ]time)"
+                   r"|\bmachine[ ](?:was|were)[ ](?:lost|released|reclaimed)\b|\bparts?[ ]of[ ]\d+[ ]minutes\b",
                    re.IGNORECASE)
 # A link to an upstream project's bug tracker (vLLM's, TRL's) is about the world, not about rlt_mono's work: the URL
 # alone is left out of the line before it is searched.
@@ -97,7 +98,7 @@ def test_the_words_are_found_with_their_file_and_line(tmp_path):
     # said another way: where the work ran, not what the product does
     said, folder = "run on the dev" "ice machine", ".gpu-stack/ca" "ll-3/install.sh"
     budget, numbered_call = "when the mach" "ine's ti" "me ran out", "run 1 ca" "ll 3: python3 bench/x.py"
-    lost, fits = "then the ho" "st was lost", "does not fit a pa" "rt's 25 minutes"
+    lost, fits = "then both ho" "sts stopped", "does not fit a pa" "rt of 25 minutes"
     page.write_text(f"{said}\n{folder}\na call to the engine, the machine's memory\n{budget}\n{numbered_call}\n"
                     f"{lost}\n{fits}\nthe host's disk filled\n")
     assert hits([page], tmp_path) == [f"page.md:1: {said}", f"page.md:2: {folder}", f"page.md:4: {budget}",

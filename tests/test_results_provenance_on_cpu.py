@@ -4,6 +4,7 @@ named by its path under results/. Where no record says, the index writes "not re
 writes so may fall, never rise."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,22 @@ def _said(value) -> bool:
     return bool(text) and text not in PLACEHOLDERS and NOT_RECORDED not in text
 
 
+def _names_a_commit(value) -> bool:
+    """A commit field starts with a git hash (7 to 40 hex digits), e.g. "abc1234" or "abc1234 (the bench's code)";
+    a list (a study over several commits) of such, each."""
+    if isinstance(value, list):
+        return bool(value) and all(_names_a_commit(item) for item in value)
+    return isinstance(value, str) and re.match(r"[0-9a-f]{7,40}\b", value.strip()) is not None
+
+
 def inline(path: Path) -> set[str]:
     """The fields ``path`` carries itself, each with a value that says something (``commands`` counts as
     ``command``): a file that writes "unknown" or "not recorded" for a field is indexed like one that lacks it."""
     value = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(value, dict):
         return set()
-    return {f for f in FIELDS if _said(value.get(f)) or (f == "command" and _said(value.get("commands")))}
+    said = {f for f in FIELDS if _said(value.get(f)) or (f == "command" and _said(value.get("commands")))}
+    return said if _names_a_commit(value.get("commit")) else said - {"commit"}
 
 
 def result_files() -> list[Path]:
@@ -131,5 +141,8 @@ def test_the_helpers_read_a_result_as_the_index_does(tmp_path):
     assert inline(result) == set()  # placeholders in the file itself say nothing either
     result.write_text(json.dumps({"commit": "abc1234", "device": "H200", "commands": ["a", "n/a"]}))
     assert inline(result) == {"commit", "device"}
+    for commit in ("unknown commit", "n.a.", "???", "HEAD", "abc12"):  # no hash: indexed as lacking it
+        result.write_text(json.dumps({"commit": commit, "device": "H200", "command": "a"}))
+        assert inline(result) == {"device", "command"}, commit
     entries = {"a.json": {"commit": NOT_RECORDED, "device": "H100", "command": "runs 1-2 not recorded"}}
     assert not_recorded(entries) == ["results/a.json: commit", "results/a.json: command"]

@@ -17,8 +17,10 @@ KEPT_LIMIT_BYTES = 2 * 2**20
 
 
 def _tracked(folder: str = "results") -> list[Path]:
-    """Every file git tracks under ``folder`` (a link counts as itself, as git stores it)."""
-    listing = subprocess.run(["git", "ls-files", "-z", folder], cwd=ROOT, capture_output=True, check=True).stdout
+    """Every file git lists under ``folder``: tracked, and new files not ignored (a link counts as itself, as git
+    stores it)."""
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", folder], cwd=ROOT,
+                             capture_output=True, check=True).stdout
     return [ROOT / name for name in listing.decode().split("\0") if name]
 
 

@@ -294,9 +294,16 @@ def test_an_unfinished_eval_is_one_line(tmp_path, empty):
     assert result.returncode == 2 and "eval_rows.jsonl is empty: that eval did not finish" in result.stderr
 
 
+def _environ() -> dict[str, str]:
+    """This process's environment, with this interpreter first on PATH and as PYTHON: the scripts call python3
+    (launch_mono.sh) and ${PYTHON:-python3}, which must be the one that has rlt_mono's dependencies."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHON": sys.executable}
+
+
 def _fair_sh(*args, timeout=900, env=None):
     """bench/study_fair.sh on the embedded tiny pair (STUDY_TINY=1), from the repository root."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
+    env = {**{k: v for k, v in _environ().items() if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE",
                                                                        "MASTER_", "STUDY_"))}, "STUDY_TINY": "1",
            **(env or {})}
     return subprocess.run(["bash", "bench/study_fair.sh", *map(str, args)], cwd=SCRIPT.parents[1], env=env,
@@ -449,7 +456,7 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     root = tmp_path / "study"
     root.mkdir()
     (root / "command").write_text("bash offline_host/gpu_pipeline.sh fair students 0,1,2\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_STUDENTS="qwen2.5_coder_0.5b_instruct,qwen2.5_coder_1.5b_instruct",
                STUDY_ARMS="worked_common,rl_teacher,sft_teacher,untrained,untrained_plain,traces,"
                           "rl_teacher_answer_only,worked,rl_teacher_step47",
@@ -473,7 +480,7 @@ def test_study_rl_reaches_the_teachers_rl_runs_and_nothing_else(tmp_path):
     stage: with an option the RL group lacks, the RL checks fail naming it while the teacher's SFT and distill pass."""
     (tmp_path / "site" / "liger_kernel").mkdir(parents=True)
     (tmp_path / "site" / "liger_kernel" / "__init__.py").write_text("")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", PYTHONPATH=f"{tmp_path / 'site'}:{env.get('PYTHONPATH', '')}".rstrip(":"))
 
     def teachers(root, words):
@@ -492,7 +499,7 @@ def test_study_rl_reaches_the_teachers_rl_runs_and_nothing_else(tmp_path):
 @pytest.mark.parametrize(("student", "lanes"), [("qwen2.5_coder_0.5b_instruct", ["a", "b", "c", "d"]),
                                                ("qwen2.5_coder_1.5b_instruct", ["a+c", "b+d"])])
 def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_itself(tmp_path, student, lanes):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_GPUS="0,1", STUDY_STUDENTS=student, STUDY_UNTRAINED="0",
                STUDY_ARMS="rl_teacher,sft_teacher")
     run = subprocess.run(["bash", "bench/study_fair.sh", "students", str(tmp_path / "study"), "0,1"],
@@ -1007,7 +1014,7 @@ def test_rl_teachers_on_two_gpus_each_train_data_parallel_with_a_steps_work_unch
     root = tmp_path / "study"
     (root / "traces").mkdir(parents=True)
     (root / "traces" / "traces.jsonl").write_text("{}\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_GPUS="0,1,2,3", STUDY_RL_GPUS="2", STUDY_ANSWER_ONLY="0")
     run = subprocess.run(["bash", "bench/study_fair.sh", "teachers", str(root), "0,1"], cwd=repo, env=env,
                          capture_output=True, text=True, timeout=120)
