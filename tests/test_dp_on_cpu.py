@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from rlt_mono import launch, runtime
 from rlt_mono.config import ConfigError, compose
@@ -128,6 +129,27 @@ def test_fsdp2_loads_what_trl_loads_from_a_path_without_a_device_map(tmp_path):
     assert sharded["model_init_kwargs"] == {"device_map": None}
     # under DDP (MULTI_GPU) TRL already loads without a device map
     assert "model_init_kwargs" not in trainer_kwargs(compose("demo_tiny", ["placement=dp"]), tmp_path, True)
+
+
+@pytest.mark.parametrize(("overrides", "recorded"), [
+    ([], {}),
+    (["placement=dp"], {"ddp_find_unused_parameters": False}),
+    (["placement=dp", "placement.strategy=fsdp2"], {"ddp_find_unused_parameters": False,
+                                                    "model_init_kwargs": {"device_map": None}}),
+    (["model.lora_r=4"], {"sync_ref_model": False}),
+])
+def test_config_yaml_records_the_trainer_settings_the_build_chose(tmp_path, overrides, recorded):
+    from rlt_mono.rl.build import set_by_build, trainer_and_reward_configs
+    from rlt_mono.runs.outputs import write_run_config
+
+    cfg = compose("demo_tiny", ["size=tiny", *overrides])
+    args, _ = trainer_and_reward_configs(cfg, tmp_path / "run", False)
+    chosen = set_by_build(cfg, args)
+    assert chosen == recorded
+    write_run_config(tmp_path, cfg, {"trainer": chosen})
+    written = OmegaConf.to_container(OmegaConf.load(tmp_path / "config.yaml").trainer)
+    assert {key: written.get(key) for key in recorded} == recorded
+    assert written["learning_rate"] == cfg.trainer.learning_rate  # the config's own keys as they were
 
 
 def test_fsdp2_shards_the_teacher_on_gpu_ranks_through_its_accelerate_config():
@@ -246,6 +268,8 @@ def test_two_ranks_write_one_row_per_step_one_model_and_an_rng_file_each(two_ran
             assert row[f"dp/{phase}/seconds_min"] <= row[f"phase/{phase}/seconds"] <= row[f"dp/{phase}/seconds_max"]
     config = (two_ranks / "config.yaml").read_text()
     assert "mode: dp" in config and "num_processes: 2" in config
+    # the setting the build chose for dp, recorded as used
+    assert OmegaConf.load(two_ranks / "config.yaml").trainer.ddp_find_unused_parameters is False
     for step in (2, 4):
         files = {p.name for p in (two_ranks / f"checkpoint-{step}").iterdir()}
         assert {"model.safetensors", "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"} <= files

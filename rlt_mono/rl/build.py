@@ -169,7 +169,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
         check_ranks_agree(trainer)
     if main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_run_config(output_dir, cfg)
+        write_run_config(output_dir, cfg, {"trainer": set_by_build(cfg, args)})
     logger.info("output dir: %s", output_dir)
     return trainer
 
@@ -267,6 +267,17 @@ def trainer_and_reward_configs(cfg: DictConfig, output_dir: str | Path,
     ``TeacherRewardConfig``, each value checked (``ConfigError``)."""
     return (instantiate(RLTConfig, trainer_kwargs(cfg, output_dir, use_vllm), "trainer"),
             instantiate(TeacherRewardConfig, cfg.reward, "reward"))
+
+
+# The trainer settings trainer_kwargs may choose for a run beyond its config (each logged where it is chosen).
+BUILD_SETTINGS = ("ddp_find_unused_parameters", "model_init_kwargs", "sync_ref_model")
+
+
+def set_by_build(cfg: DictConfig, args) -> dict:
+    """The ``BUILD_SETTINGS`` whose value in the built ``args`` differs from the run's ``trainer`` group: what
+    config.yaml records beside the config's own, so that it says what the run used."""
+    return {key: getattr(args, key) for key in BUILD_SETTINGS
+            if getattr(args, key, None) != cfg.trainer.get(key, None)}
 
 
 def trainer_kwargs(cfg: DictConfig, output_dir: str | Path, use_vllm: bool) -> dict:

@@ -115,11 +115,14 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def write_run_config(output_dir: str | Path, cfg: DictConfig) -> None:
+def write_run_config(output_dir: str | Path, cfg: DictConfig, set_by_build: dict[str, dict] | None = None) -> None:
     """Write ``CONFIG_FILE``: the run's resolved config, every key, with ``resume_from_checkpoint`` recorded as null.
     Resuming changes how a run starts, not what it runs: a run resumed after a kill records what the uninterrupted
-    run does."""
+    run does. ``set_by_build`` (``{group: {key: value}}``): settings the build chose for this run beyond the config
+    (e.g. the RL trainer's under ``placement=dp``), recorded in their groups as used."""
     config = OmegaConf.to_container(cfg, resolve=True)
     if "resume_from_checkpoint" in config:
         config["resume_from_checkpoint"] = None
+    for group, values in (set_by_build or {}).items():
+        config.setdefault(group, {}).update(values)
     write_text(Path(output_dir) / CONFIG_FILE, OmegaConf.to_yaml(config))
