@@ -17,17 +17,20 @@ NOT_RECORDED = "not recorded"
 # recorded"): this may fall, never rise.
 MOST_NOT_RECORDED = 39
 # Words that stand for "not recorded" without saying it; the index says it one way.
-PLACEHOLDERS = {"unknown", "n/a", "na", "none", "null", "?", "tbd", "todo", "-", "not known", "not recorded."}
+PLACEHOLDERS = {"unknown", "n/a", "n.a.", "na", "none", "null", "?", "???", "tbd", "todo", "-", "—", "not known",
+                "not recorded.", "not available", "unrecorded"}
 
 
 def _said(value) -> bool:
     """Whether a field's value says something: not empty, not a placeholder, not "not recorded" (a list: each item)."""
     if isinstance(value, list):
         return bool(value) and all(_said(item) for item in value)
-    if not isinstance(value, str):
-        return bool(value)
+    if isinstance(value, dict):  # named commands, e.g. one a GPU
+        return bool(value) and all(_said(item) for item in value.values())
+    if not isinstance(value, str):  # a number, a flag: no commit, device or command is written so
+        return False
     text = value.strip().lower()
-    return bool(text) and text not in PLACEHOLDERS and NOT_RECORDED not in text
+    return bool(text) and text not in PLACEHOLDERS and NOT_RECORDED not in text and not text.startswith("unknown")
 
 
 def _names_a_commit(value) -> bool:
@@ -141,6 +144,12 @@ def test_the_helpers_read_a_result_as_the_index_does(tmp_path):
     assert inline(result) == set()  # placeholders in the file itself say nothing either
     result.write_text(json.dumps({"commit": "abc1234", "device": "H200", "commands": ["a", "n/a"]}))
     assert inline(result) == {"commit", "device"}
+    result.write_text(json.dumps({"commit": "abc1234", "device": "unknown device", "command": 1}))
+    assert inline(result) == {"commit"}
+    result.write_text(json.dumps({"commit": "abc1234", "device": "—", "commands": {}}))
+    assert inline(result) == {"commit"}
+    result.write_text(json.dumps({"commit": "abc1234", "device": "H200", "commands": {"gpu0": "a", "gpu1": "b"}}))
+    assert inline(result) == set(FIELDS)
     for commit in ("unknown commit", "n.a.", "???", "HEAD", "abc12"):  # no hash: indexed as lacking it
         result.write_text(json.dumps({"commit": commit, "device": "H200", "command": "a"}))
         assert inline(result) == {"device", "command"}, commit
