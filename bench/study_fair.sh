@@ -213,7 +213,8 @@ check=${STUDY_CHECK:-0}
 sft_distill=${STUDY_SFT_DISTILL:-beside}
 [[ $sft_distill == beside || $sft_distill == after ]] \
   || { echo "bench/study_fair.sh: STUDY_SFT_DISTILL=$sft_distill: beside or after" >&2; exit 2; }
-[[ ${STUDY_ANSWER_ONLY:-1} == [01] ]] || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$STUDY_ANSWER_ONLY: 0 or 1" >&2; exit 2; }
+answer_only=${STUDY_ANSWER_ONLY:-1}
+[[ $answer_only == [01] ]] || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$answer_only: 0 or 1" >&2; exit 2; }
 source bench/study_stage.sh  # stage: one run, skipped when finished, tried again when it fails
 for knob in STUDY_RETRY_SECONDS STUDY_MEMORY_TRIES; do  # stage's waits and tries: whole numbers, said at once
   [[ ${!knob:-0} =~ ^[0-9]+$ ]] || { echo "bench/study_fair.sh: $knob=${!knob}: a whole number" >&2; exit 2; }
@@ -309,7 +310,7 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
   local rl_names=() name
   for seed in $seeds; do rl_names+=("rl_s$seed"); done
-  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || rl_names+=(rl_answer_s0)
+  [ "$answer_only" = 0 ] || rl_names+=(rl_answer_s0)
   for name in "${rl_names[@]}"; do rm -f "$root/teachers/$name/rl_ended"; done
   if [ "$sft_distill" = beside ]; then
     on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
@@ -323,7 +324,7 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
     teacher_chain "$lane" "$seed" worked & pids+=($!)
     lane=$((lane + rl_gpus))
   done
-  [ "${STUDY_ANSWER_ONLY:-1}" = 0 ] || { teacher_chain "$lane" 0 answer & pids+=($!); }
+  [ "$answer_only" = 0 ] || { teacher_chain "$lane" 0 answer & pids+=($!); }
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }

@@ -30,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlt_mono.errors import UserError
-from rlt_mono.read_source import module_constant, module_file
+from rlt_mono.read_source import module_constant, module_file, tree_constant
 
 # The configs: inside the package when it is installed from a wheel (setup.py copies cfgs/ there), else the
 # checkout's cfgs/ beside rlt_mono/ (an editable install, or running from the repository).
@@ -209,9 +209,10 @@ def _field_default(value: ast.expr | None, tree: ast.Module, module: str) -> Any
 def _imported_constant(name: str, tree: ast.Module, module: str) -> Any:
     """The literal value of ``name`` as ``module`` (source ``tree``) sees it: a constant it defines or imports by
     name (``from rlt_mono.x import NAME``) from another rlt_mono module."""
+    local = tree_constant(tree, name)
+    if local is not None:
+        return local
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return ast.literal_eval(node.value)
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "rlt_mono":
             for alias in node.names:
                 if (alias.asname or alias.name) == name:

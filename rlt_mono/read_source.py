@@ -115,7 +115,13 @@ def module_constant(module: str, name: str) -> Any:
     """The literal value of the module-level constant ``name`` of ``module`` (e.g. a tuple of choices), read from
     its source, so that a choice has one home even where its module is too heavy to import; None when the module
     has no such constant."""
-    for node in _tree(module_file(module)).body:
+    return tree_constant(_tree(module_file(module)), name)
+
+
+def tree_constant(tree: ast.Module, name: str) -> Any:
+    """The literal value of the module-level constant ``name`` assigned in the parsed module ``tree``; None when it
+    assigns none."""
+    for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return ast.literal_eval(node.value)
     return None

@@ -29,7 +29,6 @@ STAGES: dict[str, Stage] = {stage.name: stage for stage in (
 )}
 
 
-
 def adapter_stages() -> str:
     """The stages that train LoRA adapters (``Stage.trains_adapters``), by name, for messages: "teacher_rlt" today."""
     return " and ".join(name for name, stage in STAGES.items() if stage.trains_adapters)
