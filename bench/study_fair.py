@@ -329,6 +329,16 @@ def _mean(values: list[float]) -> float | None:
     return round(float(np.mean(values)), 4) if values else None
 
 
+# The parts of the RLT reward an RL teacher's held-out evaluations log (eval_teacher_reward/<part>,
+# rlt_mono.rewards.teacher_kl): reward = r_ss - r_kl + match_penalty (docs/METHOD.md, "The reward").
+RLT_PARTS = ("r_ss", "r_kl", "match_penalty")
+
+
+def _eval_curve(evals: list[dict], key: str) -> list[list]:
+    """``[[step, value], ...]`` of ``key`` over the evaluation rows that log it as a number (4 decimals)."""
+    return [[int(row["step"]), round(float(row[key]), 4)] for row in evals if is_number(row.get(key))]
+
+
 def rl_teacher_summary(folder: Path) -> dict:
     """An RL teacher's run folder (``metrics.jsonl``, ``config.yaml``) in a few numbers: ``seed``,
     ``reward_setting`` (``data.gsm_solution``), optimizer ``steps`` (the end-of-training row's, else the last logged
@@ -336,7 +346,9 @@ def rl_teacher_summary(folder: Path) -> dict:
     ``per_device_train_batch_size x gradient_accumulation_steps`` of the config, on one GPU), the configured
     ``generation_batch`` (``per_device_train_batch_size x steps_per_generation``; TRL's default for a null
     ``steps_per_generation`` is the accumulation), ``median_seconds_per_step`` of each phase over the logged steps,
-    the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]``, the ``checkpoints`` kept, the configured
+    the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and its parts' (``eval_reward_parts``:
+    ``r_ss``, ``r_kl`` and ``match_penalty``, each ``[[step, value], ...]``, RLT_PARTS; they show which part RL
+    raised), the ``checkpoints`` kept, the configured
     ``max_steps`` and ``stopped_by_time_limit``: fewer steps than ``max_steps`` with ``trainer.max_minutes`` set
     (above 0)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
@@ -357,8 +369,8 @@ def rl_teacher_summary(folder: Path) -> dict:
         "median_seconds_per_step": {phase: _median([row[f"phase/{phase}/seconds"] for row in steps
                                                     if is_number(row.get(f"phase/{phase}/seconds"))])
                                     for phase in in_phase_order(phases)},
-        "eval_reward_curve": [[int(row["step"]), round(float(row["eval_reward"]), 4)] for row in evals
-                              if is_number(row.get("eval_reward"))],
+        "eval_reward_curve": _eval_curve(evals, "eval_reward"),
+        "eval_reward_parts": {part: _eval_curve(evals, f"eval_teacher_reward/{part}") for part in RLT_PARTS},
         "checkpoints": sorted(int(path.name.rsplit("-", 1)[1]) for path in folder.glob("checkpoint-*")
                               if path.name.rsplit("-", 1)[1].isdigit())}
 
@@ -381,14 +393,16 @@ def sft_teacher_summary(folder: Path) -> dict:
 def distill_summary(folder: Path, phases: str | None, teachers: Path) -> dict:
     """A distill's folder (``distill.jsonl``, ``config.yaml``) and the phases of its end line (``phases``, as
     logged: ``phase/generate/seconds 4.7, ...``; those of its last run when it was resumed; None when it never
-    ended): its ``teacher`` (relative to ``teachers`` when under it), ``reward_setting``, ``rows``, the mean kept
+    ended): its ``teacher`` (relative to ``teachers`` when under it, else from below the last ``teachers/`` of
+    its path: ``below_teachers``), ``reward_setting``, ``rows``, the mean kept
     ``total`` reward and its parts, whether it is ``complete`` (it logged its end line; else its rows are the
     questions it explained before it stopped) and its phases' ``seconds`` (none when not complete)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
     rows = _jsonl(folder / DISTILL_FILE)
     teacher = Path(str(cfg.model.model_name_or_path))
     seconds = dict(part.rsplit(" ", 1) for part in (phases or "").split(", ") if part)
-    return {"teacher": str(teacher.relative_to(teachers) if teacher.is_relative_to(teachers) else teacher),
+    return {"teacher": str(teacher.relative_to(teachers)) if teacher.is_relative_to(teachers)
+            else below_teachers(str(teacher)),
             "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"), "rows": len(rows),
             **{f"mean_{part}": _mean([row[part] for row in rows if is_number(row.get(part))])
                for part in ("total", "r_ss", "r_kl")},
@@ -551,6 +565,15 @@ def _config(path: Path) -> dict | None:
     return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else None
 
 
+def below_teachers(teacher: str) -> str:
+    """A teacher's path as the host named it (``<study>/teachers/rl_s0/rl/final``) from below its last
+    ``teachers/`` (``rl_s0/rl/final``), the same on every host; a path without one as it is."""
+    parts = Path(teacher).parts
+    if "teachers" not in parts:
+        return teacher
+    return "/".join(parts[len(parts) - parts[::-1].index("teachers"):])
+
+
 def _provenance(root: Path, name: str, rows: list[str]) -> dict:
     """What ``root`` records of how distill ``name``'s rows were made: its ``teacher`` (as the distill's config, else
     its rows, name it; the part below ``teachers/`` where there is one), the study's ``commit`` and ``command``
@@ -561,11 +584,9 @@ def _provenance(root: Path, name: str, rows: list[str]) -> dict:
     teacher = (distill or {}).get("model", {}).get("model_name_or_path") or (
         recorded.pop() if len(recorded) == 1 else None)
     training = None
-    if teacher is not None and "teachers" in Path(teacher).parts:  # as the host named it: <study>/teachers/rl_s0/...
-        parts = Path(teacher).parts
-        below = parts[len(parts) - parts[::-1].index("teachers"):]
-        teacher = "/".join(below)
-        training = _config(root.joinpath("teachers", *below).parent / CONFIG_FILE)  # its run's, beside final/
+    if teacher is not None and (below := below_teachers(teacher)) != teacher:
+        teacher = below
+        training = _config((root / "teachers" / below).parent / CONFIG_FILE)  # its run's, beside final/
     return {"teacher": teacher, "commit": _root_file(root, "commit"), "command": _root_file(root, "command"),
             "config": {"training": training, "distill": distill}}
 

@@ -198,10 +198,13 @@ else
   # Seed 0 keeps a checkpoint every 47 steps: each explains the training questions and teaches its own student
   # (the teacher-reward <-> student-accuracy correlation).
   rl_checkpoints=(trainer.save_steps=47)
-  # Every training question, 4 explanations each, the best by the RLT reward kept; a fixed 6 GiB KV cache.
+  # Every training question, 4 explanations each, the best by the RLT reward kept. 512 questions a batch, a fixed
+  # 12 GiB KV cache (1,024 sequences of <= 947 tokens at 12 KiB a token): at 64 a batch (6 GiB), 2 explanations of
+  # <= 512 tokens, two distills side by side on an H200, a batch took 9-15 s (median 12; 1,600 questions in 6
+  # minutes, docs/STUDY.md), the decoding's per-step cost (vLLM eager) paid for 128 sequences at a time.
   distill_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 "distill.max_new_tokens=$explanation_tokens"
                 "distill.samples_per_question=${STUDY_DISTILL_SAMPLES:-4}" distill.vllm_gpu_memory_utilization=0.1
-                distill.vllm_kv_cache_gib=6 reward.micro_batch_size=32
+                distill.rows_per_batch=512 distill.vllm_kv_cache_gib=12 reward.micro_batch_size=32
                 ${STUDY_DISTILL_ROWS:+"data.max_rows=$STUDY_DISTILL_ROWS"})
   custom_sft=()
 fi
@@ -277,9 +280,10 @@ teacher_chain() {  # <lane> <seed> <reward: worked|answer>: RL from the SFT teac
   [ "$check" = 1 ] || { mkdir -p "$dir" && : > "$dir/rl_ended"; }
   [ $rl_status = 0 ] || return 1
   # Seed 0's checkpoints explain the training questions on the other lanes' GPUs (they are still training or
-  # explaining: side by side), while its final teacher explains on its own.
+  # explaining: side by side), while its final teacher explains on its own. (A check has no checkpoints: their
+  # distills are the final teacher's command, checked below.)
   local pids=() status=0 other=1 final_step
-  if [ ${#keep[@]} -gt 0 ]; then
+  if [ ${#keep[@]} -gt 0 ] && [ "$check" != 1 ]; then
     final_step=$(grep -o '"step": [0-9]*' "$dir/rl/metrics.jsonl" | tail -1 | grep -o '[0-9]*$')
     for step in $(find "$dir/rl" -maxdepth 1 -name 'checkpoint-*' | sed 's/.*-//' | sort -n); do
       [ "$step" -ge "${final_step:-0}" ] && continue  # the last step's teacher is final/

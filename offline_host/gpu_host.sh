@@ -54,3 +54,15 @@ visible_gpus() {
     nvidia-smi --list-gpus | wc -l
   fi
 }
+
+# study_settings: the STUDY_* variables set now (STUDY_ANSWERS aside: the host's own path), sorted, as words a
+# shell reads back to the same values ("NAME=value ", a value with other characters than letters, digits and
+# _.,:/=+@%- in single quotes), for the command a study keeps beside its results.
+study_settings() {
+  local name value
+  for name in $(compgen -e | grep '^STUDY_' | grep -vx STUDY_ANSWERS | LC_ALL=C sort); do
+    value=${!name}
+    if [[ -n $value && $value =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then printf '%s=%s ' "$name" "$value"
+    else printf "%s='%s' " "$name" "${value//\'/\'\\\'\'}"; fi
+  done
+}

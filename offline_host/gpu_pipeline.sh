@@ -118,7 +118,7 @@ case "${1:-}" in
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
     export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
-    echo "$(env | grep '^STUDY_' | grep -v '^STUDY_ANSWERS=' | sort | tr '\n' ' ')bash offline_host/gpu_pipeline.sh fair $2 $3" \
+    echo "$(study_settings)bash offline_host/gpu_pipeline.sh fair $2 $3" \
       > "$study/command"
     enter_code_copy
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" "$study" "$3" \

@@ -246,3 +246,19 @@ def test_the_root_defaults_to_a_folder_in_home(tmp_path):
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OUT": str(tmp_path / "out")})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "rlt_mono_host" / "parts" / "stack.part00").read_text() == "piece"
+
+
+def test_a_study_keeps_its_settings_as_words_a_shell_reads_back_to_the_same_values(tmp_path):
+    settings = {"STUDY_RL": "trainer.save_steps=100000 trainer.eval_steps=25", "STUDY_ARMS": "rl_teacher,worked",
+                "STUDY_QUOTE": "it's", "STUDY_EMPTY": "", "STUDY_ANSWERS": "/host/answers"}
+    env = {"PATH": "/usr/bin:/bin", **settings}
+    words = subprocess.run(["bash", "-c", "source offline_host/gpu_host.sh; study_settings"], capture_output=True,
+                           text=True, cwd=ROOT, timeout=60, env=env, check=True).stdout
+    # sorted, the host's own STUDY_ANSWERS left out, quoted only where a word needs it
+    assert words == ("STUDY_ARMS=rl_teacher,worked STUDY_EMPTY='' STUDY_QUOTE='it'\\''s' "
+                     "STUDY_RL='trainer.save_steps=100000 trainer.eval_steps=25' ")
+    # read back by a shell: the same values
+    echoed = subprocess.run(["bash", "-c", f"{words} bash -c 'printf \"%s|\" \"$STUDY_RL\" \"$STUDY_QUOTE\" "
+                                           f"\"$STUDY_ARMS\" \"${{STUDY_EMPTY-unset}}\"'"],
+                            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=True)
+    assert echoed.stdout == "trainer.save_steps=100000 trainer.eval_steps=25|it's|rl_teacher,worked||"

@@ -548,7 +548,11 @@ def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple
         f"seed: {seed}\ndata:\n  gsm_solution: {reward}\ntrainer:\n  per_device_train_batch_size: 32\n"
         "  gradient_accumulation_steps: 8\n  steps_per_generation: 8\n"
         + "".join(f"  {line}\n" for line in trainer.split("\n") if line))
-    rows = [{"event": "eval", "step": step, "eval_reward": value, "eval_runtime": 3.0} for step, value in evals]
+    # the parts as the trainer logs them (r_ss - r_kl + match_penalty = eval_reward where the penalty is logged;
+    # the first evaluation logs none: left out of that part's curve)
+    rows = [{"event": "eval", "step": step, "eval_reward": value, "eval_runtime": 3.0,
+             "eval_teacher_reward/r_ss": value / 2, "eval_teacher_reward/r_kl": -value / 2 - 1.0,
+             **({"eval_teacher_reward/match_penalty": -1.0} if k else {})} for k, (step, value) in enumerate(evals)]
     rows += [{"event": "step", "step": i + 1, "reward": -4.0, "phase/generate/seconds": seconds,
               "phase/score/seconds": 2.0 + i % 2, "phase/train/seconds": [5.0, 6.0, 7.0, 100.0][i % 4]}
              for i, seconds in enumerate(generate)]
@@ -589,10 +593,11 @@ def _teachers_root(root: Path) -> None:
                 trainer="max_steps: 10\nmax_minutes: 11",
                 steps_done="3 of 10: stopped by trainer.max_minutes=11; the trained teacher is in `final/`")
     _rl_teacher(root, "rl_answer_s0", 0, "answer", [(0, -1.0), (4, -0.5)], [9.0, 9.0, 9.0, 9.0])
-    for name, teacher in (("rl_s0", "rl_s0/rl/final"), ("sft", "sft/final")):
+    # rl_s0's distill names its teacher under this root, the SFT teacher's as the GPU host did (another root)
+    for name, teacher in (("rl_s0", f"{root}/teachers/rl_s0/rl/final"), ("sft", "/host/study/teachers/sft/final")):
         distill = root / "teachers" / f"distill_{name}"
         distill.mkdir()
-        (distill / "config.yaml").write_text(f"model:\n  model_name_or_path: {root}/teachers/{teacher}\n"
+        (distill / "config.yaml").write_text(f"model:\n  model_name_or_path: {teacher}\n"
                                              "data:\n  gsm_solution: worked\n")
     _write_rows(root / "teachers" / "distill_rl_s0" / "distill.jsonl", [
         _distill_row("q0", 0, -3.0, -1.0, 2.0, True, 0, "abcd"),
@@ -654,6 +659,9 @@ def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_me
     assert sorted(saved["teachers"]) == ["rl_answer_s0", "rl_s0", "rl_s2", "sft"]
     rl = saved["teachers"]["rl_s0"]
     assert rl["eval_reward_curve"] == [[0, -6.0], [2, -4.0], [4, -2.0]]
+    assert rl["eval_reward_parts"] == {"r_ss": [[0, -3.0], [2, -2.0], [4, -1.0]],
+                                       "r_kl": [[0, 2.0], [2, 1.0], [4, 0.0]],
+                                       "match_penalty": [[2, -1.0], [4, -1.0]]}
     assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
     assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
     assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
