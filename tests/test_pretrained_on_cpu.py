@@ -182,6 +182,35 @@ def test_materialize_reuses_the_folder_and_redoes_a_changed_file(tiny_gguf, tiny
         materialize("unused", str(source), "float32", cache_dir=cache)
 
 
+def test_a_narrower_dtype_is_cast_from_the_float32_folder_with_the_conversions_values(tiny_gguf, tiny_folder,
+                                                                                       tmp_path, monkeypatch):
+    source, _ = tiny_gguf
+    direct, _ = tiny_folder  # bfloat16, converted from the GGUF
+    wide = Path(materialize("unused", str(source), "float32", cache_dir=tmp_path))
+
+    def no_conversion(*args):
+        raise AssertionError("read the GGUF again")
+
+    monkeypatch.setattr(pretrained, "_convert", no_conversion)
+    cast = Path(materialize("unused", str(source), "bfloat16", cache_dir=tmp_path))
+    assert cast.name == direct.name and cast.parent == wide.parent
+    assert json.loads((cast / "gguf_source.json").read_text())["cast_from"] == wide.name
+    # the same weights, bit for bit, as the direct conversion; the same tokenizer
+    cast_weights, direct_weights = load_file(cast / "model.safetensors"), load_file(direct / "model.safetensors")
+    assert cast_weights.keys() == direct_weights.keys()
+    assert all(torch.equal(cast_weights[name], direct_weights[name]) for name in direct_weights)
+    assert {t.dtype for t in cast_weights.values()} == {torch.bfloat16}
+    assert json.loads((cast / "config.json").read_text())["dtype"] == "bfloat16"
+    for name in ("tokenizer.json", "chat_template.jinja", "generation_config.json"):
+        assert (cast / name).read_text() == (direct / name).read_text(), name
+    tokenizer = AutoTokenizer.from_pretrained(cast)
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    assert {p.stat().st_mode & 0o777 for p in cast.iterdir()} == {0o644}
+    # never the other way: a float32 folder is not cast from a narrower one (it would lose the values' low bits)
+    with pytest.raises(AssertionError, match="read the GGUF again"):
+        materialize("unused", str(source), "float32", cache_dir=direct.parent.parent)
+
+
 def test_a_crash_while_converting_leaves_no_folder(tiny_gguf, tmp_path, monkeypatch):
     def crash(source, folder, dtype):
         (folder / "model.safetensors").write_bytes(b"half")
