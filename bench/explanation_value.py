@@ -1,0 +1,175 @@
+"""What the explanation is worth to the student (a diagnostic of the study): r_SS, the frozen student's score of the
+worked solution (docs/METHOD.md, "The reward"), on the same questions read four ways: after no explanation (an
+empty thought), after each kept teacher's explanation, and after the worked solution itself as the explanation
+(what a teacher that gave the whole solution away would reach). If RL leaves r_SS flat, this says whether any
+explanation moves it: the room between "none" and "the solution itself" is all a teacher can win.
+
+The questions are a seeded sample of those every named teacher explained (``study_fair.py keep``'s folder),
+stratified by template (``rlt_mono.data.rows.sample_rows``). The student and the reward settings come from the
+``distill`` run config and its overrides, as the study's distill scored the rows; the RL teacher's row, scored again
+here, reproduces the distill's own ``r_ss`` to within the precision of the device (``reproduces``). Intervals:
+95% bootstrap of the paired mean difference, templates resampled, then questions within them.
+
+    python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
+        --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import lzma
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
+
+from bench_mono import code_commit  # noqa: E402
+
+from rlt_mono.config import ConfigError, compose, instantiate  # noqa: E402
+from rlt_mono.data.models import dtype_name, load_model, load_tokenizer, model_path  # noqa: E402
+from rlt_mono.data.rows import group_of, sample_rows  # noqa: E402
+from rlt_mono.rewards import TeacherRewardConfig  # noqa: E402
+from rlt_mono.rewards.teacher_kl import TeacherKLReward  # noqa: E402
+from rlt_mono.runs.atomic_write import write_json  # noqa: E402
+
+logger = logging.getLogger("explanation_value")
+
+NONE, WORKED = "none", "worked_solution"  # the two readings that are not a teacher's
+RESAMPLES = 2000
+
+
+def read_kept(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
+    """``{teacher: {question_id: row}}`` of each named teacher's kept file in ``folder``."""
+    manifest = folder / "manifest.json"
+    kept = json.loads(manifest.read_text())["teachers"] if manifest.is_file() else {}
+    missing = [name for name in teachers if name not in kept]
+    if missing:
+        raise ConfigError(f"{folder}: no kept explanations of {', '.join(missing)} (kept: {', '.join(kept) or 'none'})")
+    rows = {}
+    for name in teachers:
+        with lzma.open(folder / kept[name]["file"], "rt") as handle:
+            rows[name] = {row["question_id"]: row for row in map(json.loads, handle) if row}
+    return rows
+
+
+def common_questions(rows: dict[str, dict[str, dict]], count: int, seed: int) -> list[dict]:
+    """A seeded sample of ``count`` questions every teacher explained, stratified by template (the first
+    teacher's rows, which carry question, solution and template)."""
+    shared = set.intersection(*(set(by_id) for by_id in rows.values()))
+    first = next(iter(rows.values()))
+    ordered = [first[qid] for qid in sorted(shared)]
+    if count > len(ordered):
+        raise ConfigError(f"--questions {count}: the teachers share only {len(ordered)} questions")
+    return sample_rows(ordered, count, seed, group_of)
+
+
+def readings(questions: list[dict], rows: dict[str, dict[str, dict]]) -> dict[str, list[str]]:
+    """The explanation each reading puts in the student's thought, per question."""
+    out = {NONE: ["" for _ in questions]}
+    for name, by_id in rows.items():
+        out[name] = [by_id[q["question_id"]]["explanation"] for q in questions]
+    out[WORKED] = [q["solution"] for q in questions]
+    return out
+
+
+def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(r_ss, mean solution log-prob)`` per question, the student reading ``explanations``."""
+    end = reward.prompt_format.explanation_end
+    ids = [reward.tokenizer(text + end, add_special_tokens=False).input_ids for text in explanations]
+    scores = reward.score_students([q["question"] for q in questions], [q["solution"] for q in questions], ids)
+    terms = reward.score([s.sample for s in scores], [s.solution_log_probs for s in scores],
+                         [s.explanation_log_probs for s in scores], None)
+    mean_lp = np.array([float(s.solution_log_probs.mean()) for s in scores])
+    return terms.r_ss.double().numpy(), mean_lp
+
+
+def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Generator) -> list[float]:
+    """95% bootstrap interval of ``diff.mean()``: templates resampled, then questions within each drawn one."""
+    groups = [np.flatnonzero(templates == t) for t in np.unique(templates)]
+    means = np.empty(RESAMPLES)
+    for i in range(RESAMPLES):
+        drawn = [groups[j] for j in rng.integers(0, len(groups), len(groups))]
+        means[i] = np.concatenate([diff[rng.choice(g, len(g))] for g in drawn]).mean()
+    return [round(float(v), 4) for v in np.percentile(means, [2.5, 97.5])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="study_fair.py keep's folder")
+    parser.add_argument("--teachers", required=True, help="kept teachers, comma-separated (e.g. sft,rl_s0)")
+    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", default="distill", help="the run config whose student and reward score")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of --config")
+    args = parser.parse_intermixed_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    started = time.perf_counter()
+    try:
+        if args.questions < 2:
+            raise ConfigError(f"--questions {args.questions}: at least 2")
+        teachers = [name for name in args.teachers.split(",") if name]
+        if not teachers or set(teachers) & {NONE, WORKED}:
+            raise ConfigError(f"--teachers {args.teachers}: kept teachers' names, not {NONE} or {WORKED}")
+        rows = read_kept(args.folder, teachers)
+        questions = common_questions(rows, args.questions, args.seed)
+        cfg = compose(args.config, args.overrides)
+        reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
+        # r_SS alone: the teacher's half of r_KL is not needed, so no teacher model is loaded
+        reward_config = dataclasses.replace(reward_config, include_teacher_think_entropy=False)
+        path = model_path(cfg.student, cfg.seed, "student")
+        student = load_model(path, "student.model_name_or_path", dtype=dtype_name(cfg.student.dtype))
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        reward = TeacherKLReward(student.to(device), load_tokenizer(path, "student.model_name_or_path"),
+                                 reward_config)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    texts = readings(questions, rows)
+    per_reading = {}
+    for name, explanations in texts.items():
+        logger.info("scoring %d questions, the student reading: %s", len(questions), name)
+        per_reading[name] = score(reward, questions, explanations)
+    templates = np.array([q["template"] for q in questions])
+    rng = np.random.default_rng(args.seed)
+    kept_rl = np.array([rows[teachers[-1]][q["question_id"]]["r_ss"] for q in questions])
+    result = {
+        "questions": len(questions), "templates": int(len(np.unique(templates))), "seed": args.seed,
+        "readings": {name: {"r_ss": round(float(r_ss.mean()), 4), "mean_solution_log_prob": round(float(lp.mean()), 4)}
+                     for name, (r_ss, lp) in per_reading.items()},
+        "differences": {},
+        "reproduces": {"teacher": teachers[-1], "max_abs_r_ss_difference":
+                       round(float(np.abs(per_reading[teachers[-1]][0] - kept_rl).max()), 4)},
+        "per_question": [{"question_id": q["question_id"], "template": q["template"],
+                          **{name: round(float(per_reading[name][0][i]), 4) for name in per_reading}}
+                         for i, q in enumerate(questions)],
+        "commit": code_commit(), "device": torch.cuda.get_device_name() if device == "cuda" else
+        f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "seconds": round(time.perf_counter() - started, 1)}
+    pairs = [(name, NONE) for name in [*teachers, WORKED]] + [(WORKED, name) for name in teachers]
+    pairs += [(teachers[j], teachers[i]) for i in range(len(teachers)) for j in range(i + 1, len(teachers))]
+    for a, b in pairs:
+        diff = per_reading[a][0] - per_reading[b][0]
+        result["differences"][f"{a} - {b}"] = {"r_ss": round(float(diff.mean()), 4),
+                                               "ci95": paired_interval(diff, templates, rng)}
+    write_json(args.out, result)
+    for name, figures in result["readings"].items():
+        print(f"{name:>16}: r_SS {figures['r_ss']:+.3f}, "
+              f"mean solution log-prob {figures['mean_solution_log_prob']:+.3f}")
+    for pair, figures in result["differences"].items():
+        print(f"{pair:>32}: {figures['r_ss']:+.3f} [{figures['ci95'][0]:+.3f}, {figures['ci95'][1]:+.3f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
