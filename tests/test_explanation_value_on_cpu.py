@@ -1,0 +1,91 @@
+"""bench/explanation_value.py on the tiny embedded student: the readings, their pairing and its errors."""
+
+import json
+import lzma
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "explanation_value.py"
+
+# Three templates of two questions each; "copy" explains by restating the worked solution, "blank" writes nothing.
+QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}. "
+              f"The answer is {2 * i + 1}.", i % 3) for i in range(6)]
+
+
+def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = -1.0) -> None:
+    """A kept-explanations folder as study_fair.py keep writes it: <name>.jsonl.xz and manifest.json."""
+    folder.mkdir(parents=True)
+    manifest = {"teachers": {}}
+    for name, explanations in teachers.items():
+        rows = [{"question_id": qid, "question": question, "solution": solution, "explanation": explanation,
+                 "template": template, "r_ss": r_ss}
+                for (qid, question, solution, template), explanation in zip(QUESTIONS, explanations)]
+        (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+        manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows)}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args), "size=tiny"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    root = tmp_path_factory.mktemp("value")
+    _keep(root / "kept", {"blank": [""] * 6, "other": ["two numbers"] * 6,
+                          "copy": [solution for _, _, solution, _ in QUESTIONS]})
+    done = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--out", root / "value.json")
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / "value.json").read_text()), done.stdout
+
+
+def test_each_reading_is_scored_on_the_same_stratified_questions(scored):
+    result, stdout = scored
+    # 3 of 6 questions, one of each template (the sample is stratified)
+    assert (result["questions"], result["templates"]) == (3, 3)
+    assert sorted(q["template"] for q in result["per_question"]) == [0, 1, 2]
+    assert list(result["readings"]) == ["none", "blank", "other", "copy", "worked_solution"]
+    per_question = result["per_question"]
+    # the same text in the student's thought gives the same score: a blank explanation is no explanation, and one
+    # that restates the worked solution is the worked solution
+    assert all(q["blank"] == q["none"] and q["copy"] == q["worked_solution"] for q in per_question)
+    assert any(q["other"] != q["none"] for q in per_question)
+    for name, figures in result["readings"].items():
+        assert figures["r_ss"] == pytest.approx(sum(q[name] for q in per_question) / 3, abs=1e-4)
+    assert "worked_solution: r_SS" in stdout
+
+
+def test_differences_are_paired_means_with_an_interval_around_them(scored):
+    result, _ = scored
+    differences = result["differences"]
+    assert set(differences) == {"blank - none", "other - none", "copy - none", "worked_solution - none",
+                                "worked_solution - blank", "worked_solution - other", "worked_solution - copy",
+                                "other - blank", "copy - blank", "copy - other"}
+    assert differences["blank - none"] == {"r_ss": 0.0, "ci95": [0.0, 0.0]}
+    assert differences["worked_solution - copy"] == {"r_ss": 0.0, "ci95": [0.0, 0.0]}
+    other = [q["other"] - q["none"] for q in result["per_question"]]
+    low, high = differences["other - none"]["ci95"]
+    assert differences["other - none"]["r_ss"] == pytest.approx(sum(other) / 3, abs=1e-3)
+    assert min(other) - 1e-4 <= low <= differences["other - none"]["r_ss"] <= high <= max(other) + 1e-4
+    # the last teacher's kept r_ss (-1.0 in every row) against its score here
+    assert result["reproduces"]["teacher"] == "copy"
+    assert result["reproduces"]["max_abs_r_ss_difference"] == pytest.approx(
+        max(abs(q["copy"] + 1.0) for q in result["per_question"]), abs=1e-3)
+    assert result["commit"] and result["device"].startswith("CPU") and result["command"].startswith("python bench/")
+
+
+def test_unknown_teachers_and_too_many_questions_are_one_line_and_exit_2(tmp_path):
+    _keep(tmp_path / "kept", {"sft": [""] * 6, "rl_s0": ["x"] * 6})
+    done = _run(tmp_path / "kept", "--teachers", "sft,rl_s9", "--out", tmp_path / "v.json")
+    assert (done.returncode, done.stderr) == (2, f"error: {tmp_path / 'kept'}: no kept explanations of rl_s9 "
+                                                 "(kept: sft, rl_s0)\n")
+    done = _run(tmp_path / "kept", "--teachers", "sft,rl_s0", "--questions", 7, "--out", tmp_path / "v.json")
+    assert (done.returncode, done.stderr) == (2, "error: --questions 7: the teachers share only 6 questions\n")
+    done = _run(tmp_path / "kept", "--teachers", "sft,none", "--out", tmp_path / "v.json")
+    assert done.returncode == 2 and "not none or worked_solution" in done.stderr
+    assert not (tmp_path / "v.json").exists()
