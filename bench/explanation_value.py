@@ -4,10 +4,14 @@ empty thought), after each kept teacher's explanation, and after the worked solu
 (what a teacher that gave the whole solution away would reach). If RL leaves r_SS flat, this says whether any
 explanation moves it: the room between "none" and "the solution itself" is all a teacher can win.
 
+``--solution answer`` scores the answer line alone (``The answer is N.``, the study's answer-only mapping,
+``data.gsm_solution=answer``) after the same thoughts: how much the explanations carry the answer itself.
+
 The questions are a seeded sample of those every named teacher explained (``study_fair.py keep``'s folder),
 stratified by template (``rlt_mono.data.rows.sample_rows``). The student and the reward settings come from the
 ``distill`` run config and its overrides, as the study's distill scored the rows; the RL teacher's row, scored again
-here, reproduces the distill's own ``r_ss`` to within the precision of the device (``reproduces``). Intervals:
+here, reproduces the distill's own ``r_ss`` to within the precision of the device (``reproduces``; none under
+``--solution answer``, which the distill did not score). Intervals:
 95% bootstrap of the paired mean difference, templates resampled, then questions within them.
 
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
@@ -81,11 +85,19 @@ def readings(questions: list[dict], rows: dict[str, dict[str, dict]]) -> dict[st
     return out
 
 
-def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def scored_solution(question: dict, solution: str) -> str:
+    """The text r_SS scores: the worked solution, or (``answer``) its answer line alone, as
+    ``rlt_mono.data.gsm_symbolic`` writes it."""
+    return question["solution"] if solution == "worked" else f"The answer is {question['answer']}."
+
+
+def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str],
+          solution: str = "worked") -> tuple[np.ndarray, np.ndarray]:
     """``(r_ss, mean solution log-prob)`` per question, the student reading ``explanations``."""
     end = reward.prompt_format.explanation_end
     ids = [reward.tokenizer(text + end, add_special_tokens=False).input_ids for text in explanations]
-    scores = reward.score_students([q["question"] for q in questions], [q["solution"] for q in questions], ids)
+    scores = reward.score_students([q["question"] for q in questions],
+                                   [scored_solution(q, solution) for q in questions], ids)
     terms = reward.score([s.sample for s in scores], [s.solution_log_probs for s in scores],
                          [s.explanation_log_probs for s in scores], None)
     mean_lp = np.array([float(s.solution_log_probs.mean()) for s in scores])
@@ -108,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teachers", required=True, help="kept teachers, comma-separated (e.g. sft,rl_s0)")
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--solution", choices=("worked", "answer"), default="worked",
+                        help="what r_SS scores: the worked solution, or its answer line alone")
     parser.add_argument("--config", default="distill", help="the run config whose student and reward score")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of --config")
@@ -138,17 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     per_reading = {}
     for name, explanations in texts.items():
         logger.info("scoring %d questions, the student reading: %s", len(questions), name)
-        per_reading[name] = score(reward, questions, explanations)
+        per_reading[name] = score(reward, questions, explanations, args.solution)
     templates = np.array([q["template"] for q in questions])
     rng = np.random.default_rng(args.seed)
     kept_rl = np.array([rows[teachers[-1]][q["question_id"]]["r_ss"] for q in questions])
     result = {
         "questions": len(questions), "templates": int(len(np.unique(templates))), "seed": args.seed,
+        "solution": args.solution,
         "readings": {name: {"r_ss": round(float(r_ss.mean()), 4), "mean_solution_log_prob": round(float(lp.mean()), 4)}
                      for name, (r_ss, lp) in per_reading.items()},
         "differences": {},
-        "reproduces": {"teacher": teachers[-1], "max_abs_r_ss_difference":
-                       round(float(np.abs(per_reading[teachers[-1]][0] - kept_rl).max()), 4)},
+        "reproduces": None if args.solution != "worked" else {
+            "teacher": teachers[-1],
+            "max_abs_r_ss_difference": round(float(np.abs(per_reading[teachers[-1]][0] - kept_rl).max()), 4)},
         "per_question": [{"question_id": q["question_id"], "template": q["template"],
                           **{name: round(float(per_reading[name][0][i]), 4) for name in per_reading}}
                          for i, q in enumerate(questions)],

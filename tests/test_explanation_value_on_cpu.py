@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "explanation_value.py"
 
 # Three templates of two questions each; "copy" explains by restating the worked solution, "blank" writes nothing.
-QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}. "
+QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}.\n"
               f"The answer is {2 * i + 1}.", i % 3) for i in range(6)]
 
 
@@ -22,7 +22,7 @@ def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = -1.0) -> N
     manifest = {"teachers": {}}
     for name, explanations in teachers.items():
         rows = [{"question_id": qid, "question": question, "solution": solution, "explanation": explanation,
-                 "template": template, "r_ss": r_ss}
+                 "template": template, "r_ss": r_ss, "answer": solution.rsplit(" ", 1)[1].rstrip(".")}
                 for (qid, question, solution, template), explanation in zip(QUESTIONS, explanations)]
         (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
         manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows)}
@@ -41,11 +41,14 @@ def scored(tmp_path_factory):
                           "copy": [solution for _, _, solution, _ in QUESTIONS]})
     done = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--out", root / "value.json")
     assert done.returncode == 0, done.stderr
-    return json.loads((root / "value.json").read_text()), done.stdout
+    answer = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--solution", "answer",
+                  "--out", root / "answer.json")
+    assert answer.returncode == 0, answer.stderr
+    return json.loads((root / "value.json").read_text()), done.stdout, json.loads((root / "answer.json").read_text())
 
 
 def test_each_reading_is_scored_on_the_same_stratified_questions(scored):
-    result, stdout = scored
+    result, stdout, _ = scored
     # 3 of 6 questions, one of each template (the sample is stratified)
     assert (result["questions"], result["templates"]) == (3, 3)
     assert sorted(q["template"] for q in result["per_question"]) == [0, 1, 2]
@@ -61,7 +64,7 @@ def test_each_reading_is_scored_on_the_same_stratified_questions(scored):
 
 
 def test_differences_are_paired_means_with_an_interval_around_them(scored):
-    result, _ = scored
+    result, _, _ = scored
     differences = result["differences"]
     assert set(differences) == {"blank - none", "other - none", "copy - none", "worked_solution - none",
                                 "worked_solution - blank", "worked_solution - other", "worked_solution - copy",
@@ -71,7 +74,7 @@ def test_differences_are_paired_means_with_an_interval_around_them(scored):
     other = [q["other"] - q["none"] for q in result["per_question"]]
     low, high = differences["other - none"]["ci95"]
     assert differences["other - none"]["r_ss"] == pytest.approx(sum(other) / 3, abs=1e-3)
-    assert min(other) - 1e-4 <= low <= differences["other - none"]["r_ss"] <= high <= max(other) + 1e-4
+    assert min(other) - 1e-3 <= low <= differences["other - none"]["r_ss"] <= high <= max(other) + 1e-3
     # the last teacher's kept r_ss (-1.0 in every row) against its score here
     assert result["reproduces"]["teacher"] == "copy"
     assert result["reproduces"]["max_abs_r_ss_difference"] == pytest.approx(
@@ -89,3 +92,14 @@ def test_unknown_teachers_and_too_many_questions_are_one_line_and_exit_2(tmp_pat
     done = _run(tmp_path / "kept", "--teachers", "sft,none", "--out", tmp_path / "v.json")
     assert done.returncode == 2 and "not none or worked_solution" in done.stderr
     assert not (tmp_path / "v.json").exists()
+
+
+def test_the_answer_line_alone_is_scored_after_the_same_thoughts(scored):
+    worked, _, answer = scored
+    assert (answer["solution"], worked["solution"]) == ("answer", "worked")
+    assert [q["question_id"] for q in answer["per_question"]] == [q["question_id"] for q in worked["per_question"]]
+    # another text scored after the same thoughts: other figures; the distill scored the worked solution, so there
+    # is nothing to reproduce
+    assert all(a["none"] != w["none"] for a, w in zip(answer["per_question"], worked["per_question"]))
+    assert answer["reproduces"] is None
+    assert all(q["copy"] == q["worked_solution"] for q in answer["per_question"])
