@@ -206,6 +206,11 @@ def test_a_narrower_dtype_is_cast_from_the_float32_folder_with_the_conversions_v
     tokenizer = AutoTokenizer.from_pretrained(cast)
     assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
     assert {p.stat().st_mode & 0o777 for p in cast.iterdir()} == {0o644}
+    # a float32 folder built by another transformers version is not cast from: the GGUF is read again
+    record = json.loads((wide / "gguf_source.json").read_text())
+    (wide / "gguf_source.json").write_text(json.dumps({**record, "transformers_version": "0.0.1"}))
+    with pytest.raises(AssertionError, match="read the GGUF again"):
+        materialize("unused", str(source), "float16", cache_dir=tmp_path)
     # never the other way: a float32 folder is not cast from a narrower one (it would lose the values' low bits)
     with pytest.raises(AssertionError, match="read the GGUF again"):
         materialize("unused", str(source), "float32", cache_dir=direct.parent.parent)

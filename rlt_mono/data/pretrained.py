@@ -190,11 +190,11 @@ def materialize(name_or_path: str | None, gguf_file: str | None, dtype: str = "b
             logger.warning("%s: %s; converting %s again", final, problem, gguf_file)
             shutil.rmtree(final)
         _check_gguf_readable(source, f"{group}.gguf_file={gguf_file}")
-        # The float32 folder of the same file, when built already, holds the dequantized values exactly: a narrower
-        # dtype is its cast (the conversion's own last step), in seconds instead of the GGUF read again (about a
-        # minute for a 0.5B).
+        # The float32 folder of the same file, when built already by this transformers version, holds the
+        # dequantized values exactly: a narrower dtype is its cast (the conversion's own last step), in seconds
+        # instead of the GGUF read again (about a minute for a 0.5B).
         widest = final.with_name(f"{stem}-{sha256[:16]}-float32-v{FORMAT_VERSION}")
-        cast_from = widest if dtype != "float32" and _cached_problem(widest) is None else None
+        cast_from = widest if dtype != "float32" and _castable(widest) else None
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
         try:
             if cast_from is None:
@@ -314,6 +314,7 @@ def _check_gguf_readable(path: Path, key: str) -> None:
 
 def _convert(source: Path, folder: Path, dtype: str) -> None:
     """Load ``source`` through transformers' GGUF loader, dequantized, and save it as a plain folder."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     directory, filename = str(source.parent), source.name
@@ -325,9 +326,11 @@ def _convert(source: Path, folder: Path, dtype: str) -> None:
     # quantizer attached to the model (GgufHfQuantizer, whose `is_serializable()` is always False: weights may
     # stay in GGUF blocks that safetensors cannot hold) and `save_pretrained` refuses the model. Asked for up
     # front, the quantizer detaches itself after loading and the model saves like any other.
+    # Dequantized in float32, then cast: every dtype's weights are the float32 values rounded once, whatever path
+    # transformers takes for the architecture, so a narrower folder can also be cast from the float32 one (_cast).
     model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=filename, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
-    )
+        directory, gguf_file=filename, dtype="float32", quantization_config=GgufConfig(dequantize=True)
+    ).to(getattr(torch, dtype))
     if getattr(model, "hf_quantizer", None) is not None:
         raise RuntimeError(f"transformers {_transformers_version()} kept the GGUF quantizer on a dequantized model "
                            f"of {source}: save_pretrained would refuse it; rlt_mono.data.pretrained needs updating")
@@ -341,6 +344,14 @@ def _convert(source: Path, folder: Path, dtype: str) -> None:
     if tokenizer.chat_template is None:
         logger.warning("%s has no chat template (tokenizer.chat_template): chats cannot be rendered", source)
     logger.info("converted %s in %.1fs", source.name, time.perf_counter() - started)
+
+
+def _castable(folder: Path) -> bool:
+    """Whether ``folder`` (a converted float32 folder) is whole and was built by this transformers version."""
+    if _cached_problem(folder) is not None:
+        return False
+    record = json.loads((folder / SOURCE_RECORD).read_text())
+    return record.get("transformers_version") == _transformers_version()
 
 
 def _cast(source: Path, folder: Path, dtype: str) -> None:
