@@ -16,7 +16,7 @@ QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i +
               f"The answer is {2 * i + 1}.", i % 3) for i in range(6)]
 
 
-def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = -1.0) -> None:
+def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = 5.0) -> None:
     """A kept-explanations folder as study_fair.py keep writes it: <name>.jsonl.xz and manifest.json."""
     folder.mkdir(parents=True)
     manifest = {"teachers": {}}
@@ -44,7 +44,8 @@ def scored(tmp_path_factory):
     answer = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--solution", "answer",
                   "--out", root / "answer.json")
     assert answer.returncode == 0, answer.stderr
-    return json.loads((root / "value.json").read_text()), done.stdout, json.loads((root / "answer.json").read_text())
+    return (json.loads((root / "value.json").read_text()), done.stdout + done.stderr,
+            json.loads((root / "answer.json").read_text()))
 
 
 def test_each_reading_is_scored_on_the_same_stratified_questions(scored):
@@ -75,10 +76,12 @@ def test_differences_are_paired_means_with_an_interval_around_them(scored):
     low, high = differences["other - none"]["ci95"]
     assert differences["other - none"]["r_ss"] == pytest.approx(sum(other) / 3, abs=1e-3)
     assert min(other) - 1e-3 <= low <= differences["other - none"]["r_ss"] <= high <= max(other) + 1e-3
-    # the last teacher's kept r_ss (-1.0 in every row) against its score here
-    assert result["reproduces"]["teacher"] == "copy"
-    assert result["reproduces"]["max_abs_r_ss_difference"] == pytest.approx(
-        max(abs(q["copy"] + 1.0) for q in result["per_question"]), abs=1e-3)
+    # each teacher's kept r_ss (+5.0 in every row) against its score here
+    assert list(result["reproduces"]) == ["blank", "other", "copy"]
+    for name, figures in result["reproduces"].items():
+        scores = [q[name] for q in result["per_question"]]
+        assert figures["mean_difference"] == pytest.approx(sum(scores) / 3 - 5.0, abs=1e-3)
+        assert figures["max_abs_difference"] == pytest.approx(max(abs(v - 5.0) for v in scores), abs=1e-3)
     assert result["commit"] and result["device"].startswith("CPU") and result["command"].startswith("python bench/")
 
 
