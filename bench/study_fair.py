@@ -334,6 +334,12 @@ def _mean(values: list[float]) -> float | None:
 RLT_PARTS = ("r_ss", "r_kl", "match_penalty")
 
 
+# What an RL teacher's training steps log, summed up as the mean of its first and last 10 steps: the reward, its
+# parts, the share of explanations that never closed (cut at the cap) and the completions' mean length in tokens.
+TRAIN_FIGURES = {"reward": "reward", **{part: f"teacher_reward/{part}" for part in RLT_PARTS},
+                 "unmatched_frac": "alignment/unmatched_frac", "mean_length": "completions/mean_length"}
+
+
 def _eval_curve(evals: list[dict], key: str) -> list[list]:
     """``[[step, value], ...]`` of ``key`` over the evaluation rows that log it as a number (4 decimals)."""
     return [[int(row["step"]), round(float(row[key]), 4)] for row in evals if is_number(row.get(key))]
@@ -348,7 +354,9 @@ def rl_teacher_summary(folder: Path) -> dict:
     ``steps_per_generation`` is the accumulation), ``median_seconds_per_step`` of each phase over the logged steps,
     the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and its parts' (``eval_reward_parts``:
     ``r_ss``, ``r_kl`` and ``match_penalty``, each ``[[step, value], ...]``, RLT_PARTS; they show which part RL
-    raised), the ``checkpoints`` kept, the configured
+    raised), the mean of the first and the last 10 steps' figures (``first_last_10``, TRAIN_FIGURES), the median
+    ``step_time`` and the highest device memory any phase logged (``peak_device_gib``), the ``checkpoints`` kept, the
+    configured
     ``max_steps`` and ``stopped_by_time_limit``: fewer steps than ``max_steps`` with ``trainer.max_minutes`` set
     (above 0)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
@@ -369,6 +377,12 @@ def rl_teacher_summary(folder: Path) -> dict:
         "median_seconds_per_step": {phase: _median([row[f"phase/{phase}/seconds"] for row in steps
                                                     if is_number(row.get(f"phase/{phase}/seconds"))])
                                     for phase in in_phase_order(phases)},
+        "median_step_seconds": _median([row["step_time"] for row in steps if is_number(row.get("step_time"))]),
+        "peak_device_gib": max((round(float(row[key]), 2) for row in steps for key in row
+                                if key.endswith("/device_peak_gib") and is_number(row[key])), default=None),
+        "first_last_10": {name: [_mean([row[key] for row in part if is_number(row.get(key))])
+                                 for part in (steps[:10], steps[-10:])]
+                          for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)},
         "eval_reward_curve": _eval_curve(evals, "eval_reward"),
         "eval_reward_parts": {part: _eval_curve(evals, f"eval_teacher_reward/{part}") for part in RLT_PARTS},
         "checkpoints": sorted(int(path.name.rsplit("-", 1)[1]) for path in folder.glob("checkpoint-*")

@@ -553,8 +553,9 @@ def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple
     rows = [{"event": "eval", "step": step, "eval_reward": value, "eval_runtime": 3.0,
              "eval_teacher_reward/r_ss": value / 2, "eval_teacher_reward/r_kl": -value / 2 - 1.0,
              **({"eval_teacher_reward/match_penalty": -1.0} if k else {})} for k, (step, value) in enumerate(evals)]
-    rows += [{"event": "step", "step": i + 1, "reward": -4.0, "phase/generate/seconds": seconds,
-              "phase/score/seconds": 2.0 + i % 2, "phase/train/seconds": [5.0, 6.0, 7.0, 100.0][i % 4]}
+    rows += [{"event": "step", "step": i + 1, "reward": -4.0 + i, "phase/generate/seconds": seconds,
+              "phase/score/seconds": 2.0 + i % 2, "phase/train/seconds": [5.0, 6.0, 7.0, 100.0][i % 4],
+              "step_time": 10.0 + i, "phase/train/device_peak_gib": 30.0 + i, "alignment/unmatched_frac": 0.5}
              for i, seconds in enumerate(generate)]
     rows.sort(key=lambda row: (row["step"], row["event"] == "step"))
     rows.append({"event": "summary", "step": len(generate), "train_runtime": 99.0})
@@ -663,6 +664,9 @@ def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_me
                                        "r_kl": [[0, 2.0], [2, 1.0], [4, 0.0]],
                                        "match_penalty": [[2, -1.0], [4, -1.0]]}
     assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
+    # 4 steps: the first and the last 10 are all of them; no step logged the reward's parts: left out
+    assert rl["first_last_10"] == {"reward": [-2.5, -2.5], "unmatched_frac": [0.5, 0.5]}
+    assert (rl["median_step_seconds"], rl["peak_device_gib"]) == (11.5, 33.0)
     assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
     assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
     assert (rl["device"], rl["commit"], rl["command"]) == ("H100", "abc1234", "bash x.sh")
