@@ -7,6 +7,9 @@ explanation moves it: the room between "none" and "the solution itself" is all a
 ``--solution answer`` scores the answer line alone (``The answer is N.``, the study's answer-only mapping,
 ``data.gsm_solution=answer``) after the same thoughts: how much the explanations carry the answer itself.
 
+Each reading also splits the solution's mean log-prob into its first OPENING tokens (how a solution opens after the
+thought) and the rest (the steps).
+
 The questions are a seeded sample of those every named teacher explained (``study_fair.py keep``'s folder),
 stratified by template (``rlt_mono.data.rows.sample_rows``). The student and the reward settings come from the
 ``distill`` run config and its overrides, as the study's distill scored the rows; each teacher's rows, scored
@@ -54,6 +57,8 @@ RESAMPLES = 2000
 # A teacher's rows scored here farther than this from the distill's own r_ss (per question) are warned about: the
 # student in float32 on a CPU against bfloat16 on a GPU measured 0.024 at most over 96 questions.
 REPRODUCE_TOLERANCE = 0.05
+# The solution's first tokens, apart: how a solution opens after a thought, against the steps that follow.
+OPENING = 5
 
 
 def read_kept(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
@@ -97,8 +102,9 @@ def scored_solution(question: dict, solution: str) -> str:
 
 
 def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str],
-          solution: str = "worked") -> tuple[np.ndarray, np.ndarray]:
-    """``(r_ss, mean solution log-prob)`` per question, the student reading ``explanations``."""
+          solution: str = "worked") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(r_ss, mean solution log-prob, mean log-prob of its first OPENING tokens, of the rest)`` per question, the
+    student reading ``explanations`` (NaN where a solution has no token past the opening)."""
     end = reward.prompt_format.explanation_end
     ids = [reward.tokenizer(text + end, add_special_tokens=False).input_ids for text in explanations]
     scores = reward.score_students([q["question"] for q in questions],
@@ -106,7 +112,10 @@ def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str
     terms = reward.score([s.sample for s in scores], [s.solution_log_probs for s in scores],
                          [s.explanation_log_probs for s in scores], None)
     mean_lp = np.array([float(s.solution_log_probs.mean()) for s in scores])
-    return terms.r_ss.double().numpy(), mean_lp
+    opening = np.array([float(s.solution_log_probs[:OPENING].mean()) for s in scores])
+    rest = np.array([float(s.solution_log_probs[OPENING:].mean()) if len(s.solution_log_probs) > OPENING
+                     else np.nan for s in scores])
+    return terms.r_ss.double().numpy(), mean_lp, opening, rest
 
 
 def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Generator) -> list[float]:
@@ -174,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "questions": len(questions), "templates": int(len(np.unique(templates))), "seed": args.seed,
         "solution": args.solution,
-        "readings": {name: {"r_ss": round(float(r_ss.mean()), 4), "mean_solution_log_prob": round(float(lp.mean()), 4)}
-                     for name, (r_ss, lp) in per_reading.items()},
+        "readings": {name: {"r_ss": round(float(r_ss.mean()), 4), "mean_solution_log_prob": round(float(lp.mean()), 4),
+                            f"mean_log_prob_first_{OPENING}": round(float(first.mean()), 4),
+                            f"mean_log_prob_after_{OPENING}": round(float(np.nanmean(rest)), 4)}
+                     for name, (r_ss, lp, first, rest) in per_reading.items()},
         "differences": {},
         "reproduces": reproduces,
         "per_question": [{"question_id": q["question_id"], "template": q["template"],
@@ -194,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.out, result)
     for name, figures in result["readings"].items():
         print(f"{name:>16}: r_SS {figures['r_ss']:+.3f}, "
-              f"mean solution log-prob {figures['mean_solution_log_prob']:+.3f}")
+              f"mean solution log-prob {figures['mean_solution_log_prob']:+.3f} "
+              f"(first {OPENING} tokens {figures[f'mean_log_prob_first_{OPENING}']:+.3f}, "
+              f"the rest {figures[f'mean_log_prob_after_{OPENING}']:+.3f})")
     for pair, figures in result["differences"].items():
         print(f"{pair:>32}: {figures['r_ss']:+.3f} [{figures['ci95'][0]:+.3f}, {figures['ci95'][1]:+.3f}]")
     return 0

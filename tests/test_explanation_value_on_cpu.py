@@ -61,6 +61,10 @@ def test_each_reading_is_scored_on_the_same_stratified_questions(scored):
     assert any(q["other"] != q["none"] for q in per_question)
     for name, figures in result["readings"].items():
         assert figures["r_ss"] == pytest.approx(sum(q[name] for q in per_question) / 3, abs=1e-4)
+        # the solution's opening tokens and the rest, apart (every solution here has more than 5 tokens)
+        assert {"mean_log_prob_first_5", "mean_log_prob_after_5"} <= set(figures)
+        assert figures["mean_log_prob_first_5"] != figures["mean_log_prob_after_5"]
+    assert result["readings"]["blank"] == result["readings"]["none"]
     assert "worked_solution: r_SS" in stdout
 
 
