@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
-import lzma
 import platform
 import sys
 import time
@@ -42,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from bench_mono import code_commit  # noqa: E402
+from study_fair import StudyError, _interval, _question_weights, read_kept  # noqa: E402
 
 from rlt_mono.config import ConfigError, compose, instantiate  # noqa: E402
 from rlt_mono.data.models import dtype_name, load_model, load_tokenizer, model_path  # noqa: E402
@@ -49,11 +48,11 @@ from rlt_mono.data.rows import group_of, sample_rows  # noqa: E402
 from rlt_mono.rewards import TeacherRewardConfig  # noqa: E402
 from rlt_mono.rewards.teacher_kl import TeacherKLReward  # noqa: E402
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
+from rlt_mono.study.eval_stats import RESAMPLES  # noqa: E402
 
 logger = logging.getLogger("explanation_value")
 
 NONE, WORKED = "none", "worked_solution"  # the two readings that are not a teacher's
-RESAMPLES = 2000
 # A teacher's rows scored here farther than this from the distill's own r_ss (per question) are warned about: the
 # student in float32 on a CPU against bfloat16 on a GPU measured 0.024 at most over 96 questions.
 REPRODUCE_TOLERANCE = 0.05
@@ -61,18 +60,14 @@ REPRODUCE_TOLERANCE = 0.05
 OPENING = 5
 
 
-def read_kept(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
-    """``{teacher: {question_id: row}}`` of each named teacher's kept file in ``folder``."""
-    manifest = folder / "manifest.json"
-    kept = json.loads(manifest.read_text())["teachers"] if manifest.is_file() else {}
+def teachers_rows(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
+    """``{teacher: {question_id: row}}`` of each named teacher kept in ``folder`` (``study_fair.read_kept``: each
+    file checked against its sha256)."""
+    kept = read_kept(folder)
     missing = [name for name in teachers if name not in kept]
     if missing:
-        raise ConfigError(f"{folder}: no kept explanations of {', '.join(missing)} (kept: {', '.join(kept) or 'none'})")
-    rows = {}
-    for name in teachers:
-        with lzma.open(folder / kept[name]["file"], "rt") as handle:
-            rows[name] = {row["question_id"]: row for row in map(json.loads, handle) if row}
-    return rows
+        raise ConfigError(f"{folder}: no kept explanations of {', '.join(missing)} (kept: {', '.join(kept)})")
+    return {name: {row["question_id"]: row for _, row in kept[name]} for name in teachers}
 
 
 def common_questions(rows: dict[str, dict[str, dict]], count: int, seed: int) -> list[dict]:
@@ -119,13 +114,10 @@ def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str
 
 
 def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Generator) -> list[float]:
-    """95% bootstrap interval of ``diff.mean()``: templates resampled, then questions within each drawn one."""
-    groups = [np.flatnonzero(templates == t) for t in np.unique(templates)]
-    means = np.empty(RESAMPLES)
-    for i in range(RESAMPLES):
-        drawn = [groups[j] for j in rng.integers(0, len(groups), len(groups))]
-        means[i] = np.concatenate([diff[rng.choice(g, len(g))] for g in drawn]).mean()
-    return [round(float(v), 4) for v in np.percentile(means, [2.5, 97.5])]
+    """95% bootstrap interval of ``diff.mean()``: templates resampled, then questions within each drawn one (the
+    study's own resampling, ``study_fair._question_weights``)."""
+    weights = _question_weights(templates, RESAMPLES, rng)
+    return _interval(weights @ diff / weights.sum(axis=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         teachers = [name for name in args.teachers.split(",") if name]
         if not teachers or set(teachers) & {NONE, WORKED}:
             raise ConfigError(f"--teachers {args.teachers}: kept teachers' names, not {NONE} or {WORKED}")
-        rows = read_kept(args.folder, teachers)
+        rows = teachers_rows(args.folder, teachers)
         questions = common_questions(rows, args.questions, args.seed)
         cfg = compose(args.config, args.overrides)
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
@@ -159,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         reward = TeacherKLReward(student.to(device), load_tokenizer(path, "student.model_name_or_path"),
                                  reward_config)
-    except ConfigError as err:
+    except (ConfigError, StudyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     texts = readings(questions, rows)

@@ -644,11 +644,9 @@ def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, 
     return [(path, len(lines[name]), state) for name, _, path, _, state in plans]
 
 
-def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
-    """The students' files (``out/<name>.jsonl.gz``, as ``common`` writes them) from the explanations ``keep`` kept
-    in ``folder``: each kept file checked against its sha256 in ``manifest.json``, then its rows of the questions
-    every kept distill explained (all of them, when they were kept together), byte for byte. Returns ``(file,
-    rows)`` of each."""
+def read_kept(folder: Path) -> dict[str, list[tuple[str, dict]]]:
+    """Each distill ``keep`` kept in ``folder``: ``{name: [(line, row), ...]}``, its file checked against its sha256
+    in ``manifest.json``."""
     teachers = _read_manifest(folder)["teachers"]
     if not teachers:
         raise StudyError(f"{folder}: no {MANIFEST_FILE} naming kept explanations (bench/study_fair.py keep <root> "
@@ -663,6 +661,15 @@ def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
             raise StudyError(f"{path}: its rows are not the ones kept (sha256 {_sha256(data)[:12]}, "
                              f"{MANIFEST_FILE}: {entry['sha256'][:12]})")
         rows[name] = [(line, json.loads(line)) for line in data.decode().splitlines()]
+    return rows
+
+
+def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
+    """The students' files (``out/<name>.jsonl.gz``, as ``common`` writes them) from the explanations ``keep`` kept
+    in ``folder``: each kept file checked against its sha256 in ``manifest.json``, then its rows of the questions
+    every kept distill explained (all of them, when they were kept together), byte for byte. Returns ``(file,
+    rows)`` of each."""
+    rows = read_kept(folder)
     common = _questions_in_all(rows)
     written = []
     for name, pairs in rows.items():

@@ -1,5 +1,6 @@
 """bench/explanation_value.py on the tiny embedded student: the readings, their pairing and its errors."""
 
+import hashlib
 import json
 import lzma
 import subprocess
@@ -24,8 +25,10 @@ def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = 5.0) -> No
         rows = [{"question_id": qid, "question": question, "solution": solution, "explanation": explanation,
                  "template": template, "r_ss": r_ss, "answer": solution.rsplit(" ", 1)[1].rstrip(".")}
                 for (qid, question, solution, template), explanation in zip(QUESTIONS, explanations)]
-        (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
-        manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows)}
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
+        manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -98,6 +101,10 @@ def test_unknown_teachers_and_too_many_questions_are_one_line_and_exit_2(tmp_pat
     assert (done.returncode, done.stderr) == (2, "error: --questions 7: the teachers share only 6 questions\n")
     done = _run(tmp_path / "kept", "--teachers", "sft,none", "--out", tmp_path / "v.json")
     assert done.returncode == 2 and "not none or worked_solution" in done.stderr
+    # a kept file whose rows are not the ones its manifest recorded is refused (study_fair.read_kept)
+    (tmp_path / "kept" / "sft.jsonl.xz").write_bytes(lzma.compress(b'{"question_id": "q00"}\n'))
+    done = _run(tmp_path / "kept", "--teachers", "sft,rl_s0", "--out", tmp_path / "v.json")
+    assert done.returncode == 2 and "sft.jsonl.xz: its rows are not the ones kept" in done.stderr
     assert not (tmp_path / "v.json").exists()
 
 
