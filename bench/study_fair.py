@@ -404,19 +404,17 @@ def sft_teacher_summary(folder: Path) -> dict:
             "best_step": None if best is None else best["step"], "early_stopping": summary.get("early_stopping")}
 
 
-def distill_summary(folder: Path, phases: str | None, teachers: Path) -> dict:
+def distill_summary(folder: Path, phases: str | None) -> dict:
     """A distill's folder (``distill.jsonl``, ``config.yaml``) and the phases of its end line (``phases``, as
     logged: ``phase/generate/seconds 4.7, ...``; those of its last run when it was resumed; None when it never
-    ended): its ``teacher`` (relative to ``teachers`` when under it, else from below the last ``teachers/`` of
-    its path: ``below_teachers``), ``reward_setting``, ``rows``, the mean kept
+    ended): its ``teacher`` (from below the last ``teachers/`` of its path, the same wherever the study ran:
+    ``below_teachers``), ``reward_setting``, ``rows``, the mean kept
     ``total`` reward and its parts, whether it is ``complete`` (it logged its end line; else its rows are the
     questions it explained before it stopped) and its phases' ``seconds`` (none when not complete)."""
     cfg = OmegaConf.load(folder / CONFIG_FILE)
     rows = _jsonl(folder / DISTILL_FILE)
-    teacher = Path(str(cfg.model.model_name_or_path))
     seconds = dict(part.rsplit(" ", 1) for part in (phases or "").split(", ") if part)
-    return {"teacher": str(teacher.relative_to(teachers)) if teacher.is_relative_to(teachers)
-            else below_teachers(str(teacher)),
+    return {"teacher": below_teachers(str(cfg.model.model_name_or_path)),
             "reward_setting": OmegaConf.select(cfg, "data.gsm_solution"), "rows": len(rows),
             **{f"mean_{part}": _mean([row[part] for row in rows if is_number(row.get(part))])
                for part in ("total", "r_ss", "r_kl")},
@@ -466,7 +464,7 @@ def read_teachers(root: Path) -> dict[str, dict[str, dict]]:
             logger.warning("%s: no %s (not started): left out", run, DISTILL_FILE)
             continue
         phases = _distill_end(log)
-        found["distills"][name] = distill_summary(run, phases, folder)
+        found["distills"][name] = distill_summary(run, phases)
         if phases is None:
             logger.warning("%s: not finished (no end line in %s): kept as partial (%d rows)", run, log,
                            found["distills"][name]["rows"])
