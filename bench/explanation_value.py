@@ -19,8 +19,14 @@ the distill did not score). r_SS reads the student's log-probs at the reward's t
 (``reward.unbias_student_log_probs_temp``, 0.7 in the RLT run), as the reward does. Intervals: 95% bootstrap of the
 paired mean difference, templates resampled, then questions within them.
 
+``--kept`` loads no model: it compares the named teachers on the scores their distill recorded with each kept row
+(``r_ss``, ``r_kl``, ``total``), paired on every question they all explained (``--questions 0``) or on a sample, with
+the same intervals; seconds on any machine.
+
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
         --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
+    python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s1 --kept \\
+        --questions 0 --out results/study_gsm_symbolic_v2/kept_rewards_s1.json
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ NONE, WORKED = "none", "worked_solution"  # the two readings that are not a teac
 REPRODUCE_TOLERANCE = 0.05
 # The solution's first tokens, apart: how a solution opens after a thought, against the steps that follow.
 OPENING = 5
+# What --kept compares: the scores the distill wrote with each kept row.
+KEPT_SCORES = ("r_ss", "r_kl", "total")
 
 
 def teachers_rows(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
@@ -72,13 +80,13 @@ def teachers_rows(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict
 
 def common_questions(rows: dict[str, dict[str, dict]], count: int, seed: int) -> list[dict]:
     """A seeded sample of ``count`` questions every teacher explained, stratified by template (the first
-    teacher's rows, which carry question, solution and template)."""
+    teacher's rows, which carry question, solution and template); all of them, by question id, for 0."""
     shared = set.intersection(*(set(by_id) for by_id in rows.values()))
     first = next(iter(rows.values()))
     ordered = [first[qid] for qid in sorted(shared)]
     if count > len(ordered):
         raise ConfigError(f"--questions {count}: the teachers share only {len(ordered)} questions")
-    return sample_rows(ordered, count, seed, group_of)
+    return ordered if count == 0 else sample_rows(ordered, count, seed, group_of)
 
 
 def readings(questions: list[dict], rows: dict[str, dict[str, dict]]) -> dict[str, list[str]]:
@@ -120,11 +128,33 @@ def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Gene
     return _interval(weights @ diff / weights.sum(axis=1))
 
 
+def kept_differences(rows: dict[str, dict[str, dict]], teachers: list[str], questions: list[dict],
+                     rng: np.random.Generator) -> tuple[dict, dict]:
+    """``(means, differences)`` of the distill's own KEPT_SCORES: each teacher's mean per score, and per pair of
+    teachers (later - earlier) the paired mean difference per score with its interval (``paired_interval``)."""
+    templates = np.array([q["template"] for q in questions])
+    values = {name: {key: np.array([rows[name][q["question_id"]][key] for q in questions], dtype=float)
+                     for key in KEPT_SCORES} for name in teachers}
+    means = {name: {key: round(float(v.mean()), 4) for key, v in by_key.items()} for name, by_key in values.items()}
+    differences = {}
+    for i in range(len(teachers)):
+        for j in range(i + 1, len(teachers)):
+            a, b = teachers[j], teachers[i]
+            differences[f"{a} - {b}"] = {}
+            for key in KEPT_SCORES:
+                diff = values[a][key] - values[b][key]
+                differences[f"{a} - {b}"][key] = {"mean": round(float(diff.mean()), 4),
+                                                  "ci95": paired_interval(diff, templates, rng)}
+    return means, differences
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help="study_fair.py keep's folder")
     parser.add_argument("--teachers", required=True, help="kept teachers, comma-separated (e.g. sft,rl_s0)")
-    parser.add_argument("--questions", type=int, default=64)
+    parser.add_argument("--questions", type=int, default=64, help="a sample of this many (0: every common one)")
+    parser.add_argument("--kept", action="store_true",
+                        help="no model: compare the teachers on the scores their distill kept with each row")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--solution", choices=("worked", "answer"), default="worked",
                         help="what r_SS scores: the worked solution, or its answer line alone")
@@ -135,13 +165,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started = time.perf_counter()
     try:
-        if args.questions < 2:
-            raise ConfigError(f"--questions {args.questions}: at least 2")
+        if args.questions < 2 and args.questions != 0:
+            raise ConfigError(f"--questions {args.questions}: at least 2, or 0 for every common question")
         teachers = [name for name in args.teachers.split(",") if name]
         if not teachers or set(teachers) & {NONE, WORKED}:
             raise ConfigError(f"--teachers {args.teachers}: kept teachers' names, not {NONE} or {WORKED}")
+        if args.kept and (len(teachers) < 2 or args.overrides or args.solution != "worked"):
+            raise ConfigError("--kept compares two or more kept teachers on their distill's scores: no overrides, "
+                              "no --solution")
         rows = teachers_rows(args.folder, teachers)
         questions = common_questions(rows, args.questions, args.seed)
+        if args.kept:
+            return write_kept(args, rows, teachers, questions, argv, started)
         cfg = compose(args.config, args.overrides)
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
         # r_SS alone: the teacher's half of r_KL is not needed, so no teacher model is loaded
@@ -202,6 +237,21 @@ def main(argv: list[str] | None = None) -> int:
               f"the rest {figures[f'mean_log_prob_after_{OPENING}']:+.3f})")
     for pair, figures in result["differences"].items():
         print(f"{pair:>32}: {figures['r_ss']:+.3f} [{figures['ci95'][0]:+.3f}, {figures['ci95'][1]:+.3f}]")
+    return 0
+
+
+def write_kept(args: argparse.Namespace, rows: dict[str, dict[str, dict]], teachers: list[str],
+               questions: list[dict], argv: list[str] | None, started: float) -> int:
+    """``--kept``: write and log the teachers' own scores and their paired differences."""
+    means, differences = kept_differences(rows, teachers, questions, np.random.default_rng(args.seed))
+    result = {"questions": len(questions), "templates": len({q["template"] for q in questions}), "seed": args.seed,
+              "scores": "kept", "teachers": means, "differences": differences, "commit": code_commit(),
+              "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "seconds": round(time.perf_counter() - started, 1)}
+    write_json(args.out, result)
+    for pair, by_key in differences.items():
+        logger.info("%s: %s", pair, ", ".join(f"{key} {v['mean']:+.3f} [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]"
+                                              for key, v in by_key.items()))
     return 0
 
 

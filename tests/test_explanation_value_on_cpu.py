@@ -117,3 +117,42 @@ def test_the_answer_line_alone_is_scored_after_the_same_thoughts(scored):
     assert all(a["none"] != w["none"] for a, w in zip(answer["per_question"], worked["per_question"]))
     assert answer["reproduces"] is None
     assert all(q["copy"] == q["worked_solution"] for q in answer["per_question"])
+
+
+def _keep_scored(folder: Path, scores: dict[str, list[tuple[float, float]]]) -> None:
+    """A kept folder whose rows carry the distill's own r_ss and r_kl (total = r_ss - r_kl, no match penalty)."""
+    _keep(folder, {name: [""] * 6 for name in scores})
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name, pairs in scores.items():
+        rows = [json.loads(line) for line in lzma.decompress((folder / f"{name}.jsonl.xz").read_bytes()).splitlines()]
+        for row, (r_ss, r_kl) in zip(rows, pairs):
+            row.update(r_ss=r_ss, r_kl=r_kl, total=r_ss - r_kl)
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
+        manifest["teachers"][name]["sha256"] = hashlib.sha256(data).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_kept_compares_the_distills_own_scores_on_every_common_question_without_a_model(tmp_path):
+    sft = [(-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5), (-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5)]
+    rl = [(r_ss + bump, r_kl - 0.25) for (r_ss, r_kl), bump in zip(sft, [0.1, 0.3, 0.2, 0.1, 0.3, 0.2])]
+    _keep_scored(tmp_path / "kept", {"sft": sft, "rl_s0": rl})
+    out = tmp_path / "kept.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), tmp_path / "kept", "--teachers", "sft,rl_s0", "--kept",
+                           "--questions", "0", "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert (result["questions"], result["templates"], result["scores"]) == (6, 3, "kept")
+    assert result["teachers"]["sft"] == {"r_ss": -2.0, "r_kl": 1.0, "total": -3.0}
+    assert result["teachers"]["rl_s0"] == {"r_ss": -1.8, "r_kl": 0.75, "total": -2.55}
+    pair = result["differences"]["rl_s0 - sft"]
+    assert (pair["r_ss"]["mean"], pair["r_kl"]["mean"], pair["total"]["mean"]) == (0.2, -0.25, 0.45)
+    # every question moved by the same r_kl: no interval width; r_ss moved 0.1..0.3: the interval lies within that
+    assert pair["r_kl"]["ci95"] == [-0.25, -0.25]
+    assert 0.1 <= pair["r_ss"]["ci95"][0] < 0.2 < pair["r_ss"]["ci95"][1] <= 0.3
+    assert "rl_s0 - sft: r_ss +0.200" in done.stderr
+    # one teacher, or a student override, is not a --kept comparison
+    for extra in (["--teachers", "sft"], ["--teachers", "sft,rl_s0", "size=tiny"]):
+        done = subprocess.run([sys.executable, str(SCRIPT), tmp_path / "kept", "--kept", *extra, "--out", out],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 2 and "--kept compares two or more kept teachers" in done.stderr
