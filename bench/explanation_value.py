@@ -246,6 +246,7 @@ def write_kept(args: argparse.Namespace, rows: dict[str, dict[str, dict]], teach
     means, differences = kept_differences(rows, teachers, questions, np.random.default_rng(args.seed))
     result = {"questions": len(questions), "templates": len({q["template"] for q in questions}), "seed": args.seed,
               "scores": "kept", "teachers": means, "differences": differences, "commit": code_commit(),
+              "device": f"CPU ({platform.processor() or platform.machine()}), no model",
               "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "seconds": round(time.perf_counter() - started, 1)}
     write_json(args.out, result)
