@@ -34,9 +34,11 @@ mean reward and its parts, the share matched, the share with wrong equations and
 those questions alone: the teachers compared on the same questions. A file already there is merged into: a machine
 adds its teachers, and a teacher already in the file must read the same (a teacher is added once); the common block
 is replaced by the one of the root read last. ``summarize`` reads it (``--teachers``, by default ``teachers.json``
-in ``--out``) for each student's ``correlation``: the teachers' reward against the accuracy of the students they
-taught, one point per teacher (``correlation_points``), Pearson's r and Spearman's rho per held-out set, with a
-percentile-bootstrap interval over the points. The teacher's reward is its distill's mean reward on the common
+in ``--out``; or one file per teachers part, merged, a later file's teacher of a name kept; with ``--explanations``,
+``keep``'s folder, the common block comes from the kept rows the students read) for each student's
+``correlation``: the teachers' reward against the accuracy of the students they taught, one point per teacher
+(``correlation_points``), Pearson's r and Spearman's rho per held-out set, with a percentile-bootstrap interval over
+the points. The teacher's reward is its distill's mean reward on the common
 questions where the file has a common block, else its held-out reward (the correlation's ``x`` says which).
 
 ``common`` writes, for every distill of a root, ``<out>/<name>.jsonl.gz``: its rows of the questions every distill
@@ -511,6 +513,11 @@ def common_block(root: Path) -> dict | None:
     ``matched``, the share with ``wrong_equations`` above 0 and the mean explanation length in characters. None
     when no question is common to them all."""
     rows, common = _common_rows(root)
+    return rows_common_block(rows, common)
+
+
+def rows_common_block(rows: dict[str, list[tuple[str, dict]]], common: set[str]) -> dict | None:
+    """``common_block`` of ``rows`` (``{name: [(line, row), ...]}``) over the questions ``common``."""
     if not common:
         return None
     kept = {name: [row for _, row in pairs if row["question"] in common] for name, pairs in rows.items()}
@@ -1095,6 +1102,33 @@ def correlation_line(student: str, entry: dict) -> str:
             f"{'; '.join(cells)}.")
 
 
+def read_teachers_files(paths: list[Path], explanations: Path | None = None) -> dict | None:
+    """The teachers files of several parts as one (``read_teachers_file`` each): their teachers and distills, a
+    name held by two files taken from the later one (each part trains the SFT teacher again; the later part's is
+    the one whose rows were kept). Its common block is computed from ``explanations`` (``keep``'s folder: the rows
+    the students read, every kept teacher's questions in common) where given, else the last file's. None for no
+    file."""
+    if not paths:
+        if explanations is not None:
+            raise StudyError("--explanations needs --teachers: the teachers files it gives a common block")
+        return None
+    merged: dict = {"teachers": {}, "distills": {}}
+    for path in paths:
+        one = read_teachers_file(path)
+        for kind in ("teachers", "distills"):
+            for name, entry in one.get(kind, {}).items():
+                if name in merged[kind]:
+                    logger.info("%s %s: from %s (a later part), not the earlier file's", kind[:-1], name, path)
+                merged[kind][name] = entry
+        if one.get("common"):
+            merged["common"] = one["common"]
+    if explanations is not None:
+        rows = {name: pairs for name, pairs in read_kept(explanations).items()}
+        merged["common"] = rows_common_block(rows, _questions_in_all(rows))
+        merged["common"]["from"] = str(explanations)
+    return merged
+
+
 def read_teachers_file(path: Path | None) -> dict | None:
     """The teachers file ``write_teachers`` writes; None for no path."""
     if path is None:
@@ -1121,9 +1155,12 @@ def main(argv: list[str] | None = None) -> int:
     summary.add_argument("--gpu-minutes", type=float, default=None)
     summary.add_argument("--resamples", type=int, default=RESAMPLES)
     summary.add_argument("--seed", type=int, default=0)
-    summary.add_argument("--teachers", type=Path, default=None,
-                         help=f"the teachers file (bench/study_fair.py teachers) for each student's correlation; "
-                              f"default: {TEACHERS_FILE} in --out when there is one")
+    summary.add_argument("--teachers", type=Path, nargs="+", default=None,
+                         help=f"the teachers file (bench/study_fair.py teachers) for each student's correlation, or "
+                              f"one per part (merged, a later file's teacher of a name kept); default: "
+                              f"{TEACHERS_FILE} in --out when there is one")
+    summary.add_argument("--explanations", type=Path, default=None,
+                         help="keep's folder: the teachers' common block from the rows the students read")
     exporting = sub.add_parser("export", help="the few kilobytes of each eval run the summary needs")
     exporting.add_argument("root", type=Path)
     exporting.add_argument("--out", type=Path, required=True)
@@ -1193,8 +1230,8 @@ def main(argv: list[str] | None = None) -> int:
             for path, rows in restore(args.folder, args.out):
                 print(f"{path}: {rows} rows")
             return 0
-        teachers_file = args.teachers or (args.out / TEACHERS_FILE if (args.out / TEACHERS_FILE).is_file() else None)
-        teachers = read_teachers_file(teachers_file)
+        teachers_files = args.teachers or ([args.out / TEACHERS_FILE] if (args.out / TEACHERS_FILE).is_file() else [])
+        teachers = read_teachers_files(teachers_files, args.explanations)
         students = summarize(read_arms(args.roots), args.resamples, args.seed, teachers)
     except (StudyError, UserError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -1205,7 +1242,8 @@ def main(argv: list[str] | None = None) -> int:
               "commands": sorted({r["command"] for r in runs}), "runs": runs, "gpu_minutes": args.gpu_minutes,
               "bootstrap": {"resamples": args.resamples, "seed": args.seed,
                             "over": ["seeds", "templates", "questions"]},
-              "teachers": None if teachers_file is None else str(teachers_file),
+              "teachers": [str(path) for path in teachers_files] or None,
+              "explanations": None if args.explanations is None else str(args.explanations),
               "students": students}
     write_json(args.out / "study.json", result, indent=2)
     text = table(students)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT_BYTES = 5 * 2**20
-# A teacher's explanations of the study's common questions (bench/study_fair.py keep): 0.55 MB for 3,000 rows (measured),
-# a file much larger holds more than the students read (every sample, every question).
+# A teacher's explanations of the study's common questions (bench/study_fair.py keep): 0.55 MB for 3,000 rows
+# (measured); a file much larger holds more than the students read (every sample, every question).
 KEPT_LIMIT_BYTES = 2 * 2**20
 
 

@@ -897,7 +897,7 @@ def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over
     assert result.returncode == 0, result.stderr
     study = json.loads((out / "study.json").read_text())
     assert {"commit", "commands", "device", "students", "teachers"} <= set(study)
-    assert study["teachers"] == str(out / "teachers.json")
+    assert study["teachers"] == [str(out / "teachers.json")]
     entry = study["students"]["s"]
     assert {"arms", "positive_control", "differences", "correlation"} <= set(entry)
     correlation = entry["correlation"]
@@ -986,6 +986,52 @@ def test_with_a_common_block_the_correlation_uses_each_teachers_reward_on_the_co
     assert (instances["points"], instances["pearson_r"], instances["spearman_rho"]) == (3, 0.2402, 0.5)
     assert ("Teacher reward on the common questions vs student accuracy (s; points: sft_teacher, rl_teacher s0, "
             "rl_teacher_step2): ") in (out / "study_table.md").read_text()
+
+
+def _kept_folder(folder: Path, totals: dict[str, dict[str, float]]) -> None:
+    """A folder as ``keep`` writes it: per teacher its rows (question, template, the reward ``total`` and parts)."""
+    folder.mkdir(parents=True)
+    manifest = {"teachers": {}}
+    for name, by_question in totals.items():
+        rows = [{"question_id": question, "question": f"question {question}", "template": int(question[1:]) % 2,
+                 "explanation": "x" * 4, "total": total, "r_ss": total / 2, "r_kl": -total / 2, "matched": True,
+                 "wrong_equations": 0} for question, total in sorted(by_question.items())]
+        data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+        (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
+        manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_teachers_files_of_several_parts_merge_and_the_kept_rows_give_the_common_block(tmp_path):
+    """Each teachers part writes its own file (the SFT teacher is trained again in each); the summary merges them,
+    the later file's sft kept, and takes each teacher's reward from the kept rows the students read."""
+    root, out = tmp_path / "study", tmp_path / "out"
+    part0, part1 = tmp_path / "teachers_s0.json", tmp_path / "teachers_s1.json"
+    part0.write_text(json.dumps({**_curves(rl_s0=[[0, -6.0], [4, -2.0]]), "common": COMMON}))
+    part1.write_text(json.dumps({**_curves(rl_s1=[[0, -5.0], [4, -3.0]]), "common": COMMON}))
+    # rl_s0 kept for q0..q2, sft and rl_s1 for q0..q3: the questions all explained are q0..q2
+    _kept_folder(tmp_path / "kept", {"rl_s0": {"q0": -1.0, "q1": -2.0, "q2": -3.0},
+                                     "rl_s1": {"q0": -2.0, "q1": -2.0, "q2": -2.0, "q3": -9.0},
+                                     "sft": {"q0": -4.0, "q1": -5.0, "q2": -6.0, "q3": -9.0}})
+    for arm, accuracy in (("sft_teacher_s0", 0.30), ("rl_teacher_s0", 0.50), ("rl_teacher_s1", 0.60)):
+        _eval_folder(root, "s", arm, {"instances": _correct(accuracy)})
+    result = _run("summarize", root, "--out", out, "--resamples", 100, "--teachers", part0, part1,
+                  "--explanations", tmp_path / "kept")
+    assert result.returncode == 0, result.stderr
+    study = json.loads((out / "study.json").read_text())
+    assert (study["teachers"], study["explanations"]) == ([str(part0), str(part1)], str(tmp_path / "kept"))
+    points = study["students"]["s"]["correlation"]["points"]
+    # the kept rows' mean total over q0..q2, not COMMON's (sft -5.5, rl_s0 -4.75) nor the held-out curves
+    assert [(p["arm"], p["distill"], p["teacher_reward"], p["seeds"]) for p in points] == [
+        ("sft_teacher", "sft", -5.0, [0]), ("rl_teacher", "rl_s0", -2.0, [0]), ("rl_teacher", "rl_s1", -2.0, [1])]
+    assert {p["reward_from"] for p in points} == {
+        "the mean RLT reward of its kept explanations of the 3 questions every teacher explained"}
+    # --explanations without a teachers file is one line
+    (out / "study.json").unlink()
+    result = _run("summarize", root, "--out", tmp_path / "elsewhere", "--explanations", tmp_path / "kept")
+    assert (result.returncode, result.stderr) == (
+        2, "error: --explanations needs --teachers: the teachers files it gives a common block\n")
 
 
 def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the_sft_teacher_after_rl(tmp_path):
