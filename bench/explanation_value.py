@@ -26,7 +26,7 @@ the same intervals; seconds on any machine.
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
         --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s1 --kept \\
-        --questions 0 --out results/study_gsm_symbolic_v2/kept_rewards_s1.json
+        --questions 0 --out results/study_gsm_symbolic_v2/kept_scores_s1.json
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ def common_questions(rows: dict[str, dict[str, dict]], count: int, seed: int) ->
     shared = set.intersection(*(set(by_id) for by_id in rows.values()))
     first = next(iter(rows.values()))
     ordered = [first[qid] for qid in sorted(shared)]
+    if len(ordered) < 2:
+        raise ConfigError(f"{', '.join(rows)} share {len(ordered)} questions: nothing to pair (at least 2)")
     if count > len(ordered):
         raise ConfigError(f"--questions {count}: the teachers share only {len(ordered)} questions")
     return ordered if count == 0 else sample_rows(ordered, count, seed, group_of)
@@ -128,12 +130,22 @@ def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Gene
     return _interval(weights @ diff / weights.sum(axis=1))
 
 
+def _kept_score(row: dict, teacher: str, key: str) -> float:
+    """A kept row's score ``key``, which must be a finite number (a missing or NaN score would make every mean and
+    difference NaN)."""
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ConfigError(f"{teacher}: question {row.get('question_id')}: {key} is {value!r}, not a finite number: "
+                          "--kept compares the scores the distill wrote")
+    return float(value)
+
+
 def kept_differences(rows: dict[str, dict[str, dict]], teachers: list[str], questions: list[dict],
                      rng: np.random.Generator) -> tuple[dict, dict]:
     """``(means, differences)`` of the distill's own KEPT_SCORES: each teacher's mean per score, and per pair of
     teachers (later - earlier) the paired mean difference per score with its interval (``paired_interval``)."""
     templates = np.array([q["template"] for q in questions])
-    values = {name: {key: np.array([rows[name][q["question_id"]][key] for q in questions], dtype=float)
+    values = {name: {key: np.array([_kept_score(rows[name][q["question_id"]], name, key) for q in questions])
                      for key in KEPT_SCORES} for name in teachers}
     means = {name: {key: round(float(v.mean()), 4) for key, v in by_key.items()} for name, by_key in values.items()}
     differences = {}
@@ -170,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         teachers = [name for name in args.teachers.split(",") if name]
         if not teachers or set(teachers) & {NONE, WORKED}:
             raise ConfigError(f"--teachers {args.teachers}: kept teachers' names, not {NONE} or {WORKED}")
+        if len(set(teachers)) < len(teachers):
+            raise ConfigError(f"--teachers {args.teachers}: a teacher named twice")
         if args.kept and (len(teachers) < 2 or args.overrides or args.solution != "worked"):
             raise ConfigError("--kept compares two or more kept teachers on their distill's scores: no overrides, "
                               "no --solution")

@@ -875,8 +875,10 @@ def correlation_x(teachers: dict | None) -> str:
     """What a correlation's teacher reward is: the common block's mean explanation reward when the teachers file
     has one, else the held-out reward."""
     if teachers is not None and teachers.get("common"):
+        source = (f"the kept explanations in {teachers['common']['from']}" if teachers["common"].get("from")
+                  else "the teachers file's common block")
         return (f"the mean RLT reward of the teacher's kept explanations of the {teachers['common']['questions']} "
-                "questions every teacher explained (the teachers file's common block)")
+                f"questions every teacher explained ({source})")
     return HELD_OUT_X
 
 
@@ -1102,30 +1104,49 @@ def correlation_line(student: str, entry: dict) -> str:
             f"{'; '.join(cells)}.")
 
 
+# The one teacher every teachers part trains again (from the same data and seed): the only name two part files may
+# both hold with other figures.
+RETRAINED_TEACHER = "sft"
+PROVENANCE_KEYS = ("commit", "device", "command")
+
+
 def read_teachers_files(paths: list[Path], explanations: Path | None = None) -> dict | None:
-    """The teachers files of several parts as one (``read_teachers_file`` each): their teachers and distills, a
-    name held by two files taken from the later one (each part trains the SFT teacher again; the later part's is
-    the one whose rows were kept). Its common block is computed from ``explanations`` (``keep``'s folder: the rows
-    the students read, every kept teacher's questions in common) where given, else the last file's. None for no
-    file."""
+    """The teachers files of several parts, in the order given, as one (``read_teachers_file`` each): their
+    teachers and distills. RETRAINED_TEACHER, which every part trains and distils again, is taken from the later
+    file (a warning says so); any other name two files hold must read the same there (a teacher is added once).
+    The common block is computed from ``explanations`` (``keep``'s folder: the rows the students read, the
+    questions every kept teacher explained) where given, with a warning where a kept teacher's commit is not the
+    merged distill's; else it is the block of the last file that has one. None for no file."""
     if not paths:
         if explanations is not None:
             raise StudyError("--explanations needs --teachers: the teachers files it gives a common block")
         return None
     merged: dict = {"teachers": {}, "distills": {}}
+    where = dict.fromkeys(PROVENANCE_KEYS)
     for path in paths:
         one = read_teachers_file(path)
         for kind in ("teachers", "distills"):
             for name, entry in one.get(kind, {}).items():
-                if name in merged[kind]:
-                    logger.info("%s %s: from %s (a later part), not the earlier file's", kind[:-1], name, path)
+                held = merged[kind].get(name)
+                if held is not None and _figures(held, where) != _figures(entry, where):
+                    if name != RETRAINED_TEACHER:
+                        raise StudyError(f"--teachers: {kind[:-1]} {name} is in two files with other figures (the "
+                                         f"later: {path}): only {RETRAINED_TEACHER} is trained again by each part")
+                    logger.warning("%s %s: taken from %s, the later part", kind[:-1], name, path)
                 merged[kind][name] = entry
         if one.get("common"):
             merged["common"] = one["common"]
     if explanations is not None:
-        rows = {name: pairs for name, pairs in read_kept(explanations).items()}
-        merged["common"] = rows_common_block(rows, _questions_in_all(rows))
-        merged["common"]["from"] = str(explanations)
+        rows = read_kept(explanations)
+        common = rows_common_block(rows, _questions_in_all(rows))
+        if common is None:
+            raise StudyError(f"--explanations {explanations}: no question every kept teacher explained")
+        merged["common"] = {**common, "from": str(explanations)}
+        for name, entry in _read_manifest(explanations)["teachers"].items():
+            distill = merged["distills"].get(name, {})
+            if entry.get("commit") and distill.get("commit") and entry["commit"] != distill["commit"]:
+                logger.warning("%s: kept at commit %s, but the teachers files' distill %s is from %s: its figures "
+                               "are not the kept rows'", explanations, entry["commit"], name, distill["commit"])
     return merged
 
 

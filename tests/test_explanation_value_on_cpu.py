@@ -119,27 +119,41 @@ def test_the_answer_line_alone_is_scored_after_the_same_thoughts(scored):
     assert all(q["copy"] == q["worked_solution"] for q in answer["per_question"])
 
 
-def _keep_scored(folder: Path, scores: dict[str, list[tuple[float, float]]]) -> None:
-    """A kept folder whose rows carry the distill's own r_ss and r_kl (total = r_ss - r_kl, no match penalty)."""
-    _keep(folder, {name: [""] * 6 for name in scores})
-    manifest = json.loads((folder / "manifest.json").read_text())
+def _keep_scored(folder: Path, scores: dict[str, list[tuple[float, float]]], shuffled: tuple[str, ...] = (),
+                 extra: tuple[str, ...] = ()) -> None:
+    """A kept folder whose rows carry the distill's own r_ss and r_kl (total = r_ss - r_kl, no match penalty); the
+    teachers in ``shuffled`` have their rows in reverse order, those in ``extra`` one more question (q99)."""
+    folder.mkdir(parents=True)
+    manifest = {"teachers": {}}
     for name, pairs in scores.items():
-        rows = [json.loads(line) for line in lzma.decompress((folder / f"{name}.jsonl.xz").read_bytes()).splitlines()]
-        for row, (r_ss, r_kl) in zip(rows, pairs):
-            row.update(r_ss=r_ss, r_kl=r_kl, total=r_ss - r_kl)
+        rows = [{"question_id": qid, "question": question, "solution": solution, "explanation": "",
+                 "template": template, "answer": "1", "r_ss": r_ss, "r_kl": r_kl, "total": r_ss - r_kl}
+                for (qid, question, solution, template), (r_ss, r_kl) in zip(QUESTIONS, pairs)]
+        if name in extra:
+            rows.append({**rows[0], "question_id": "q99", "question": "another", "r_ss": 50.0, "total": 50.0})
+        if name in shuffled:
+            rows.reverse()
         data = "".join(json.dumps(r) + "\n" for r in rows).encode()
         (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
-        manifest["teachers"][name]["sha256"] = hashlib.sha256(data).hexdigest()
+        manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows),
+                                      "sha256": hashlib.sha256(data).hexdigest()}
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+def _kept_run(folder: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), folder, "--kept", "--out", out, *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+
+
+SFT = [(-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5), (-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5)]
+RL = [(r_ss + bump, r_kl - 0.25) for (r_ss, r_kl), bump in zip(SFT, [0.1, 0.3, 0.2, 0.1, 0.3, 0.2])]
+
+
 def test_kept_compares_the_distills_own_scores_on_every_common_question_without_a_model(tmp_path):
-    sft = [(-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5), (-2.0, 1.0), (-1.0, 0.5), (-3.0, 1.5)]
-    rl = [(r_ss + bump, r_kl - 0.25) for (r_ss, r_kl), bump in zip(sft, [0.1, 0.3, 0.2, 0.1, 0.3, 0.2])]
-    _keep_scored(tmp_path / "kept", {"sft": sft, "rl_s0": rl})
+    # rl_s0's rows in another order and with a question sft lacks: pairs are matched by question id
+    _keep_scored(tmp_path / "kept", {"sft": SFT, "rl_s0": RL}, shuffled=("rl_s0",), extra=("rl_s0",))
     out = tmp_path / "kept.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), tmp_path / "kept", "--teachers", "sft,rl_s0", "--kept",
-                           "--questions", "0", "--out", out], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = _kept_run(tmp_path / "kept", out, "--teachers", "sft,rl_s0", "--questions", "0")
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     assert (result["questions"], result["templates"], result["scores"]) == (6, 3, "kept")
@@ -151,8 +165,24 @@ def test_kept_compares_the_distills_own_scores_on_every_common_question_without_
     assert pair["r_kl"]["ci95"] == [-0.25, -0.25]
     assert 0.1 <= pair["r_ss"]["ci95"][0] < 0.2 < pair["r_ss"]["ci95"][1] <= 0.3
     assert "rl_s0 - sft: r_ss +0.200" in done.stderr
-    # one teacher, or a student override, is not a --kept comparison
-    for extra in (["--teachers", "sft"], ["--teachers", "sft,rl_s0", "size=tiny"]):
-        done = subprocess.run([sys.executable, str(SCRIPT), tmp_path / "kept", "--kept", *extra, "--out", out],
-                              capture_output=True, text=True, cwd=ROOT, timeout=120)
-        assert done.returncode == 2 and "--kept compares two or more kept teachers" in done.stderr
+    # the other order: the later named minus the earlier
+    done = _kept_run(tmp_path / "kept", out, "--teachers", "rl_s0,sft", "--questions", "0")
+    assert json.loads(out.read_text())["differences"]["sft - rl_s0"]["r_ss"]["mean"] == -0.2
+
+
+def test_kept_refuses_what_it_cannot_compare_in_one_line(tmp_path):
+    nan = [(float("nan"), 1.0), *SFT[1:]]
+    _keep_scored(tmp_path / "kept", {"sft": SFT, "rl_s0": RL, "rl_s1": nan})
+    out = tmp_path / "kept.json"
+    for extra, said in ((["--teachers", "sft"], "--kept compares two or more kept teachers"),
+                        (["--teachers", "sft,rl_s0", "size=tiny"], "--kept compares two or more kept teachers"),
+                        (["--teachers", "sft,sft"], "--teachers sft,sft: a teacher named twice"),
+                        (["--teachers", "sft,rl_s1", "--questions", "0"],
+                         "rl_s1: question q00: r_ss is nan, not a finite number")):
+        done = _kept_run(tmp_path / "kept", out, *extra)
+        assert done.returncode == 2 and said in done.stderr, (extra, done.stderr)
+    # teachers that share fewer than two questions
+    _keep_scored(tmp_path / "apart", {"sft": SFT[:1], "rl_s0": RL[:1]})
+    done = _kept_run(tmp_path / "apart", out, "--teachers", "sft,rl_s0", "--questions", "0")
+    assert (done.returncode, done.stderr) == (2, "error: sft, rl_s0 share 1 questions: nothing to pair (at least 2)\n")
+    assert not out.exists()

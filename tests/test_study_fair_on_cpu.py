@@ -1008,8 +1008,11 @@ def test_teachers_files_of_several_parts_merge_and_the_kept_rows_give_the_common
     the later file's sft kept, and takes each teacher's reward from the kept rows the students read."""
     root, out = tmp_path / "study", tmp_path / "out"
     part0, part1 = tmp_path / "teachers_s0.json", tmp_path / "teachers_s1.json"
-    part0.write_text(json.dumps({**_curves(rl_s0=[[0, -6.0], [4, -2.0]]), "common": COMMON}))
-    part1.write_text(json.dumps({**_curves(rl_s1=[[0, -5.0], [4, -3.0]]), "common": COMMON}))
+    sft0, sft1 = {"steps": 60, "commit": "aaa0000"}, {"steps": 61, "commit": "bbb1111"}  # the SFT teacher, again
+    part0.write_text(json.dumps({"teachers": {**_curves(rl_s0=[[0, -6.0], [4, -2.0]])["teachers"], "sft": sft0},
+                                 "common": COMMON}))
+    part1.write_text(json.dumps({"teachers": {**_curves(rl_s1=[[0, -5.0], [4, -3.0]])["teachers"], "sft": sft1},
+                                 "common": COMMON}))
     # rl_s0 kept for q0..q2, sft and rl_s1 for q0..q3: the questions all explained are q0..q2
     _kept_folder(tmp_path / "kept", {"rl_s0": {"q0": -1.0, "q1": -2.0, "q2": -3.0},
                                      "rl_s1": {"q0": -2.0, "q1": -2.0, "q2": -2.0, "q3": -9.0},
@@ -1027,6 +1030,22 @@ def test_teachers_files_of_several_parts_merge_and_the_kept_rows_give_the_common
         ("sft_teacher", "sft", -5.0, [0]), ("rl_teacher", "rl_s0", -2.0, [0]), ("rl_teacher", "rl_s1", -2.0, [1])]
     assert {p["reward_from"] for p in points} == {
         "the mean RLT reward of its kept explanations of the 3 questions every teacher explained"}
+    assert study["students"]["s"]["correlation"]["x"] == (
+        "the mean RLT reward of the teacher's kept explanations of the 3 questions every teacher explained (the kept "
+        f"explanations in {tmp_path / 'kept'})")
+    assert f"WARNING: teacher sft: taken from {part1}, the later part" in result.stderr
+    # another teacher in two files with other figures is refused: only the SFT teacher is trained again
+    clash = tmp_path / "teachers_clash.json"
+    clash.write_text(json.dumps(_curves(rl_s0=[[0, -6.0], [4, -1.0]])))
+    result = _run("summarize", root, "--out", out, "--teachers", part0, clash)
+    assert (result.returncode, result.stderr) == (
+        2, f"error: --teachers: teacher rl_s0 is in two files with other figures (the later: {clash}): only sft is "
+           "trained again by each part\n")
+    # kept teachers with no question in common
+    _kept_folder(tmp_path / "apart", {"rl_s0": {"q0": -1.0}, "sft": {"q1": -4.0}})
+    result = _run("summarize", root, "--out", out, "--teachers", part0, "--explanations", tmp_path / "apart")
+    assert (result.returncode, result.stderr) == (
+        2, f"error: --explanations {tmp_path / 'apart'}: no question every kept teacher explained\n")
     # --explanations without a teachers file is one line
     (out / "study.json").unlink()
     result = _run("summarize", root, "--out", tmp_path / "elsewhere", "--explanations", tmp_path / "kept")
