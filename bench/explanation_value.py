@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of --config")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    started = time.perf_counter()
+    started, commit = time.perf_counter(), code_commit()  # the code as the run starts (a long run outlives HEAD)
     try:
         if args.questions < 2 and args.questions != 0:
             raise ConfigError(f"--questions {args.questions}: at least 2, or 0 for every common question")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = teachers_rows(args.folder, teachers)
         questions = common_questions(rows, args.questions, args.seed)
         if args.kept:
-            return write_kept(args, rows, teachers, questions, argv, started)
+            return write_kept(args, rows, teachers, questions, argv, started, commit)
         cfg = compose(args.config, args.overrides)
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
         # r_SS alone: the teacher's half of r_KL is not needed, so no teacher model is loaded
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         "per_question": [{"question_id": q["question_id"], "template": q["template"],
                           **{name: round(float(per_reading[name][0][i]), 4) for name in per_reading}}
                          for i, q in enumerate(questions)],
-        "commit": code_commit(), "device": torch.cuda.get_device_name() if device == "cuda" else
+        "commit": commit, "device": torch.cuda.get_device_name() if device == "cuda" else
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "seconds": round(time.perf_counter() - started, 1)}
@@ -255,11 +255,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_kept(args: argparse.Namespace, rows: dict[str, dict[str, dict]], teachers: list[str],
-               questions: list[dict], argv: list[str] | None, started: float) -> int:
+               questions: list[dict], argv: list[str] | None, started: float, commit: str) -> int:
     """``--kept``: write and log the teachers' own scores and their paired differences."""
     means, differences = kept_differences(rows, teachers, questions, np.random.default_rng(args.seed))
     result = {"questions": len(questions), "templates": len({q["template"] for q in questions}), "seed": args.seed,
-              "scores": "kept", "teachers": means, "differences": differences, "commit": code_commit(),
+              "scores": "kept", "teachers": means, "differences": differences, "commit": commit,
               "device": f"CPU ({platform.processor() or platform.machine()}), no model",
               "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "seconds": round(time.perf_counter() - started, 1)}
