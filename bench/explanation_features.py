@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from bench_mono import code_commit  # noqa: E402
-from study_fair import RESAMPLES, StudyError, _interval, _question_weights, _ranks, read_kept  # noqa: E402
+from study_fair import RESAMPLES, StudyError, _interval, _question_weights, read_kept, spearman  # noqa: E402
 
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 
@@ -45,11 +45,6 @@ def features(solution: str, explanation: str) -> dict[str, float]:
     return {"results_share": len(results & stated) / len(results) if results else float("nan"),
             "chars": float(len(explanation)), "latex": float(bool(LATEX.search(explanation))),
             "markdown": float(bool(MARKDOWN.search(explanation)))}
-
-
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    rx, ry = _ranks(x), _ranks(y)
-    return float(np.corrcoef(rx, ry)[0, 1]) if rx.std() > 0 and ry.std() > 0 else float("nan")
 
 
 def analyse(gap: np.ndarray, table: dict[str, np.ndarray], templates: np.ndarray, seed: int,
@@ -72,10 +67,11 @@ def analyse(gap: np.ndarray, table: dict[str, np.ndarray], templates: np.ndarray
                          if yes.any() and no.any() else None,
                          "ci95": _interval(np.array(difference)) if difference else None}
         else:
-            samples = [_spearman(values[d][keep[d]], gap[d][keep[d]]) for d in draws]
+            samples = [spearman(values[d][keep[d]], gap[d][keep[d]]) for d in draws]
+            rho = spearman(values[keep], gap[keep])  # None where either side is constant (study_fair.spearman)
             out[name] = {"median": round(float(np.median(values[keep])), 4),
-                         "spearman_rho": round(_spearman(values[keep], gap[keep]), 4),
-                         "ci95": _interval(np.array([s for s in samples if not np.isnan(s)]))}
+                         "spearman_rho": None if rho is None else round(rho, 4),
+                         "ci95": _interval(np.array([s for s in samples if s is not None]))}
     return out
 
 

@@ -176,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     started, commit = time.perf_counter(), code_commit()  # the code as the run starts (a long run outlives HEAD)
+    command = "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv)
     try:
         if args.questions < 2 and args.questions != 0:
             raise ConfigError(f"--questions {args.questions}: at least 2, or 0 for every common question")
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = teachers_rows(args.folder, teachers)
         questions = common_questions(rows, args.questions, args.seed)
         if args.kept:
-            return write_kept(args, rows, teachers, questions, argv, started, commit)
+            return write_kept(args, rows, teachers, questions, {"commit": commit, "command": command}, started)
         cfg = compose(args.config, args.overrides)
         reward_config = instantiate(TeacherRewardConfig, cfg.reward, "reward")
         # r_SS alone: the teacher's half of r_KL is not needed, so no teacher model is loaded
@@ -235,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                          for i, q in enumerate(questions)],
         "commit": commit, "device": torch.cuda.get_device_name() if device == "cuda" else
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "seconds": round(time.perf_counter() - started, 1)}
+        "command": command, "seconds": round(time.perf_counter() - started, 1)}
     pairs = [(name, NONE) for name in [*teachers, WORKED]] + [(WORKED, name) for name in teachers]
     pairs += [(teachers[j], teachers[i]) for i in range(len(teachers)) for j in range(i + 1, len(teachers))]
     for a, b in pairs:
@@ -255,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_kept(args: argparse.Namespace, rows: dict[str, dict[str, dict]], teachers: list[str],
-               questions: list[dict], argv: list[str] | None, started: float, commit: str) -> int:
-    """``--kept``: write and log the teachers' own scores and their paired differences."""
+               questions: list[dict], where: dict, started: float) -> int:
+    """``--kept``: write and log the teachers' own scores and their paired differences (``where``: the run's
+    ``commit`` and ``command``)."""
     means, differences = kept_differences(rows, teachers, questions, np.random.default_rng(args.seed))
     result = {"questions": len(questions), "templates": len({q["template"] for q in questions}), "seed": args.seed,
-              "scores": "kept", "teachers": means, "differences": differences, "commit": commit,
+              "scores": "kept", "teachers": means, "differences": differences, "commit": where["commit"],
               "device": f"CPU ({platform.processor() or platform.machine()}), no model",
-              "command": "python bench/explanation_value.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "seconds": round(time.perf_counter() - started, 1)}
+              "command": where["command"], "seconds": round(time.perf_counter() - started, 1)}
     write_json(args.out, result)
     for pair, by_key in differences.items():
         logger.info("%s: %s", pair, ", ".join(f"{key} {v['mean']:+.3f} [{v['ci95'][0]:+.3f}, {v['ci95'][1]:+.3f}]"
