@@ -48,7 +48,8 @@
 #   STUDY_SFT        extra student SFT overrides (words, no spaces inside one)
 #   STUDY_RL         extra overrides of the teachers' RL runs, after the study's own (words, no spaces inside one;
 #                    e.g. memory=speed trainer.vllm_gpu_memory_utilization=0.5: a teacher alone on its GPU)
-#   STUDY_ANSWER_ONLY  0: the teachers part leaves out the answer-only RL teacher (the ablation arm)
+#   STUDY_ANSWER_ONLY  0: the teachers part leaves out the answer-only RL teacher (the ablation arm); only: it
+#                    trains that one alone (the SFT teacher, then the answer-only teacher; the seeds argument unused)
 #   STUDY_SFT_DISTILL  teachers part: when the SFT teacher explains: beside (default; beside the RL runs) or after
 #                    (once they end: on one GPU the RL run then has the card alone, and its memory plan, read at
 #                    its start, is not undercut by a distill starting beside it)
@@ -217,7 +218,8 @@ sft_distill=${STUDY_SFT_DISTILL:-beside}
 [[ $sft_distill == beside || $sft_distill == after ]] \
   || { echo "bench/study_fair.sh: STUDY_SFT_DISTILL=$sft_distill: beside or after" >&2; exit 2; }
 answer_only=${STUDY_ANSWER_ONLY:-1}
-[[ $answer_only == [01] ]] || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$answer_only: 0 or 1" >&2; exit 2; }
+[[ $answer_only == [01] || $answer_only == only ]] \
+  || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$answer_only: 0, 1 or only" >&2; exit 2; }
 source bench/study_stage.sh  # stage: one run, skipped when finished, tried again when it fails
 for knob in STUDY_RETRY_SECONDS STUDY_MEMORY_TRIES; do  # stage's waits and tries: whole numbers, said at once
   [[ ${!knob:-0} =~ ^[0-9]+$ ]] || { echo "bench/study_fair.sh: $knob=${!knob}: a whole number" >&2; exit 2; }
@@ -308,12 +310,13 @@ unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unles
   mkdir -p "$root/traces" && gzip -dc study_data/gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
 }
 teachers() {  # the SFT teacher on the traces, then the RL teachers side by side (one per GPU where there are several)
-  local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0
+  local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0 rl_seeds=$seeds
+  [ "$answer_only" != only ] || rl_seeds=
   unpack_traces || return 1
   stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
   local rl_names=() name
-  for seed in $seeds; do rl_names+=("rl_s$seed"); done
+  for seed in $rl_seeds; do rl_names+=("rl_s$seed"); done
   [ "$answer_only" = 0 ] || rl_names+=(rl_answer_s0)
   for name in "${rl_names[@]}"; do rm -f "$root/teachers/$name/rl_ended"; done
   if [ "$sft_distill" = beside ]; then
@@ -324,7 +327,7 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
       done
       on_gpu 0 distill "$root/teachers/sft/final" sft; } & pids+=($!)
   fi
-  for seed in $seeds; do
+  for seed in $rl_seeds; do
     teacher_chain "$lane" "$seed" worked & pids+=($!)
     lane=$((lane + rl_gpus))
   done

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "study_fair.py"
 
@@ -1068,8 +1069,28 @@ def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the
     assert min(p.stat().st_mtime_ns for p in sft_distill.rglob("*") if p.is_file()) >= ended
 
 
+def test_the_answer_only_teacher_alone_beside_an_sft_distill_the_root_holds(tmp_path):
+    """STUDY_ANSWER_ONLY=only: the SFT teacher, then the answer-only RL teacher alone (no worked-reward seed run,
+    whatever the seeds say). An SFT distill the root holds already (an earlier part's kept rows) is not run again:
+    every RL teacher then pairs with the same SFT explanations."""
+    root = tmp_path / "study"
+    _traces(root)
+    (root / "distilled").mkdir()
+    kept_sft = '{"question": "kept by an earlier part"}\n'
+    (root / "distilled" / "sft.jsonl").write_text(kept_sft)
+    run = _fair_sh("teachers", root, "0,1", timeout=600,
+                   env={"STUDY_ANSWER_ONLY": "only", "STUDY_SFT_DISTILL": "after"})
+    assert run.returncode == 0 and (root / "DONE").read_text().startswith("teachers=0 "), run.stdout + run.stderr
+    assert sorted(p.name for p in (root / "distilled").iterdir()) == ["rl_answer_s0.jsonl", "sft.jsonl"]
+    assert (root / "distilled" / "sft.jsonl").read_text() == kept_sft
+    teachers = root / "teachers"
+    assert sorted(p.name for p in teachers.iterdir()) == ["distill_rl_answer_s0", "rl_answer_s0", "sft"]
+    for run_dir in (teachers / "rl_answer_s0" / "rl", teachers / "distill_rl_answer_s0"):
+        assert yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["gsm_solution"] == "answer", run_dir
+
+
 @pytest.mark.parametrize(("knob", "value", "said"), [("STUDY_SFT_DISTILL", "later", "beside or after"),
-                                                     ("STUDY_ANSWER_ONLY", "no", "0 or 1"),
+                                                     ("STUDY_ANSWER_ONLY", "no", "0, 1 or only"),
                                                      ("STUDY_EXPLANATION_TOKENS", "long", "a whole number >= 1")])
 def test_a_teachers_knob_out_of_its_choices_is_one_line(tmp_path, knob, value, said):
     run = _fair_sh("teachers", tmp_path / "study", "0", timeout=60, env={knob: value})
