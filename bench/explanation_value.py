@@ -120,7 +120,7 @@ def plain_text(text: str) -> str:
       ``\\approx`` ``~``, ``\\le`` ``<=``, ...); ``\\text{...}``, ``\\mathrm{...}``, ``\\boxed{...}`` and the like
       are their contents, braces inside handled; ``\\left``/``\\right`` dropped; spacing (``\\,`` ``\\;``
       ``\\quad``) is a space, ``\\,`` between digits nothing; ``\\%`` is ``%``; any other command is dropped and a
-      brace group is its contents.
+      brace group is its contents (a brace anywhere outside a code block is read as TeX's).
     - Markdown: bold and italic markers (``**x**``, ``__x__``, ``*x*``, ``_x_``) and heading hashes dropped; a fenced
       code block (```` ``` ````) is kept as written (its ``#`` are comments, its ``*`` and ``_`` code).
     - Spaces: runs of spaces within a line are one, lines are stripped, a space before a closing ``.,;:!?`` (one
