@@ -7,6 +7,19 @@ explanation moves it: the room between "none" and "the solution itself" is all a
 ``--solution answer`` scores the answer line alone (``The answer is N.``, the study's answer-only mapping,
 ``data.gsm_solution=answer``) after the same thoughts: how much the explanations carry the answer itself.
 
+``--rewrite plain`` adds, for each teacher, a reading of its explanations rewritten into plain text (``plain_text``:
+TeX delimiters dropped, ``\\frac{a}{b}`` as ``a/b``, ``\\times`` as ``*``, ``\\text{...}`` and ``\\boxed{...}`` as
+their contents, markdown bold and headings dropped; numbers and words kept), named ``<teacher>_plain``: whether the
+style of the explanations (the teachers write TeX and markdown, the GSM-Symbolic worked solutions plain text) is
+part of what they cost the solution's likelihood. For example
+
+    **Step 1:** Olivia: \\( 3 \\times 91 = 273 \\).          Step 1: Olivia: 3 * 91 = 273.
+    \\[ \\text{Total} = \\frac{1}{2} \\times 890 = \\boxed{445} \\]    becomes    Total = 1/2 * 890 = 445
+
+``differences`` then also holds each ``<teacher>_plain - <teacher>``, paired on the same questions (the explanations as
+kept are scored in the same run); the JSON records ``"rewrite": "plain"`` and, in ``rewritten``, what the rewrite
+changed and an example.
+
 Each reading also splits the solution's mean log-prob into its first OPENING tokens (how a solution opens after the
 thought) and the rest (the steps).
 
@@ -15,8 +28,9 @@ stratified by template (``rlt_mono.data.rows.sample_rows``). The student and the
 ``distill`` run config and its overrides, as the study's distill scored the rows; each teacher's rows, scored
 again here, reproduce the distill's own ``r_ss`` to within the precision of the device (``reproduces``: each
 teacher's mean and largest difference, a warning above REPRODUCE_TOLERANCE; none under ``--solution answer``, which
-the distill did not score). r_SS reads the student's log-probs at the reward's temperature
-(``reward.unbias_student_log_probs_temp``, 0.7 in the RLT run), as the reward does. Intervals: 95% bootstrap of the
+the distill did not score, and none for a ``--rewrite`` reading, whose text the distill never scored). r_SS reads
+the student's log-probs at the reward's temperature (``reward.unbias_student_log_probs_temp``, 0.7 in the RLT run),
+as the reward does. Intervals: 95% bootstrap of the
 paired mean difference, templates resampled, then questions within them.
 
 ``--kept`` loads no model: it compares the named teachers on the scores their distill recorded with each kept row
@@ -25,6 +39,9 @@ the same intervals; seconds on any machine.
 
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
         --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
+    python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s1 --questions 64 \\
+        --rewrite plain --out results/study_gsm_symbolic_v2/explanation_value_plain.json \\
+        student=qwen2.5_coder_0.5b_instruct student.dtype=float32 data=gsm_symbolic
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s1 --kept \\
         --questions 0 --out results/study_gsm_symbolic_v2/kept_scores_s1.json
 """
@@ -35,6 +52,7 @@ import argparse
 import dataclasses
 import logging
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -68,6 +86,140 @@ OPENING = 5
 KEPT_SCORES = ("r_ss", "r_kl", "total")
 
 
+# --rewrite plain: a teacher's explanation in plain text, as the GSM-Symbolic worked solutions are written (plain_text)
+REWRITES = ("plain",)
+# Commands whose one argument is kept, the command dropped: \text{ miles} -> " miles", \boxed{26} -> "26".
+_UNWRAP = {"text", "textrm", "textbf", "textit", "textsf", "texttt", "emph", "mathrm", "mathbf", "mathit", "mathsf",
+           "mathtt", "operatorname", "boxed", "mbox", "hbox"}
+_FRACTIONS = {"frac", "dfrac", "tfrac"}
+# Commands written as plain characters; \left, \right and any command not named here are dropped (\lfloor,
+# \displaystyle), their arguments kept (a brace group is its contents).
+_SYMBOLS = {"times": "*", "cdot": "*", "div": "/", "approx": "~", "pm": "+/-", "le": "<=", "leq": "<=", "ge": ">=",
+            "geq": ">=", "ne": "!=", "neq": "!=", "ldots": "...", "cdots": "...", "dots": "...", "to": "->",
+            "rightarrow": "->", "Rightarrow": "=>", "implies": "=>", "gets": "<-", "pi": "pi", "%": "%", "$": "$",
+            "&": "&", "#": "#", "_": "_", "{": "{", "}": "}", ",": " ", ";": " ", ":": " ", " ": " ", "quad": " ",
+            "qquad": " ", "!": "", "\\": "\n", "(": "", ")": "", "[": "", "]": ""}
+_SIZES = {"left", "right", "big", "Big", "bigg", "Bigg", "bigl", "bigr", "Bigl", "Bigr"}
+_CODE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)  # a fenced code block, kept as written
+_DISPLAY_LINE = re.compile(r"^[ \t]*(?:\\\[|\\\]|\$\$)[ \t]*(?:\n|$)", re.MULTILINE)  # a line that is a delimiter
+_INLINE_DOLLARS = re.compile(r"(?<![\\$])\$(?=[^\s$])([^$\n]*?[^\s$\\])\$(?![\d$])")  # $x$, not "$5 or $7"
+_BOLD = re.compile(r"\*\*(?=\S)(.+?)(?<=\S)\*\*|(?<!\w)__(?=\S)(.+?)(?<=\S)__(?!\w)")
+_ITALIC = re.compile(r"(?<![\w*\\])\*(?=[^\s*])([^*\n]*?[^\s*\\])\*(?![\w*])"
+                     r"|(?<![\w\\])_(?=[^\s_])([^_\n]*?[^\s_\\])_(?!\w)")
+_HEADING = re.compile(r"^([ \t]*)#{1,6}(?:[ \t]+|$)", re.MULTILINE)
+_SIMPLE = re.compile(r"-?[\w.,%$€£]+")  # a fraction's part written without parentheses: one number or word
+
+
+def plain_text(text: str) -> str:
+    """``text`` (a teacher's explanation) rewritten into plain text, deterministically (``--rewrite plain``):
+
+    - TeX: the math delimiters ``\\( \\) \\[ \\]``, ``$$`` and ``$...$`` dropped (a line holding only a display
+      delimiter goes with its line break; a currency ``$5`` stays, ``\\$`` is ``$``); ``\\frac{a}{b}`` (``\\dfrac``,
+      ``\\tfrac``) is ``a/b``, each part in parentheses unless it is one number or word (``\\frac{\\frac{1}{2}}{3}``
+      is ``(1/2)/3``); ``\\times`` and ``\\cdot`` are ``*``, ``\\div`` ``/`` (and the few others of ``_SYMBOLS``:
+      ``\\approx`` ``~``, ``\\le`` ``<=``, ...); ``\\text{...}``, ``\\mathrm{...}``, ``\\boxed{...}`` and the like
+      are their contents, braces inside handled; ``\\left``/``\\right`` dropped; spacing (``\\,`` ``\\;``
+      ``\\quad``) is a space, ``\\,`` between digits nothing; ``\\%`` is ``%``; any other command is dropped and a
+      brace group is its contents (a brace anywhere outside a code block is read as TeX's).
+    - Markdown: bold and italic markers (``**x**``, ``__x__``, ``*x*``, ``_x_``) and heading hashes dropped; a fenced
+      code block (```` ``` ````) is kept as written (its ``#`` are comments, its ``*`` and ``_`` code).
+    - Spaces: runs of spaces within a line are one, lines are stripped, a space before a closing ``.,;:!?`` (one
+      followed by a space or the end) or ``)`` and after ``(`` dropped, at most one blank line in a row.
+
+    Numbers and words are kept as written. For example ``**Step 1:** Olivia: \\( 3 \\times 91 = 273 \\).`` then
+    ``\\[ \\text{Total} = \\frac{1}{2} \\times 890 = \\boxed{445} \\]`` on the next line becomes ``Step 1: Olivia:
+    3 * 91 = 273.`` then ``Total = 1/2 * 890 = 445``."""
+    parts, start = [], 0
+    for block in _CODE.finditer(text):
+        parts += [_plain_prose(text[start:block.start()]), block.group()]
+        start = block.end()
+    parts.append(_plain_prose(text[start:]))
+    return re.sub(r"\n{3,}", "\n\n", "".join(parts)).strip()
+
+
+def _plain_prose(text: str) -> str:
+    """``plain_text`` of text outside code blocks."""
+    text = _DISPLAY_LINE.sub("", text).replace("$$", "")
+    text = _INLINE_DOLLARS.sub(r"\1", text)
+    text = _BOLD.sub(lambda m: m.group(1) or m.group(2), text).replace("**", "")
+    text = _ITALIC.sub(lambda m: m.group(1) or m.group(2), text)
+    text = _HEADING.sub(r"\1", text)
+    lines = []
+    for line in _plain_tex(text).split("\n"):
+        line = re.sub(r"[ \t]+", " ", line).strip()
+        line = re.sub(r" +([.,;:!?])(?= |$)", r"\1", line)
+        lines.append(re.sub(r"\( +", "(", re.sub(r" +\)", ")", line)))
+    return "\n".join(lines)
+
+
+def _command(text: str, i: int) -> tuple[str, int]:
+    """The name of the TeX command whose backslash is at ``i`` (a run of letters, or the one character after it)
+    and where the text after it starts."""
+    name = re.match(r"[A-Za-z]+|.?", text[i + 1:], re.DOTALL).group()
+    return name, i + 1 + len(name)
+
+
+def _argument(text: str, i: int) -> tuple[str, int]:
+    """A command's argument from ``i`` on (spaces skipped): a brace group's contents (nested braces and escaped
+    ones counted), a command, or one character; and where the text after it starts."""
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i >= len(text):
+        return "", i
+    if text[i] == "\\":
+        _, end = _command(text, i)
+        return text[i:end], end
+    if text[i] != "{":
+        return text[i], i + 1
+    depth, j = 0, i
+    while j < len(text):
+        if text[j] == "\\":
+            j += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j], j + 1
+        j += 1
+    return text[i + 1:], len(text)  # an unclosed group: the rest
+
+
+def _fraction_part(text: str) -> str:
+    part = text.strip()
+    return part if _SIMPLE.fullmatch(part) else f"({part})"
+
+
+def _plain_tex(text: str) -> str:
+    """The TeX of ``plain_text`` rewritten, left to right."""
+    out, i = [], 0
+    while i < len(text):
+        char = text[i]
+        if char == "{":
+            inner, i = _argument(text, i)
+            out.append(_plain_tex(inner))
+        elif char == "}":  # a brace closing no group: dropped
+            i += 1
+        elif char != "\\":
+            out.append(char)
+            i += 1
+        else:
+            name, i = _command(text, i)
+            if name in _FRACTIONS:
+                numerator, i = _argument(text, i)
+                denominator, i = _argument(text, i)
+                out.append(f"{_fraction_part(_plain_tex(numerator))}/{_fraction_part(_plain_tex(denominator))}")
+            elif name in _UNWRAP:
+                inner, i = _argument(text, i)
+                out.append(_plain_tex(inner))
+            elif name in _SIZES:
+                if text[i:i + 1] == ".":  # \left. : no delimiter
+                    i += 1
+            elif name == "," and out and out[-1][-1:].isdigit() and text[i:i + 1].isdigit():
+                pass  # 1\,000: a thousands space inside a number
+            else:
+                out.append(_SYMBOLS.get(name, ""))
+    return "".join(out)
+
+
 def teachers_rows(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
     """``{teacher: {question_id: row}}`` of each named teacher kept in ``folder`` (``study_fair.read_kept``: each
     file checked against its sha256)."""
@@ -91,11 +243,22 @@ def common_questions(rows: dict[str, dict[str, dict]], count: int, seed: int) ->
     return ordered if count == 0 else sample_rows(ordered, count, seed, group_of)
 
 
-def readings(questions: list[dict], rows: dict[str, dict[str, dict]]) -> dict[str, list[str]]:
-    """The explanation each reading puts in the student's thought, per question."""
+def rewritten(teacher: str, rewrite: str) -> str:
+    """The name of the reading of ``teacher``'s explanations rewritten by ``--rewrite`` (``sft_plain``)."""
+    return f"{teacher}_{rewrite}"
+
+
+def readings(questions: list[dict], rows: dict[str, dict[str, dict]], rewrite: str | None = None
+             ) -> dict[str, list[str]]:
+    """The explanation each reading puts in the student's thought, per question: none, each teacher's as kept, with
+    ``rewrite`` each teacher's rewritten (``plain_text``, the reading ``rewritten(teacher, rewrite)``), and the worked
+    solution."""
     out = {NONE: ["" for _ in questions]}
     for name, by_id in rows.items():
         out[name] = [by_id[q["question_id"]]["explanation"] for q in questions]
+    if rewrite is not None:
+        for name in rows:
+            out[rewritten(name, rewrite)] = [plain_text(text) for text in out[name]]
     out[WORKED] = [q["solution"] for q in questions]
     return out
 
@@ -170,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--solution", choices=("worked", "answer"), default="worked",
                         help="what r_SS scores: the worked solution, or its answer line alone")
+    parser.add_argument("--rewrite", choices=REWRITES, default=None,
+                        help="also score each teacher's explanations rewritten: plain, TeX and markdown as plain text")
     parser.add_argument("--config", default="distill", help="the run config whose student and reward score")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of --config")
@@ -185,9 +350,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--teachers {args.teachers}: kept teachers' names, not {NONE} or {WORKED}")
         if len(set(teachers)) < len(teachers):
             raise ConfigError(f"--teachers {args.teachers}: a teacher named twice")
-        if args.kept and (len(teachers) < 2 or args.overrides or args.solution != "worked"):
+        if args.kept and (len(teachers) < 2 or args.overrides or args.solution != "worked" or args.rewrite):
             raise ConfigError("--kept compares two or more kept teachers on their distill's scores: no overrides, "
-                              "no --solution")
+                              "no --solution, no --rewrite")
+        if args.rewrite and set(teachers) & {rewritten(name, args.rewrite) for name in teachers}:
+            raise ConfigError(f"--teachers {args.teachers}: a teacher named as another's --rewrite {args.rewrite} "
+                              "reading")
         rows = teachers_rows(args.folder, teachers)
         questions = common_questions(rows, args.questions, args.seed)
         if args.kept:
@@ -204,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StudyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    texts = readings(questions, rows)
+    texts = readings(questions, rows, args.rewrite)
     per_reading = {}
     for name, explanations in texts.items():
         logger.info("scoring %d questions, the student reading: %s", len(questions), name)
@@ -212,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     templates = np.array([q["template"] for q in questions])
     rng = np.random.default_rng(args.seed)
     reproduces = None
-    if args.solution == "worked":  # each teacher's rows scored again against the distill's own r_ss
+    if args.solution == "worked":  # each teacher's rows as kept scored again against the distill's own r_ss
         reproduces = {}
-        for name in teachers:
+        for name in teachers:  # not the rewritten readings: the distill never scored their text
             diff = per_reading[name][0] - np.array([rows[name][q["question_id"]]["r_ss"] for q in questions])
             reproduces[name] = {"mean_difference": round(float(diff.mean()), 4),
                                 "max_abs_difference": round(float(np.abs(diff).max()), 4)}
@@ -231,14 +399,20 @@ def main(argv: list[str] | None = None) -> int:
                      for name, (r_ss, lp, first, rest) in per_reading.items()},
         "differences": {},
         "reproduces": reproduces,
+        "rewrite": args.rewrite,
+        **({"rewritten": rewrite_summary(args.rewrite, teachers, questions, texts)} if args.rewrite else {}),
         "per_question": [{"question_id": q["question_id"], "template": q["template"],
                           **{name: round(float(per_reading[name][0][i]), 4) for name in per_reading}}
                          for i, q in enumerate(questions)],
         "commit": commit, "device": torch.cuda.get_device_name() if device == "cuda" else
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
         "command": command, "seconds": round(time.perf_counter() - started, 1)}
-    pairs = [(name, NONE) for name in [*teachers, WORKED]] + [(WORKED, name) for name in teachers]
-    pairs += [(teachers[j], teachers[i]) for i in range(len(teachers)) for j in range(i + 1, len(teachers))]
+    groups = [teachers] + ([[rewritten(name, args.rewrite) for name in teachers]] if args.rewrite else [])
+    explained = [name for group in groups for name in group]
+    pairs = [(name, NONE) for name in [*explained, WORKED]] + [(WORKED, name) for name in explained]
+    pairs += [(group[j], group[i]) for group in groups for i in range(len(group)) for j in range(i + 1, len(group))]
+    if args.rewrite:  # each teacher's rewritten explanations against its own as kept, on the same questions
+        pairs += [(rewritten(name, args.rewrite), name) for name in teachers]
     for a, b in pairs:
         diff = per_reading[a][0] - per_reading[b][0]
         result["differences"][f"{a} - {b}"] = {"r_ss": round(float(diff.mean()), 4),
@@ -252,6 +426,26 @@ def main(argv: list[str] | None = None) -> int:
     for pair, figures in result["differences"].items():
         print(f"{pair:>32}: {figures['r_ss']:+.3f} [{figures['ci95'][0]:+.3f}, {figures['ci95'][1]:+.3f}]")
     return 0
+
+
+def rewrite_summary(rewrite: str, teachers: list[str], questions: list[dict], texts: dict[str, list[str]]) -> dict:
+    """What ``--rewrite`` did, for the JSON: each rewritten reading's teacher, how many explanations it changed and
+    their mean length before and after, and one example: the first paragraph of the first teacher's explanations (in
+    question order) that writes TeX in at most 400 characters, as kept and rewritten."""
+    first = teachers[0]
+    example = next(((q["question_id"], part) for q, text in zip(questions, texts[first])
+                    for part in text.split("\n\n") if "\\" in part and len(part) <= 400),
+                   (questions[0]["question_id"], texts[first][0][:400]))
+    return {"readings": {rewritten(name, rewrite): name for name in teachers},
+            "reproduces": "not checked for the rewritten readings: the distill scored the explanations as kept, "
+                          "never their rewritten text",
+            "changed": {name: sum(a != b for a, b in zip(texts[name], texts[rewritten(name, rewrite)]))
+                        for name in teachers},
+            "mean_chars": {name: {"kept": round(float(np.mean([len(t) for t in texts[name]])), 1),
+                                  rewrite: round(float(np.mean([len(t) for t in texts[rewritten(name, rewrite)]])),
+                                                 1)} for name in teachers},
+            "example": {"teacher": first, "question_id": example[0], "kept": example[1],
+                        rewrite: plain_text(example[1])}}
 
 
 def write_kept(args: argparse.Namespace, rows: dict[str, dict[str, dict]], teachers: list[str],

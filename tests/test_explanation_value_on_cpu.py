@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "explanation_value.py"
+sys.path[:0] = [str(ROOT / "bench")]
+
+from explanation_value import plain_text  # noqa: E402
 
 # Three templates of two questions each; "copy" explains by restating the worked solution, "blank" writes nothing.
 QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i + 1} = {2 * i + 1}.\n"
@@ -117,6 +120,108 @@ def test_the_answer_line_alone_is_scored_after_the_same_thoughts(scored):
     assert all(a["none"] != w["none"] for a, w in zip(answer["per_question"], worked["per_question"]))
     assert answer["reproduces"] is None
     assert all(q["copy"] == q["worked_solution"] for q in answer["per_question"])
+
+
+@pytest.mark.parametrize("tex, plain", [
+    (r"\( 3 \times 4 = 12 \)", "3 * 4 = 12"),
+    # nested fractions: a part that is more than one number or word is put in parentheses
+    (r"\frac{\frac{1}{2}}{3} and \frac{1}{\frac{2}{3}}", "(1/2)/3 and 1/(2/3)"),
+    (r"\[ \dfrac{20 + 30}{100} = \frac12 \]", "(20 + 30)/100 = 1/2"),
+    # \boxed with braces inside it: a fraction, a \text, escaped braces
+    (r"is \(\boxed{\frac{7}{\text{2 days}}}\).", "is 7/(2 days)."),
+    (r"\boxed{\{3, 4\}} and \boxed{{26}}", "{3, 4} and 26"),
+    (r"\left( \frac{78}{195} \right) \times 100\% = 40\%", "(78/195) * 100% = 40%"),
+    (r"12 \div 4 \cdot 2 \approx 6 \mathrm{kg}", "12 / 4 * 2 ~ 6 kg"),
+    # thin spaces: between a number and its unit a space, inside a number nothing; an unknown command dropped
+    (r"1\,000 \, \text{kg} \quad \left\lfloor 2.5 \right\rfloor", "1000 kg 2.5"),
+    # a currency $ stays (as the worked solutions write it), \$ is $, $...$ math is unwrapped
+    (r"It costs \$5, then $7 and $8; $x + 1$ is more.", "It costs $5, then $7 and $8; x + 1 is more."),
+    ("### Step 1\n**Isabella's slices:** 3 *each*, __all__ of them", "Step 1\nIsabella's slices: 3 each, all of them"),
+    # a display block: its delimiter lines go, the equation keeps its line; one blank line between paragraphs
+    ("is:\n   \\[\n   \\text{Total} = 3 + 10 = 13\n   \\]\n\n\n**Step 2:** next",
+     "is:\nTotal = 3 + 10 = 13\n\nStep 2: next"),
+    # multiplication is not italics; a code block is kept as written (its # a comment, its ** a power)
+    ("2 * 3 = 6 and 4*5*6\n# Code\n```python\n# total\nx = 2 ** 3\n```\n**done**",
+     "2 * 3 = 6 and 4*5*6\nCode\n```python\n# total\nx = 2 ** 3\n```\ndone"),
+])
+def test_plain_text_rewrites_tex_and_markdown_into_plain_text(tex, plain):
+    assert plain_text(tex) == plain
+    if "{" not in plain:  # (a brace is read as TeX's, a group: "{3, 4}" again is "3, 4")
+        assert plain_text(plain) == plain  # plain text is left as it is
+
+
+def test_plain_text_keeps_every_number_and_word_of_a_teachers_explanation():
+    kept = ("To find the total, we add.\n\n1. **Isabella's slices:**\n   \\[\n   \\text{Isabella's slices} = 3\n"
+            "   \\]\n2. **Total:**\n   \\[\n"
+            "   30 \\text{ minutes/riddle} \\times 10 \\text{ riddles} = 300 \\text{ minutes}\n"
+            "   \\]\n\nTherefore, the answer is \\(\\boxed{26}\\).")
+    assert plain_text(kept) == ("To find the total, we add.\n\n1. Isabella's slices:\nIsabella's slices = 3\n"
+                                "2. Total:\n30 minutes/riddle * 10 riddles = 300 minutes\n\n"
+                                "Therefore, the answer is 26.")
+    for solution in (solution for _, _, solution, _ in QUESTIONS):  # the worked solutions are plain text already
+        assert plain_text(solution) == solution
+
+
+# The worked solution, written in TeX and markdown: rewritten into plain text, it is the worked solution again.
+TEX = [f"**{i} + {i + 1} = {2 * i + 1}.**\n\\[\n\\text{{The answer is }} \\boxed{{{2 * i + 1}}}.\n\\]"
+       for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory):
+    root = tmp_path_factory.mktemp("plain")
+    _keep(root / "kept", {"tex": TEX, "copy": [solution for _, _, solution, _ in QUESTIONS]})
+    done = _run(root / "kept", "--teachers", "tex,copy", "--questions", 3, "--rewrite", "plain",
+                "--out", root / "plain.json")
+    assert done.returncode == 0, done.stderr
+    return json.loads((root / "plain.json").read_text()), done.stdout + done.stderr
+
+
+def test_rewrite_plain_scores_the_rewritten_text_beside_the_explanations_as_kept(rewritten, scored):
+    result, stdout = rewritten
+    assert [plain_text(text) for text in TEX] == [solution for _, _, solution, _ in QUESTIONS]
+    assert list(result["readings"]) == ["none", "tex", "copy", "tex_plain", "copy_plain", "worked_solution"]
+    per_question = result["per_question"]
+    # the student read the rewritten text: the TeX teacher's rewritten explanation is the worked solution, and
+    # scores as it does, where its explanation as kept does not; plain text rewritten is the same text
+    assert all(q["tex_plain"] == q["worked_solution"] and q["tex"] != q["worked_solution"] for q in per_question)
+    assert all(q["copy_plain"] == q["copy"] == q["worked_solution"] for q in per_question)
+    # the same questions as a run without --rewrite, scored the same
+    assert [q["question_id"] for q in per_question] == [q["question_id"] for q in scored[0]["per_question"]]
+    assert [q["none"] for q in per_question] == [q["none"] for q in scored[0]["per_question"]]
+    differences = result["differences"]
+    assert {"tex_plain - tex", "copy_plain - copy", "tex_plain - none", "copy_plain - tex_plain",
+            "worked_solution - tex_plain"} <= set(differences)
+    assert differences["copy_plain - copy"] == {"r_ss": 0.0, "ci95": [0.0, 0.0]}
+    gain = [q["tex_plain"] - q["tex"] for q in per_question]
+    assert differences["tex_plain - tex"]["r_ss"] == pytest.approx(sum(gain) / 3, abs=1e-3) != 0
+    assert differences["tex_plain - none"] == differences["worked_solution - none"]
+    assert "tex_plain - tex:" in stdout
+
+
+def test_rewrite_plain_is_recorded_and_its_readings_are_not_checked_against_the_distill(rewritten, scored):
+    result, _ = rewritten
+    assert result["rewrite"] == "plain" and scored[0]["rewrite"] is None and "rewritten" not in scored[0]
+    # only the explanations as kept are compared with the distill's own r_ss, which scored them
+    assert list(result["reproduces"]) == ["tex", "copy"]
+    summary = result["rewritten"]
+    assert summary["readings"] == {"tex_plain": "tex", "copy_plain": "copy"}
+    assert "not checked for the rewritten readings" in summary["reproduces"]
+    assert summary["changed"] == {"tex": 3, "copy": 0}
+    assert summary["mean_chars"]["tex"]["kept"] > summary["mean_chars"]["tex"]["plain"]
+    example = summary["example"]
+    assert example["teacher"] == "tex" and "\\boxed" in example["kept"]
+    assert example["plain"] == plain_text(example["kept"]) and "\\" not in example["plain"]
+    assert result["commit"] and result["device"].startswith("CPU") and "--rewrite plain" in result["command"]
+
+
+def test_rewrite_refuses_kept_and_a_teacher_named_as_a_rewritten_reading(tmp_path):
+    _keep(tmp_path / "kept", {"sft": [""] * 6, "sft_plain": ["x"] * 6})
+    done = _run(tmp_path / "kept", "--teachers", "sft,sft_plain", "--rewrite", "plain", "--out", tmp_path / "v.json")
+    assert done.returncode == 2 and "a teacher named as another's --rewrite plain reading" in done.stderr
+    done = _kept_run(tmp_path / "kept", tmp_path / "v.json", "--teachers", "sft,sft_plain", "--rewrite", "plain")
+    assert done.returncode == 2 and "no --rewrite" in done.stderr
+    assert not (tmp_path / "v.json").exists()
 
 
 def _keep_scored(folder: Path, scores: dict[str, list[tuple[float, float]]], shuffled: tuple[str, ...] = (),
