@@ -14,7 +14,8 @@ questions, the positive control, and the paired differences, from the eval folde
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
 few kilobytes (``<student>/<arm><suffix>_s<seed>.json``: question hashes, sets, templates, right/wrong, cut at the
-cap, whether the answer loops (``looped``), and where it ran), so the study's summary is recomputed from committed
+cap, whether the answer loops (``looped``), where it ran, and for a trained student the name and sha256 of the
+file it was trained on, ``trained_on``), so the study's summary is recomputed from committed
 files as its parts are run at different times. An arm's accuracy on a held-out set is the mean over its seeds of the
 mean over questions. Its interval is a percentile bootstrap that resamples, in turn, seeds (with replacement),
 templates (clusters: the questions of one template share wording and method) and questions within each drawn
@@ -35,7 +36,8 @@ those questions alone: the teachers compared on the same questions. A file alrea
 adds its teachers, and a teacher already in the file must read the same (a teacher is added once); the common block
 is replaced by the one of the root read last. ``summarize`` reads it (``--teachers``, by default ``teachers.json``
 in ``--out``; or one file per teachers part, merged, a later file's teacher of a name kept; with ``--explanations``,
-``keep``'s folder, the common block comes from the kept rows the students read) for each student's
+``keep``'s folder, the common block comes from the kept rows the students read, and a taught run whose
+``trained_on`` is not its teacher's kept rows is refused: ``check_read_kept``) for each student's
 ``correlation``: the teachers' reward against the accuracy of the students they taught, one point per teacher
 (``correlation_points``), Pearson's r and Spearman's rho per held-out set, with a percentile-bootstrap interval over
 the points. The teacher's reward is its distill's mean reward on the common
@@ -241,6 +243,59 @@ def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
     return arms
 
 
+def _kept_teacher(arm: str, seed: int) -> str | None:
+    """The kept teacher (``keep``'s name) whose rows a taught arm's students of ``seed`` read: sft_teacher and
+    worked_common (its questions' worked solutions) -> sft; rl_teacher -> rl_s<seed>; rl_teacher_step<N> ->
+    rl_step<N>; rl_teacher_answer_only -> rl_answer_s0; None for an arm that reads no teacher's rows."""
+    if arm in ("sft_teacher", "worked_common"):
+        return "sft"
+    if arm == "rl_teacher":
+        return f"rl_s{seed}"
+    if arm == "rl_teacher_answer_only":
+        return "rl_answer_s0"
+    if match := _STEP_ARM.match(arm):
+        return f"rl_step{match['step']}"
+    return None
+
+
+def _runs_trained_on(roots: list[Path]) -> list[tuple[str, str, int, dict | None]]:
+    """``(student, arm, seed, trained_on)`` of every run under ``roots``, eval folders and exported files alike
+    (``trained_on`` None where the run does not say)."""
+    runs = []
+    for root in roots:
+        for student, arm, seed, _, folder in _eval_runs(root):
+            runs.append((student, arm, seed, trained_on(folder)))
+        for path in sorted(root.glob("*/*.json")):
+            if match := _SEEDED.match(path.stem):
+                runs.append((path.parent.name, match["arm"], int(match["seed"]),
+                             json.loads(path.read_text()).get("trained_on")))
+    return runs
+
+
+def check_read_kept(roots: list[Path], explanations: Path) -> None:
+    """Every taught run read the rows ``explanations`` keeps of its teacher (the sha256 its ``trained_on`` records
+    against the manifest's): the correlation pairs each student with its teacher's reward on those rows, so a
+    student taught by other explanations (an earlier part's teachers, say) is refused, naming the runs. A run that
+    does not record what it read (exported before ``trained_on``) is named in a warning."""
+    kept = {name: entry.get("sha256") for name, entry in _read_manifest(explanations)["teachers"].items()}
+    other, unsaid = [], []
+    for student, arm, seed, taught in _runs_trained_on(roots):
+        teacher = _kept_teacher(arm, seed)
+        if teacher is None:
+            continue
+        label = f"{student}/{arm}_s{seed}"
+        if not taught or not taught.get("sha256"):
+            unsaid.append(label)
+        elif taught["sha256"] != kept.get(teacher):
+            other.append(f"{label} ({taught.get('file')}, not the kept {teacher})")
+    if other:
+        raise StudyError(f"--explanations {explanations}: {len(other)} run(s) read other rows than the kept "
+                         f"teacher's: {', '.join(other)}; summarize them without --explanations, or run them again")
+    if unsaid:
+        logger.warning("--explanations %s: %d run(s) do not record what they were trained on, so whether they read "
+                       "the kept rows is not checked: %s", explanations, len(unsaid), ", ".join(unsaid))
+
+
 def provenance(roots: list[Path]) -> list[dict]:
     """Where each exported run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``."""
     runs = []
@@ -254,14 +309,33 @@ def provenance(roots: list[Path]) -> list[dict]:
     return runs
 
 
+def trained_on(eval_folder: Path) -> dict | None:
+    """What the student of an eval run was trained on: its SFT run's (``<run>/sft/config.yaml``) ``data.source``
+    file's name and the sha256 of its bytes (``keep``'s manifest gives the same of each kept teacher's rows); the
+    sha256 None where that file is gone, or ``data.source`` names a dataset, not a file. None for an untrained
+    student (no SFT run)."""
+    config = _config(eval_folder.parent / "sft" / "config.yaml")
+    if config is None:
+        return None
+    source = str((config.get("data") or {}).get("source") or "")
+    path = Path(source)
+    if not source or path.suffix != ".jsonl":
+        return {"file": source or None, "sha256": None}
+    return {"file": path.name, "sha256": _sha256(path.read_bytes()) if path.is_file() else None}
+
+
 def export(root: Path, out: Path, suffix: str, where: dict) -> list[Path]:
     """Each eval run under ``root`` as ``out/<student>/<arm><suffix>_s<seed>.json``; refuses to overwrite one. A run
     whose eval folder keeps the command that started it (``command``, bench/study_fair.sh) is exported with that
-    command rather than ``where``'s: one root may hold the runs of several commands."""
+    command rather than ``where``'s: one root may hold the runs of several commands. A trained student's file says
+    what it was trained on (``trained_on``)."""
     written = []
     for student, arm, seed, rows, folder in _eval_runs(root):
         own = folder / "command"
         run_where = {**where, "command": own.read_text().strip()} if own.is_file() else where
+        taught = trained_on(folder)
+        if taught is not None:
+            run_where = {**run_where, "trained_on": taught}
         rows = [row for row in rows if row.get("heldout") in SETS and row.get("correct") is not None]
         path = out / student / f"{arm}{suffix}_s{seed}.json"
         if path.exists():
@@ -1253,6 +1327,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         teachers_files = args.teachers or ([args.out / TEACHERS_FILE] if (args.out / TEACHERS_FILE).is_file() else [])
         teachers = read_teachers_files(teachers_files, args.explanations)
+        if args.explanations is not None:
+            check_read_kept(args.roots, args.explanations)
         students = summarize(read_arms(args.roots), args.resamples, args.seed, teachers)
     except (StudyError, UserError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -162,8 +162,8 @@ case "${1:-}" in
     # spare the run on a later host (STUDY_ANSWERS).
     if [ -s "$study/commit" ] && [ -s "$study/command" ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
       gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)
-      device=$(head -1 <<< "$gpus" | awk '{print tolower($2)}')  # "NVIDIA H100 80GB HBM3" -> h100
-      [ "$(wc -l <<< "$gpus")" -gt 1 ] && device=nvidia-$device-x$(wc -l <<< "$gpus") || device=nvidia-$device
+      # the hardware, as the study's files name it: "NVIDIA H100 80GB HBM3" on two GPUs -> "2× H100"
+      device="$(wc -l <<< "$gpus")× $(head -1 <<< "$gpus" | awk '{print $2}')"
       # (omegaconf from the GPU stack, in /tmp/gpu-site)
       rm -rf /tmp/study-answers
       PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" export . \

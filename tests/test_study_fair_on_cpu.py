@@ -1054,6 +1054,70 @@ def test_teachers_files_of_several_parts_merge_and_the_kept_rows_give_the_common
         2, "error: --explanations needs --teachers: the teachers files it gives a common block\n")
 
 
+def _trained(root: Path, student: str, run: str, source: str) -> None:
+    """The SFT run's config beside a run's eval folder, as student_sft writes it: what the student was trained on."""
+    (root / student / run / "sft").mkdir(parents=True)
+    (root / student / run / "sft" / "config.yaml").write_text(yaml.safe_dump({"data": {"source": source}}))
+
+
+def test_each_taught_run_records_the_rows_it_read_and_the_summary_refuses_other_rows_than_the_kept(tmp_path):
+    """export keeps, per trained student, its training file's name and sha256 (trained_on); summarize with
+    --explanations checks each taught arm's rows against the kept teacher's sha256 (sft_teacher and worked_common
+    read sft, rl_teacher seed s rl_s<s>) and refuses a run taught by other rows (an earlier part's teachers)."""
+    kept, root = tmp_path / "kept", tmp_path / "study"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -5.0}, "rl_s0": {"q0": -1.0, "q1": -2.0}})
+    distilled = tmp_path / "distilled"
+    distilled.mkdir()
+    for name in ("sft", "rl_s0"):  # the students' files: the kept rows, as restore writes them
+        (distilled / f"{name}.jsonl").write_bytes(lzma.decompress((kept / f"{name}.jsonl.xz").read_bytes()))
+    (distilled / "rl_s1.jsonl").write_text('{"question": "an earlier part\'s explanation"}\n')
+    for run, source in (("sft_teacher_s0", distilled / "sft.jsonl"), ("worked_common_s0", distilled / "sft.jsonl"),
+                        ("rl_teacher_s0", distilled / "rl_s0.jsonl"), ("worked_s0", "gsm_symbolic")):
+        _eval_folder(root, "s", run, {"instances": _correct(0.5)})
+        _trained(root, "s", run, str(source))
+    _eval_folder(root, "s", "untrained", {"instances": _correct(0.2)})
+    answers = tmp_path / "answers"
+    exported = _run("export", root, "--out", answers, "--device", "1× H200", "--commit", "c", "--command", "x")
+    assert exported.returncode == 0, exported.stderr
+    said = {path.stem: json.loads(path.read_text()).get("trained_on") for path in (answers / "s").iterdir()}
+    sft_sha = json.loads((kept / "manifest.json").read_text())["teachers"]["sft"]["sha256"]
+    assert said == {"sft_teacher_s0": {"file": "sft.jsonl", "sha256": sft_sha},
+                    "worked_common_s0": {"file": "sft.jsonl", "sha256": sft_sha},
+                    "rl_teacher_s0": {"file": "rl_s0.jsonl",
+                                      "sha256": hashlib.sha256((distilled / "rl_s0.jsonl").read_bytes()).hexdigest()},
+                    "worked_s0": {"file": "gsm_symbolic", "sha256": None}, "untrained_s0": None}
+    out = tmp_path / "out"
+    result = _run("summarize", answers, "--out", out, "--resamples", 50, "--explanations", kept, "--teachers",
+                  _teachers_file(tmp_path))
+    assert result.returncode == 0 and "do not record" not in result.stderr, result.stderr
+    # a student of seed 1 taught by rows the folder does not keep for rl_s1 (the folder has no rl_s1 at all)
+    _eval_folder(root, "s", "rl_teacher_s1", {"instances": _correct(0.6)})
+    _trained(root, "s", "rl_teacher_s1", str(distilled / "rl_s1.jsonl"))
+    result = _run("summarize", root, "--out", out, "--explanations", kept, "--teachers", _teachers_file(tmp_path))
+    assert (result.returncode, result.stderr) == (
+        2, f"error: --explanations {kept}: 1 run(s) read other rows than the kept teacher's: s/rl_teacher_s1 "
+           "(rl_s1.jsonl, not the kept rl_s1); summarize them without --explanations, or run them again\n")
+    # the same file changed after the export: the sha256 differs from the kept sft's
+    (distilled / "sft.jsonl").write_text('{"question": "other"}\n')
+    (root / "s" / "rl_teacher_s1").rename(tmp_path / "set_aside")
+    result = _run("summarize", root, "--out", out, "--explanations", kept, "--teachers", _teachers_file(tmp_path))
+    assert result.returncode == 2 and "s/sft_teacher_s0 (sft.jsonl, not the kept sft), s/worked_common_s0" in (
+        result.stderr)
+    # a run that does not say what it read is named in a warning, not refused
+    (root / "s" / "sft_teacher_s0" / "sft" / "config.yaml").unlink()
+    (root / "s" / "worked_common_s0" / "sft" / "config.yaml").unlink()
+    result = _run("summarize", root, "--out", out, "--explanations", kept, "--teachers", _teachers_file(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (f"--explanations {kept}: 2 run(s) do not record what they were trained on, so whether they read the "
+            "kept rows is not checked: s/sft_teacher_s0, s/worked_common_s0") in result.stderr
+
+
+def _teachers_file(tmp_path: Path) -> Path:
+    path = tmp_path / "teachers.json"
+    path.write_text(json.dumps(_curves(rl_s0=[[0, -6.0], [4, -2.0]])))
+    return path
+
+
 def test_one_gpu_teachers_leave_out_the_answer_only_teacher_and_explain_with_the_sft_teacher_after_rl(tmp_path):
     """STUDY_ANSWER_ONLY=0: no answer-only RL run. STUDY_SFT_DISTILL=after: the SFT teacher's distill starts once the
     RL run has ended (its marker written), so on one GPU the RL run's memory plan is read with the card to itself."""
