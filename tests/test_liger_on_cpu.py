@@ -19,7 +19,8 @@ def test_a_cpu_config_is_refused(tmp_path):
         RLTConfig(output_dir=str(tmp_path), max_steps=1, use_liger_kernel=True, use_cpu=True, report_to=[])
 
 
-def test_without_the_package_the_config_says_how_to_install_it(tmp_path):
+def test_without_the_package_the_config_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(grpo_config, "is_liger_kernel_available", lambda: False)  # whether or not it is installed here
     expected = ("use_liger_kernel=true needs the liger-kernel package: pip install -e '.[gpu]' (or pip install "
                 "liger-kernel), or set use_liger_kernel=false")
     with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
