@@ -272,12 +272,24 @@ def _runs_trained_on(roots: list[Path]) -> list[tuple[str, str, int, dict | None
     return runs
 
 
+def _kept_digests(explanations: Path) -> dict[str, set[str]]:
+    """Per teacher ``keep`` kept in ``explanations``, the sha256 of the rows a student may have read of it: its whole
+    file (the manifest's) and its rows of the questions every kept teacher explained (what ``restore`` writes, and
+    the questions the summary's common block covers; the same where every teacher explained the same questions)."""
+    rows = read_kept(explanations)
+    common = _questions_in_all(rows)
+    return {name: {_sha256(_text([line for line, _ in pairs])),
+                   _sha256(_text([line for line, row in pairs if row["question"] in common]))}
+            for name, pairs in rows.items()}
+
+
 def check_read_kept(roots: list[Path], explanations: Path) -> None:
     """Every taught run read the rows ``explanations`` keeps of its teacher (the sha256 its ``trained_on`` records
-    against the manifest's): the correlation pairs each student with its teacher's reward on those rows, so a
-    student taught by other explanations (an earlier part's teachers, say) is refused, naming the runs. A run that
-    does not record what it read (exported before ``trained_on``) is named in a warning."""
-    kept = {name: entry.get("sha256") for name, entry in _read_manifest(explanations)["teachers"].items()}
+    against ``_kept_digests``: the kept file's, or that of the rows ``restore`` writes of it): the correlation pairs
+    each student with its teacher's reward on those rows, so a student taught by other explanations (an earlier
+    part's teachers, say) is refused, naming the runs. A run that does not record what it read (exported before
+    ``trained_on``) is named in a warning."""
+    kept = _kept_digests(explanations)
     other, unsaid = [], []
     for student, arm, seed, taught in _runs_trained_on(roots):
         teacher = _kept_teacher(arm, seed)
@@ -286,7 +298,7 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
         label = f"{student}/{arm}_s{seed}"
         if not taught or not taught.get("sha256"):
             unsaid.append(label)
-        elif taught["sha256"] != kept.get(teacher):
+        elif taught["sha256"] not in kept.get(teacher, set()):
             other.append(f"{label} ({taught.get('file')}, not the kept {teacher})")
     if other:
         raise StudyError(f"--explanations {explanations}: {len(other)} run(s) read other rows than the kept "

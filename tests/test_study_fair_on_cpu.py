@@ -1112,6 +1112,41 @@ def test_each_taught_run_records_the_rows_it_read_and_the_summary_refuses_other_
             "kept rows is not checked: s/sft_teacher_s0, s/worked_common_s0") in result.stderr
 
 
+def test_a_run_that_read_the_restored_rows_passes_the_check_where_the_kept_teachers_explained_other_questions(
+        tmp_path):
+    """Where the kept teachers explained different questions (a teacher kept with fewer), restore writes each one's
+    rows of the questions all of them explained: a student that read those (or its teacher's whole kept file) read
+    the kept rows, and the summary takes it; one that read a third set of rows is refused."""
+    kept, root = tmp_path / "kept", tmp_path / "study"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -5.0, "q2": -6.0}, "rl_s0": {"q0": -1.0, "q1": -2.0}})
+    restored = tmp_path / "distilled"
+    assert _run("restore", kept, "--out", restored).returncode == 0
+    for name in ("sft", "rl_s0"):
+        (restored / f"{name}.jsonl").write_bytes(gzip.decompress((restored / f"{name}.jsonl.gz").read_bytes()))
+    whole_sft = tmp_path / "whole" / "sft.jsonl"  # the kept file itself, all 3 questions
+    whole_sft.parent.mkdir()
+    whole_sft.write_bytes(lzma.decompress((kept / "sft.jsonl.xz").read_bytes()))
+    assert whole_sft.read_bytes() != (restored / "sft.jsonl").read_bytes()
+    for run, source in (("sft_teacher_s0", restored / "sft.jsonl"), ("worked_common_s0", whole_sft),
+                        ("rl_teacher_s0", restored / "rl_s0.jsonl")):
+        _eval_folder(root, "s", run, {"instances": _correct(0.5)})
+        _trained(root, "s", run, str(source))
+    out = tmp_path / "out"
+    result = _run("summarize", root, "--out", out, "--resamples", 50, "--explanations", kept, "--teachers",
+                  _teachers_file(tmp_path))
+    assert result.returncode == 0 and "do not record" not in result.stderr, result.stderr
+    other = tmp_path / "other" / "sft.jsonl"  # sft of q1 and q2: neither the kept file nor what restore wrote
+    other.parent.mkdir()
+    other.write_text("".join(whole_sft.read_text().splitlines(keepends=True)[1:]))
+    (root / "s" / "sft_teacher_s0" / "sft" / "config.yaml").unlink()
+    (root / "s" / "sft_teacher_s0" / "sft").rmdir()
+    _trained(root, "s", "sft_teacher_s0", str(other))
+    result = _run("summarize", root, "--out", out, "--resamples", 50, "--explanations", kept, "--teachers",
+                  _teachers_file(tmp_path))
+    assert result.returncode == 2 and "s/sft_teacher_s0 (sft.jsonl, not the kept sft)" in result.stderr, (
+        result.stderr)
+
+
 def _teachers_file(tmp_path: Path) -> Path:
     path = tmp_path / "teachers.json"
     path.write_text(json.dumps(_curves(rl_s0=[[0, -6.0], [4, -2.0]])))
