@@ -769,6 +769,22 @@ def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
     return written
 
 
+def check_distilled(folder: Path, distilled: Path) -> list[str]:
+    """What is wrong with the students' and teachers' input files in ``distilled`` (``<name>.jsonl``) against the
+    explanations ``keep`` kept in ``folder``: a file named as a kept teacher must hold its kept rows (the whole kept
+    file, or the rows ``restore`` writes of it: ``_kept_digests``), or a part would train on other rows (a raw
+    distill unpacked there, an earlier part's teacher) or skip a distill it was meant to run. Files of teachers not
+    kept are not checked. One line per file, empty when all is well."""
+    digests = _kept_digests(folder)
+    wrong = []
+    for name in sorted(digests):
+        path = distilled / f"{name}.jsonl"
+        if path.is_file() and _sha256(path.read_bytes()) not in digests[name]:
+            wrong.append(f"{path} holds other rows than the kept {name} ({folder}): remove it, or write it again with "
+                         f"bench/study_fair.py restore {folder} --out <an empty folder>")
+    return wrong
+
+
 def _figures(entry: dict, where: dict) -> str:
     return json.dumps({key: value for key, value in entry.items() if key not in where}, sort_keys=True)
 
@@ -1303,6 +1319,10 @@ def main(argv: list[str] | None = None) -> int:
                                                "kept")
     restoring.add_argument("folder", type=Path, help="keep's --out folder")
     restoring.add_argument("--out", type=Path, required=True)
+    checking = sub.add_parser("check-distilled", help="exit 2 where a file in <distilled> named as a kept teacher "
+                                                      "holds other rows than the kept ones")
+    checking.add_argument("folder", type=Path, help="keep's --out folder")
+    checking.add_argument("distilled", type=Path, help="the part's distilled/ folder")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
@@ -1333,6 +1353,11 @@ def main(argv: list[str] | None = None) -> int:
             for path, rows, state in keep(args.root, args.out, args.replace):
                 print(f"{path}: {rows} rows, {state}")
             return 0
+        if args.action == "check-distilled":
+            wrong = check_distilled(args.folder, args.distilled)
+            for line in wrong:
+                print(f"error: {line}", file=sys.stderr)
+            return 2 if wrong else 0
         if args.action == "restore":
             for path, rows in restore(args.folder, args.out):
                 print(f"{path}: {rows} rows")

@@ -305,6 +305,11 @@ distill() {  # <teacher folder> <name> [data override]: every training question 
   [ "$check" != 1 ] || return 0
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
+distilled_are_kept() {  # a file in $distilled named as a kept teacher holds its kept rows (else nothing runs)
+  [ -n "$kept_explanations" ] && [ -f "$kept_explanations/manifest.json" ] && [ -d "$distilled" ] || return 0
+  PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py check-distilled \
+    "$kept_explanations" "$distilled"
+}
 unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unless the traces part wrote it
   [ -s "$root/traces/traces.jsonl" ] && return 0
   mkdir -p "$root/traces" && gzip -dc study_data/gsm_symbolic_v2/traces.jsonl.gz > "$root/traces/traces.jsonl"
@@ -313,6 +318,7 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0 rl_seeds=$seeds
   [ "$answer_only" != only ] || rl_seeds=
   unpack_traces || return 1
+  distilled_are_kept || return 1  # an SFT distill put in first must be the kept one: it is not run again
   stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
   local rl_names=() name
@@ -405,6 +411,10 @@ for one in $parts; do
       [ -f "$file" ] && [ ! -s "${file%.gz}" ] && gzip -dc "$file" > "${file%.gz}.tmp" && mv "${file%.gz}.tmp" "${file%.gz}"
     done
     [[ " $arms " != *" traces "* ]] || unpack_traces
+    if ! distilled_are_kept; then  # no student trains on other rows than the kept explanations: the part fails
+      false & pids+=($!) names+=(students)
+      continue
+    fi
     jobs=() labels=()
     for student in $students; do
       for arm in $arms; do

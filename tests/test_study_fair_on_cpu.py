@@ -816,12 +816,53 @@ def test_the_students_part_takes_the_kept_explanations_when_its_distilled_folder
     for path in common.iterdir():
         assert (distilled / path.name).read_bytes() == path.read_bytes()
         assert (distilled / path.name.removesuffix(".gz")).read_bytes() == gzip.decompress(path.read_bytes())
-    # a distilled folder that holds explanations is left as it is
+    # a distilled folder that holds explanations is left as it is; one of a kept teacher's name with other rows
+    # (a raw distill unpacked there, say) stops the part before any student trains on it
     (distilled / "sft.jsonl.gz").unlink()
     (distilled / "sft.jsonl").write_text("{}\n")
-    again = _fair_sh("students", root, "0", timeout=300, env=env)
+    (root / "DONE").unlink()
+    again = _fair_sh("students", root, "0", timeout=300, env={**env, "STUDY_ARMS": "sft_teacher"})
     assert again.returncode == 0 and not (distilled / "sft.jsonl.gz").exists()
     assert (distilled / "sft.jsonl").read_text() == "{}\n"
+    assert (root / "DONE").read_text().startswith("students=1 ")
+    assert (f"error: {distilled / 'sft.jsonl'} holds other rows than the kept sft ({kept}): remove it, or write it "
+            f"again with bench/study_fair.py restore {kept} --out <an empty folder>\n") in again.stderr
+    assert not (root / student / "sft_teacher_s0").exists()
+
+
+def test_a_teachers_part_whose_sft_distill_put_in_first_is_not_the_kept_one_trains_nothing(tmp_path):
+    kept, root = tmp_path / "kept", tmp_path / "study"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -5.0}})
+    _traces(root)
+    (root / "distilled").mkdir()
+    (root / "distilled" / "sft.jsonl").write_text('{"question": "another part\'s SFT explanation"}\n')
+    run = _fair_sh("teachers", root, "0", timeout=300,
+                   env={"STUDY_ANSWER_ONLY": "0", "STUDY_SFT_DISTILL": "after", "STUDY_EXPLANATIONS": str(kept)})
+    assert (root / "DONE").read_text().startswith("teachers=1 "), run.stdout + run.stderr
+    assert f"{root / 'distilled' / 'sft.jsonl'} holds other rows than the kept sft" in run.stderr
+    assert not (root / "teachers").exists()
+
+
+def test_check_distilled_takes_the_kept_rows_whole_or_as_restored_and_names_any_other(tmp_path):
+    """A file of a kept teacher's name must hold that teacher's kept rows: the whole kept file (an SFT distill put
+    in a teachers part first) or its rows of the questions every kept teacher explained (what restore writes)."""
+    kept = tmp_path / "kept"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -5.0}, "rl_s0": {"q0": -1.0}})  # rl_s0 explained q0 alone
+    whole, restored = tmp_path / "whole", tmp_path / "restored"
+    whole.mkdir()
+    (whole / "sft.jsonl").write_bytes(lzma.decompress((kept / "sft.jsonl.xz").read_bytes()))  # q0 and q1
+    (whole / "rl_s9.jsonl").write_text("a teacher not kept: not checked\n")
+    assert _run("restore", kept, "--out", restored).returncode == 0
+    (restored / "sft.jsonl").write_bytes(gzip.decompress((restored / "sft.jsonl.gz").read_bytes()))  # q0 alone
+    assert len((restored / "sft.jsonl").read_text().splitlines()) == 1
+    for folder in (whole, restored):
+        result = _run("check-distilled", kept, folder)
+        assert (result.returncode, result.stderr) == (0, ""), folder
+    (whole / "rl_s0.jsonl").write_bytes((whole / "sft.jsonl").read_bytes())  # the SFT teacher's rows as rl_s0's
+    result = _run("check-distilled", kept, whole)
+    assert (result.returncode, result.stderr) == (
+        2, f"error: {whole / 'rl_s0.jsonl'} holds other rows than the kept rl_s0 ({kept}): remove it, or write it "
+           f"again with bench/study_fair.py restore {kept} --out <an empty folder>\n")
 
 
 def test_an_empty_common_set_is_one_line_and_writes_nothing(tmp_path):
