@@ -34,8 +34,9 @@ as the reward does. Intervals: 95% bootstrap of the
 paired mean difference, templates resampled, then questions within them.
 
 ``--kept`` loads no model: it compares the named teachers on the scores their distill recorded with each kept row
-(``r_ss``, ``r_kl``, ``total``), paired on every question they all explained (``--questions 0``) or on a sample, with
-the same intervals; seconds on any machine.
+(``r_ss``, ``r_kl``, ``total``; and the shares that hold a wrong equation and that close within the cap), paired on
+every question they all explained (``--questions 0``) or on a sample, with the same intervals; seconds on any
+machine.
 
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
         --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
@@ -82,8 +83,11 @@ NONE, WORKED = "none", "worked_solution"  # the two readings that are not a teac
 REPRODUCE_TOLERANCE = 0.05
 # The solution's first tokens, apart: how a solution opens after a thought, against the steps that follow.
 OPENING = 5
-# What --kept compares: the scores the distill wrote with each kept row.
+# What --kept compares: the scores the distill wrote with each kept row, and the shares of kept explanations that
+# hold a wrong equation (``wrong_equations`` > 0) and that close within the token cap (``matched``), where every
+# row compared carries those fields.
 KEPT_SCORES = ("r_ss", "r_kl", "total")
+KEPT_SHARES = {"wrong_equation": "wrong_equations", "closes": "matched"}
 
 
 # --rewrite plain: a teacher's explanation in plain text, as the GSM-Symbolic worked solutions are written (plain_text)
@@ -303,20 +307,40 @@ def _kept_score(row: dict, teacher: str, key: str) -> float:
     return float(value)
 
 
+def _kept_flag(row: dict, teacher: str, share: str) -> float:
+    """1.0 or 0.0 for a kept row's KEPT_SHARES ``share``: ``wrong_equations`` a count (> 0: a wrong equation),
+    ``matched`` a boolean."""
+    field = KEPT_SHARES[share]
+    value = row.get(field)
+    valid = isinstance(value, bool) if field == "matched" else (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+    if not valid:
+        raise ConfigError(f"{teacher}: question {row.get('question_id')}: {field} is {value!r}, not "
+                          f"{'true or false' if field == 'matched' else 'a count'}: --kept compares what the "
+                          "distill wrote")
+    return float(value > 0) if field == "wrong_equations" else float(value)
+
+
 def kept_differences(rows: dict[str, dict[str, dict]], teachers: list[str], questions: list[dict],
                      rng: np.random.Generator) -> tuple[dict, dict]:
-    """``(means, differences)`` of the distill's own KEPT_SCORES: each teacher's mean per score, and per pair of
-    teachers (later - earlier) the paired mean difference per score with its interval (``paired_interval``)."""
+    """``(means, differences)`` of the distill's own KEPT_SCORES, and of KEPT_SHARES where every compared row
+    carries its field: each teacher's mean per score (a share: the fraction of its rows), and per pair of teachers
+    (later - earlier) the paired mean difference per score with its interval (``paired_interval``)."""
     templates = np.array([q["template"] for q in questions])
     values = {name: {key: np.array([_kept_score(rows[name][q["question_id"]], name, key) for q in questions])
                      for key in KEPT_SCORES} for name in teachers}
+    for share, field in KEPT_SHARES.items():
+        if all(field in rows[name][q["question_id"]] for name in teachers for q in questions):
+            for name in teachers:
+                values[name][share] = np.array([_kept_flag(rows[name][q["question_id"]], name, share)
+                                                for q in questions])
     means = {name: {key: round(float(v.mean()), 4) for key, v in by_key.items()} for name, by_key in values.items()}
     differences = {}
     for i in range(len(teachers)):
         for j in range(i + 1, len(teachers)):
             a, b = teachers[j], teachers[i]
             differences[f"{a} - {b}"] = {}
-            for key in KEPT_SCORES:
+            for key in values[a]:
                 diff = values[a][key] - values[b][key]
                 differences[f"{a} - {b}"][key] = {"mean": round(float(diff.mean()), 4),
                                                   "ci95": paired_interval(diff, templates, rng)}

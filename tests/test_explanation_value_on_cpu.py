@@ -225,15 +225,17 @@ def test_rewrite_refuses_kept_and_a_teacher_named_as_a_rewritten_reading(tmp_pat
 
 
 def _keep_scored(folder: Path, scores: dict[str, list[tuple[float, float]]], shuffled: tuple[str, ...] = (),
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), fields: dict[str, list[dict]] | None = None) -> None:
     """A kept folder whose rows carry the distill's own r_ss and r_kl (total = r_ss - r_kl, no match penalty); the
-    teachers in ``shuffled`` have their rows in reverse order, those in ``extra`` one more question (q99)."""
-    folder.mkdir(parents=True)
+    teachers in ``shuffled`` have their rows in reverse order, those in ``extra`` one more question (q99);
+    ``fields[name]``: more fields of each of that teacher's rows, in question order."""
+    folder.mkdir(parents=True, exist_ok=True)
     manifest = {"teachers": {}}
     for name, pairs in scores.items():
+        more = (fields or {}).get(name) or [{}] * len(pairs)
         rows = [{"question_id": qid, "question": question, "solution": solution, "explanation": "",
-                 "template": template, "answer": "1", "r_ss": r_ss, "r_kl": r_kl, "total": r_ss - r_kl}
-                for (qid, question, solution, template), (r_ss, r_kl) in zip(QUESTIONS, pairs)]
+                 "template": template, "answer": "1", "r_ss": r_ss, "r_kl": r_kl, "total": r_ss - r_kl, **added}
+                for (qid, question, solution, template), (r_ss, r_kl), added in zip(QUESTIONS, pairs, more)]
         if name in extra:
             rows.append({**rows[0], "question_id": "q99", "question": "another", "r_ss": 50.0, "total": 50.0})
         if name in shuffled:
@@ -273,6 +275,28 @@ def test_kept_compares_the_distills_own_scores_on_every_common_question_without_
     # the other order: the later named minus the earlier
     done = _kept_run(tmp_path / "kept", out, "--teachers", "rl_s0,sft", "--questions", "0")
     assert json.loads(out.read_text())["differences"]["sft - rl_s0"]["r_ss"]["mean"] == -0.2
+
+
+def test_kept_compares_the_shares_of_wrong_equations_and_of_explanations_that_close(tmp_path):
+    """Rows carrying the distill's ``wrong_equations`` (a count) and ``matched``: each teacher's share of rows with a
+    wrong equation and that close, and their paired differences; a count that is not one is refused."""
+    sft = [{"wrong_equations": w, "matched": m} for w, m in zip([2, 0, 1, 0, 0, 3], [True] * 5 + [False])]
+    rl = [{"wrong_equations": w, "matched": True} for w in [0] * 5 + [1]]
+    _keep_scored(tmp_path / "kept", {"sft": SFT, "rl_s0": RL}, fields={"sft": sft, "rl_s0": rl})
+    out = tmp_path / "kept.json"
+    done = _kept_run(tmp_path / "kept", out, "--teachers", "sft,rl_s0", "--questions", "0")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["teachers"]["sft"] == {"r_ss": -2.0, "r_kl": 1.0, "total": -3.0, "wrong_equation": 0.5,
+                                         "closes": 0.8333}
+    assert (result["teachers"]["rl_s0"]["wrong_equation"], result["teachers"]["rl_s0"]["closes"]) == (0.1667, 1.0)
+    pair = result["differences"]["rl_s0 - sft"]
+    assert (pair["wrong_equation"]["mean"], pair["closes"]["mean"]) == (-0.3333, 0.1667)
+    # a count written as a flag is refused
+    _keep_scored(tmp_path / "flag", {"sft": SFT, "rl_s0": RL},
+                 fields={"sft": sft, "rl_s0": [{**rl[0], "wrong_equations": True}, *rl[1:]]})
+    done = _kept_run(tmp_path / "flag", out, "--teachers", "sft,rl_s0", "--questions", "0")
+    assert done.returncode == 2 and "rl_s0: question q00: wrong_equations is True, not a count" in done.stderr
 
 
 def test_kept_refuses_what_it_cannot_compare_in_one_line(tmp_path):
