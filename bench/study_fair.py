@@ -709,7 +709,8 @@ def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, 
     """Keep in ``out`` the explanations the students read (``students_rows``), for the repository: per distill
     ``<name>.jsonl.xz`` of its rows and its entry in ``manifest.json`` (``file``, ``rows``, the ``sha256`` of the
     uncompressed rows and ``_provenance``). A distill kept already with other rows is refused, before anything is
-    written, unless ``replace``; one kept with the same rows keeps its file and entry. Returns ``(file, rows,
+    written, unless ``replace`` (and even then where the new rows cover only some of the kept questions: a partial
+    distill in the root narrowed them); one kept with the same rows keeps its file and entry. Returns ``(file, rows,
     "kept" | "already kept" | "replaced")`` of each."""
     lines = students_rows(root)
     plans = []
@@ -719,6 +720,15 @@ def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, 
         if held not in (None, digest) and not replace:
             raise StudyError(f"{path}: {name} is kept already with other rows (sha256 {held[:12]}, these "
                              f"{digest[:12]}): keep these into another folder, or pass --replace")
+        if held not in (None, digest):
+            kept_ids = {json.loads(line)["question_id"] for line in lzma.decompress(path.read_bytes()).decode().
+                        splitlines() if line.strip()}
+            new_ids = {json.loads(line)["question_id"] for line in mine}
+            if new_ids < kept_ids:  # fewer questions, all of them kept already: a partial distill narrowed the set
+                raise StudyError(f"{path}: --replace would keep {name} on {len(new_ids)} of its {len(kept_ids)} "
+                                 f"kept questions: a distill in {root} that explained fewer questions (a partial "
+                                 "one) narrows the questions every distill explained; move it out of the root, or "
+                                 "keep into another folder")
         state = "kept" if held is None else "already kept" if held == digest else "replaced"
         plans.append((name, data, path, digest, state))
     manifest = _read_manifest(out)

@@ -779,6 +779,20 @@ def test_a_second_keep_of_other_rows_for_a_teacher_is_one_line_unless_replaced(t
     assert "abC" in lzma.decompress((kept / "sft.jsonl.xz").read_bytes()).decode()
 
 
+def test_replace_refuses_to_narrow_the_kept_questions_to_a_partial_distills(tmp_path):
+    """A later part whose checkpoint distill stopped early narrows the questions every distill explained: --replace
+    would then keep every teacher, the SFT teacher's too, on fewer questions. Refused, nothing written."""
+    root, _, kept = _kept(tmp_path)
+    before = {path.name: path.read_bytes() for path in kept.iterdir()}
+    _write_rows(root / "distilled" / "rl_step2.jsonl", [_distill_row("q0", 0, -3.0, -0.5, 2.5, True, 3, "abcdef")])
+    refused = _run("keep", root, "--out", kept, "--replace")
+    assert (refused.returncode, refused.stderr) == (
+        2, f"error: {kept / 'rl_s0.jsonl.xz'}: --replace would keep rl_s0 on 1 of its 2 kept questions: a distill in "
+           f"{root} that explained fewer questions (a partial one) narrows the questions every distill explained; "
+           "move it out of the root, or keep into another folder\n")
+    assert {path.name: path.read_bytes() for path in kept.iterdir()} == before
+
+
 def test_restore_checks_each_kept_file_against_its_sha256_and_overwrites_no_other_rows(tmp_path):
     _, common, kept = _kept(tmp_path)
     # other rows in the folder restored into: refused
