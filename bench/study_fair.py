@@ -64,6 +64,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import io
 import json
 import logging
 import lzma
@@ -1194,6 +1195,46 @@ def plot(students: dict, path: Path) -> None:
     FigureCanvasAgg(figure).print_png(str(path))
 
 
+TEACHER_CURVES = (("reward", "held-out reward (r_SS - r_KL + match penalty)"),
+                  ("r_ss", "r_SS: the student's log-prob of the solution"), ("r_kl", "r_KL: the penalty subtracted"))
+
+
+def plot_teachers(teachers: dict, path: Path) -> list[str]:
+    """teachers.png from merged teachers files (``read_teachers_files``): each RL teacher's held-out reward, r_SS
+    and r_KL against its optimizer step, a panel each, a line per teacher (its step count and reward setting in the
+    legend). Returns the teachers drawn; refuses a set with no held-out curve."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    drawn = {name: entry for name, entry in sorted(teachers["teachers"].items())
+             if len(entry.get("eval_reward_curve") or []) >= 2}
+    if not drawn:
+        raise StudyError("no RL teacher with a held-out curve of two or more evaluations in these teachers files")
+    figure = Figure(figsize=(15, 4.2), layout="constrained")
+    axes = figure.subplots(1, len(TEACHER_CURVES))
+    for ax, (key, title) in zip(axes, TEACHER_CURVES, strict=True):
+        for name, entry in drawn.items():
+            curve = entry["eval_reward_curve"] if key == "reward" else (entry.get("eval_reward_parts") or {}).get(key)
+            if not curve:
+                continue
+            steps, values = zip(*curve, strict=True)
+            label = f"{name} ({entry.get('steps', steps[-1])} steps, {entry.get('reward_setting', '?')} reward)"
+            ax.plot(steps, values, marker="o", markersize=3, label=label)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    # 64 colours (line plots need no more): a quarter of the full-colour file's size, for results/'s budget
+    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).convert("RGB")
+    data = io.BytesIO()
+    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(data, format="PNG", optimize=True)
+    write_bytes(path, data.getvalue())
+    return list(drawn)
+
+
 def correlation_line(student: str, entry: dict) -> str:
     """The table's line for a student's correlation: r and rho per held-out set, or why there is none."""
     cells = []
@@ -1329,6 +1370,10 @@ def main(argv: list[str] | None = None) -> int:
                                                "kept")
     restoring.add_argument("folder", type=Path, help="keep's --out folder")
     restoring.add_argument("--out", type=Path, required=True)
+    drawing = sub.add_parser("teachers-plot", help="teachers.png: every RL teacher's held-out curves from the teachers "
+                                                   "files of the parts")
+    drawing.add_argument("teachers", type=Path, nargs="+", help="teachers files (bench/study_fair.py teachers)")
+    drawing.add_argument("--out", type=Path, required=True, help="the PNG to write")
     checking = sub.add_parser("check-distilled", help="exit 2 where a file in <distilled> named as a kept teacher "
                                                       "holds other rows than the kept ones")
     checking.add_argument("folder", type=Path, help="keep's --out folder")
@@ -1362,6 +1407,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "keep":
             for path, rows, state in keep(args.root, args.out, args.replace):
                 print(f"{path}: {rows} rows, {state}")
+            return 0
+        if args.action == "teachers-plot":
+            drawn = plot_teachers(read_teachers_files(args.teachers), args.out)
+            print(f"{args.out}: {', '.join(drawn)}")
             return 0
         if args.action == "check-distilled":
             wrong = check_distilled(args.folder, args.distilled)

@@ -932,6 +932,32 @@ def _curves(**curves) -> dict:
                                 "eval_reward_curve": curve} for name, curve in curves.items()}}
 
 
+def test_the_teachers_plot_draws_each_rl_teachers_held_out_curves_from_the_parts_files(tmp_path):
+    """teachers-plot merges the parts' files and draws every RL teacher with two or more evaluations (a teacher of
+    one evaluation, and the SFT teacher, have no curve), in 64 colours; files with no curve are one line."""
+    from PIL import Image
+
+    part0, part1 = tmp_path / "teachers_s0.json", tmp_path / "teachers_s1.json"
+    first = _curves(rl_s0=[[0, -2.7], [25, -2.6], [50, -2.5]])
+    first["teachers"]["rl_s0"]["eval_reward_parts"] = {"r_ss": [[0, -1.85], [25, -1.86], [50, -1.85]],
+                                                       "r_kl": [[0, 0.83], [25, 0.72], [50, 0.63]]}
+    first["teachers"]["sft"] = {"steps": 171}
+    part0.write_text(json.dumps(first))
+    part1.write_text(json.dumps(_curves(rl_s1=[[0, -2.7], [25, -2.58]], rl_answer_s0=[[0, -5.1]])))
+    out = tmp_path / "teachers.png"
+    drawn = _run("teachers-plot", part0, part1, "--out", out)
+    assert (drawn.returncode, drawn.stdout) == (0, f"{out}: rl_s0, rl_s1\n"), drawn.stderr
+    image = Image.open(out)
+    assert image.format == "PNG" and image.mode == "P" and len(image.getcolors()) <= 64
+    assert image.size[0] > 2 * image.size[1]  # three panels side by side
+    flat = tmp_path / "flat.json"
+    flat.write_text(json.dumps(_curves(rl_s0=[[0, -2.7]])))
+    refused = _run("teachers-plot", flat, "--out", tmp_path / "none.png")
+    assert (refused.returncode, refused.stderr) == (
+        2, "error: no RL teacher with a held-out curve of two or more evaluations in these teachers files\n")
+    assert not (tmp_path / "none.png").exists()
+
+
 def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over_the_points(tmp_path):
     root, out = tmp_path / "study", tmp_path / "out"
     # points (teacher reward, accuracy on held-out instances): sft_teacher (mean of the step-0 rewards -6, -5, -4:
