@@ -67,6 +67,9 @@
 #   STUDY_ANSWERS    students part: a folder of exported answers (bench/study_fair.py export's --out, e.g. the
 #                    committed results/study_gsm_symbolic_v2/answers): a run whose file is there, exported at this
 #                    study's commit (<root>/commit, when there is one), is not run again
+#   STUDY_MINUTES    students part: a slot starts no run that would end past this many minutes from the part's
+#                    start, judged by the slot's longest run so far (a part fits a GPU held for a fixed time: the
+#                    runs left out are named, the slot ends with code 3, and a later part runs them)
 #   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1)
 #   STUDY_KEEP_STUDENTS 1: keep each trained student's weights (<run>/sft/final) after its eval; by default they
 #                    are deleted once it is evaluated (answers, metrics and configs stay)
@@ -224,6 +227,12 @@ source bench/study_stage.sh  # stage: one run, skipped when finished, tried agai
 for knob in STUDY_RETRY_SECONDS STUDY_MEMORY_TRIES; do  # stage's waits and tries: whole numbers, said at once
   [[ ${!knob:-0} =~ ^[0-9]+$ ]] || { echo "bench/study_fair.sh: $knob=${!knob}: a whole number" >&2; exit 2; }
 done
+budget_s=
+if [ -n "${STUDY_MINUTES:-}" ]; then
+  [[ $STUDY_MINUTES =~ ^[0-9]+([.][0-9]+)?$ ]] && [[ ! $STUDY_MINUTES =~ ^0+([.]0*)?$ ]] \
+    || { echo "bench/study_fair.sh: STUDY_MINUTES=$STUDY_MINUTES: a number of minutes > 0" >&2; exit 2; }
+  budget_s=$(awk -v m="$STUDY_MINUTES" 'BEGIN { printf "%d", m * 60 }')
+fi
 evaluate() {  # <folder> <prompt> <seed> [student overrides]: the student answers each held-out question alone
   local folder=$1 prompt=$2 seed=$3; shift 3
   local log=${folder#"$root"/}
@@ -369,14 +378,27 @@ answered() {  # <student> <label>: its answers are in STUDY_ANSWERS, from this s
   PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py answered "$STUDY_ANSWERS" "$1" \
     "$2" "${commit[@]}"
 }
-taught_jobs() {  # <student:arm:seed...>: those runs one after another; a failed one is named in the log
-  local job arm seed status=0
+taught_jobs() {  # <student:arm:seed...>: those runs one after another; a failed one is named in the log. Under
+  # STUDY_MINUTES a run that would end past the budget (the slot's longest run so far from now) is not started:
+  # named, and the slot ends with code 3 unless a run failed (1)
+  local job arm seed status=0 longest=0 began left=()
   for job in "$@"; do
     IFS=: read -r student arm seed <<< "$job"
+    if [ -n "$budget_s" ] && [ $((SECONDS - start + longest)) -gt "$budget_s" ]; then
+      left+=("$student/${arm}_s$seed")
+      continue
+    fi
     student_cfg=$student
     [ "${STUDY_TINY:-0}" = 1 ] && student_cfg=tiny
+    began=$SECONDS
     taught "$seed" "$arm" || { status=1; echo "bench/study_fair.sh: $student $arm seed $seed failed" >&2; }
+    [ $((SECONDS - began)) -le "$longest" ] || longest=$((SECONDS - began))
   done
+  if [ ${#left[@]} -gt 0 ]; then
+    echo "bench/study_fair.sh: not started, as they would end past STUDY_MINUTES=$STUDY_MINUTES (the slot's longest" \
+         "run took $longest s): ${left[*]}" >&2
+    [ $status = 1 ] || status=3
+  fi
   return $status
 }
 

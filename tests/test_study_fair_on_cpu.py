@@ -6,6 +6,7 @@ import hashlib
 import json
 import lzma
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1271,10 +1272,38 @@ def test_the_answer_only_teacher_alone_beside_an_sft_distill_the_root_holds(tmp_
 
 @pytest.mark.parametrize(("knob", "value", "said"), [("STUDY_SFT_DISTILL", "later", "beside or after"),
                                                      ("STUDY_ANSWER_ONLY", "no", "0, 1 or only"),
-                                                     ("STUDY_EXPLANATION_TOKENS", "long", "a whole number >= 1")])
+                                                     ("STUDY_EXPLANATION_TOKENS", "long", "a whole number >= 1"),
+                                                     ("STUDY_MINUTES", "soon", "a number of minutes > 0"),
+                                                     ("STUDY_MINUTES", "0.0", "a number of minutes > 0")])
 def test_a_teachers_knob_out_of_its_choices_is_one_line(tmp_path, knob, value, said):
     run = _fair_sh("teachers", tmp_path / "study", "0", timeout=60, env={knob: value})
     assert run.returncode == 2 and run.stderr.strip() == f"bench/study_fair.sh: {knob}={value}: {said}"
+
+
+def test_under_study_minutes_a_slot_starts_no_run_that_would_end_past_the_budget(tmp_path):
+    """STUDY_MINUTES=0.1 (6 s), one slot, runs of two 2-second stages (a stand-in launch_mono.sh): the first run
+    starts, the next two would end past the budget by the slot's longest run so far (4 s), so they are named and
+    left for a later part; the slot ends with code 3."""
+    repo = tmp_path / "repo"
+    (repo / "bench").mkdir(parents=True)
+    for name in ("study_fair.sh", "study_stage.sh"):
+        shutil.copy(SCRIPT.parents[1] / "bench" / name, repo / "bench" / name)
+    record = tmp_path / "commands.txt"
+    (repo / "launch_mono.sh").write_text(f'#!/usr/bin/env bash\necho "$*" >> {record}\nsleep 2\n')
+    (repo / "launch_mono.sh").chmod(0o755)
+    root = tmp_path / "study"
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_GPUS="0", STUDY_SLOTS="1", STUDY_ARMS="worked", STUDY_MINUTES="0.1")
+    run = subprocess.run(["bash", "bench/study_fair.sh", "students", str(root), "0,1,2"], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=120)
+    student = "qwen2.5_coder_0.5b_instruct"
+    assert (root / "DONE").read_text().startswith(
+        f"{student}/worked_s0+{student}/worked_s1+{student}/worked_s2=3 "), run.stdout + run.stderr
+    # (two 2-second stages and the shell between them: 4 or 5 whole seconds, as bash counts them)
+    assert re.search(r"bench/study_fair.sh: not started, as they would end past STUDY_MINUTES=0.1 \(the slot's longest "
+                     rf"run took [45] s\): {student}/worked_s1 {student}/worked_s2\n", run.stderr), run.stderr
+    lines = record.read_text().splitlines()
+    assert [line.split()[0] for line in lines] == ["student_sft", "eval"] and "seed=0" in lines[0]
 
 
 def test_rl_teachers_on_two_gpus_each_train_data_parallel_with_a_steps_work_unchanged(tmp_path):
