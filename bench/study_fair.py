@@ -10,7 +10,7 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py common <root> --out <folder of the students' distilled files>
     python bench/study_fair.py keep <root> --out study_data/gsm_symbolic_v2/explanations [--replace]
     python bench/study_fair.py restore study_data/gsm_symbolic_v2/explanations --out <folder of the students' files>
-    python bench/study_fair.py check-distilled study_data/gsm_symbolic_v2/explanations <root>/distilled
+    python bench/study_fair.py check-distilled <kept folder> <root>/distilled [--own <root>/teachers]
     python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512*.json --out <png>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
@@ -782,17 +782,25 @@ def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
     return written
 
 
-def check_distilled(folder: Path, distilled: Path) -> list[str]:
+def check_distilled(folder: Path, distilled: Path, own: Path | None = None) -> list[str]:
     """What is wrong with the students' and teachers' input files in ``distilled`` (``<name>.jsonl``) against the
     explanations ``keep`` kept in ``folder``: a file named as a kept teacher must hold its kept rows (the whole kept
     file, or the rows ``restore`` writes of it: ``_kept_digests``), or a part would train on other rows (a raw
-    distill unpacked there, an earlier part's teacher) or skip a distill it was meant to run. Files of teachers not
-    kept are not checked. One line per file, empty when all is well."""
+    distill unpacked there, an earlier part's teacher) or skip a distill it was meant to run. Given ``own`` (a
+    teachers part's ``<root>/teachers``), a file that is that root's own distill (``own/distill_<name>/distill.jsonl``
+    byte for byte, as the part copies it) is its own output, and passes: the part run again on its root. Files of
+    teachers not kept are not checked. One line per file, empty when all is well."""
     digests = _kept_digests(folder)
     wrong = []
     for name in sorted(digests):
         path = distilled / f"{name}.jsonl"
-        if path.is_file() and _sha256(path.read_bytes()) not in digests[name]:
+        if not path.is_file():
+            continue
+        data = _sha256(path.read_bytes())
+        written = own / f"distill_{name}" / DISTILL_FILE if own is not None else None
+        if written is not None and written.is_file() and _sha256(written.read_bytes()) == data:
+            continue
+        if data not in digests[name]:
             wrong.append(f"{path} holds other rows than the kept {name} ({folder}): remove it, or write it again with "
                          f"bench/study_fair.py restore {folder} --out <an empty folder>")
     return wrong
@@ -1380,6 +1388,8 @@ def main(argv: list[str] | None = None) -> int:
                                                       "holds other rows than the kept ones")
     checking.add_argument("folder", type=Path, help="keep's --out folder")
     checking.add_argument("distilled", type=Path, help="the part's distilled/ folder")
+    checking.add_argument("--own", type=Path, help="a teachers part's <root>/teachers: a file that is its own "
+                                                   "distill_<name>/distill.jsonl passes")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
@@ -1415,7 +1425,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.out}: {', '.join(drawn)}")
             return 0
         if args.action == "check-distilled":
-            wrong = check_distilled(args.folder, args.distilled)
+            wrong = check_distilled(args.folder, args.distilled, args.own)
             for line in wrong:
                 print(f"error: {line}", file=sys.stderr)
             return 2 if wrong else 0

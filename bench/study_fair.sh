@@ -314,10 +314,11 @@ distill() {  # <teacher folder> <name> [data override]: every training question 
   [ "$check" != 1 ] || return 0
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
-distilled_are_kept() {  # a file in $distilled named as a kept teacher holds its kept rows (else nothing runs)
+distilled_are_kept() {  # [--own <root>/teachers]: a file in $distilled named as a kept teacher holds its kept
+  # rows, or (given --own: a teachers part run again on its root) is that root's own distill (else nothing runs)
   [ -n "$kept_explanations" ] && [ -f "$kept_explanations/manifest.json" ] && [ -d "$distilled" ] || return 0
   PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py check-distilled \
-    "$kept_explanations" "$distilled"
+    "$kept_explanations" "$distilled" "$@"
 }
 unpack_traces() {  # <root>/traces/traces.jsonl from the committed traces, unless the traces part wrote it
   [ -s "$root/traces/traces.jsonl" ] && return 0
@@ -327,7 +328,9 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   local traces=$root/traces/traces.jsonl lane=0 seed pids=() status=0 rl_seeds=$seeds
   [ "$answer_only" != only ] || rl_seeds=
   unpack_traces || return 1
-  distilled_are_kept || return 1  # an SFT distill put in first must be the kept one: it is not run again
+  # an SFT distill put in first must be the kept one: it is not run again (this root's own distills, of a run of
+  # this part before, pass)
+  distilled_are_kept --own "$root/teachers" || return 1
   stage "$root/teachers/sft" teacher_sft ./launch_mono.sh teacher_sft "${teacher_sft_size[@]}" data=custom \
     "data.source=$traces" sft.explanation_column=trace seed=0 || return 1
   local rl_names=() name

@@ -858,6 +858,27 @@ def test_a_teachers_part_whose_sft_distill_put_in_first_is_not_the_kept_one_trai
     assert not (root / "teachers").exists()
 
 
+def test_a_teachers_part_run_again_on_its_root_passes_its_own_distills_of_kept_teachers(tmp_path):
+    """A teachers part resumed on its root finds its own distills (raw rows, copied to distilled/) of teachers kept
+    with other rows: its own output, not a file put in, so it runs (its finished runs skipped); another file of a
+    kept teacher's name still stops it."""
+    kept, root = tmp_path / "kept", tmp_path / "study"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -5.0}, "rl_s0": {"q0": -1.0}})
+    _traces(root)
+    env = {"STUDY_ANSWER_ONLY": "0", "STUDY_SFT_DISTILL": "after", "STUDY_EXPLANATIONS": str(kept)}
+    first = _fair_sh("teachers", root, "0", timeout=600, env=env)
+    assert (root / "DONE").read_text().startswith("teachers=0 "), first.stdout + first.stderr
+    assert {"sft.jsonl", "rl_s0.jsonl"} <= {path.name for path in (root / "distilled").iterdir()}
+    again = _fair_sh("teachers", root, "0", timeout=600, env=env)
+    assert (root / "DONE").read_text().startswith("teachers=0 "), again.stdout + again.stderr
+    assert "holds other rows" not in again.stderr
+    (root / "distilled" / "rl_s0.jsonl").write_text('{"question": "another part\'s RL explanation"}\n')
+    third = _fair_sh("teachers", root, "0", timeout=600, env=env)
+    assert (root / "DONE").read_text().startswith("teachers=1 "), third.stdout + third.stderr
+    assert f"{root / 'distilled' / 'rl_s0.jsonl'} holds other rows than the kept rl_s0" in third.stderr
+    assert "kept sft" not in third.stderr
+
+
 def test_check_distilled_takes_the_kept_rows_whole_or_as_restored_and_names_any_other(tmp_path):
     """A file of a kept teacher's name must hold that teacher's kept rows: the whole kept file (an SFT distill put
     in a teachers part first) or its rows of the questions every kept teacher explained (what restore writes)."""
