@@ -1320,9 +1320,11 @@ def test_under_study_minutes_a_slot_starts_no_run_that_would_end_past_the_budget
     student = "qwen2.5_coder_0.5b_instruct"
     assert (root / "DONE").read_text().startswith(
         f"{student}/worked_s0+{student}/worked_s1+{student}/worked_s2=3 "), run.stdout + run.stderr
-    # (two 2-second stages and the shell between them: 4 or 5 whole seconds, as bash counts them)
-    assert re.search(r"bench/study_fair.sh: not started, as they would end past STUDY_MINUTES=0.1 \(the slot's longest "
-                     rf"run took [45] s\): {student}/worked_s1 {student}/worked_s2\n", run.stderr), run.stderr
+    # (two 2-second stages and the shell between them: 4 or 5 whole seconds as bash counts them, more on a busy
+    # machine; any figure of 4 or more leaves the next two out of the 6 s)
+    said = re.search(r"bench/study_fair.sh: not started, as they would end past STUDY_MINUTES=0.1 \(the slot's longest "
+                     rf"run took (\d+) s\): {student}/worked_s1 {student}/worked_s2\n", run.stderr)
+    assert said and int(said[1]) >= 4, run.stderr
     lines = record.read_text().splitlines()
     assert [line.split()[0] for line in lines] == ["student_sft", "eval"] and "seed=0" in lines[0]
 
