@@ -181,23 +181,32 @@ def _question_id(question: str) -> str:
     return hashlib.sha256(" ".join(question.split()).encode()).hexdigest()[:12]
 
 
+def _eval_folders(root: Path) -> list[tuple[str, str, int, Path]]:
+    """``(student, arm, seed, eval folder)`` of every eval folder under ``root`` that wrote its rows (unread)."""
+    folders = []
+    for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
+        run = rows_file.parent.parent
+        match = _SEEDED.match(run.name)
+        arm, seed = (match["arm"], int(match["seed"])) if match else (run.name, 0)
+        folders.append((run.parent.name, arm, seed, rows_file.parent))
+    return folders
+
+
 def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict], Path]]:
     """``(student, arm, seed, rows, eval folder)`` of every eval folder under ``root``, each row keyed by its
     question's id."""
     runs = []
-    for rows_file in sorted(root.glob("*/*/eval/eval_rows.jsonl")):
-        folder = rows_file.parent.parent
-        match = _SEEDED.match(folder.name)
-        arm, seed = (match["arm"], int(match["seed"])) if match else (folder.name, 0)
+    for student, arm, seed, folder in _eval_folders(root):
+        rows_file = folder / "eval_rows.jsonl"
         rows = [json.loads(line) for line in rows_file.read_text().splitlines() if line.strip()]
         if not rows:
             raise StudyError(f"{rows_file} is empty: that eval did not finish; run its part again")
-        if not (rows_file.parent / "eval.json").is_file():  # its rows are written, its summary not yet
-            logger.warning("%s: no eval.json beside its rows yet (the eval is ending): left out", rows_file.parent)
+        if not (folder / "eval.json").is_file():  # its rows are written, its summary not yet
+            logger.warning("%s: no eval.json beside its rows yet (the eval is ending): left out", folder)
             continue
-        runs.append((folder.parent.name, arm, seed, [{**row, "question": _question_id(row["question"]),
-                                                      "looped": looped(row.get("student_output") or "")}
-                                                     for row in rows], rows_file.parent))
+        runs.append((student, arm, seed, [{**row, "question": _question_id(row["question"]),
+                                           "looped": looped(row.get("student_output") or "")}
+                                          for row in rows], folder))
     return runs
 
 
@@ -247,27 +256,26 @@ def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
 
 
 def _kept_teacher(arm: str, seed: int) -> str | None:
-    """The kept teacher (``keep``'s name) whose rows a taught arm's students of ``seed`` read: sft_teacher and
-    worked_common (its questions' worked solutions) -> sft; rl_teacher -> rl_s<seed>; rl_teacher_step<N> ->
-    rl_step<N>; rl_teacher_answer_only -> rl_answer_s0; None for an arm that reads no teacher's rows."""
-    if arm in ("sft_teacher", "worked_common"):
+    """The kept teacher (``keep``'s name) whose rows a taught arm's students of ``seed`` read: the distill
+    ``_arm_distill`` names, and for the two arms that are no correlation point, worked_common (its questions' worked
+    solutions) -> sft and rl_teacher_answer_only -> rl_answer_s0; None for an arm that reads no teacher's rows."""
+    if arm == "worked_common":
         return "sft"
-    if arm == "rl_teacher":
-        return f"rl_s{seed}"
     if arm == "rl_teacher_answer_only":
         return "rl_answer_s0"
-    if match := _STEP_ARM.match(arm):
-        return f"rl_step{match['step']}"
-    return None
+    named = _arm_distill(arm, seed)
+    return None if named is None else named[1]
 
 
 def _runs_trained_on(roots: list[Path]) -> list[tuple[str, str, int, dict | None]]:
-    """``(student, arm, seed, trained_on)`` of every run under ``roots``, eval folders and exported files alike
-    (``trained_on`` None where the run does not say)."""
+    """``(student, arm, seed, trained_on)`` of every run under ``roots``, eval folders (the finished ones, as
+    ``_eval_runs`` takes them, their rows unread) and exported files alike (``trained_on`` None where the run does
+    not say)."""
     runs = []
     for root in roots:
-        for student, arm, seed, _, folder in _eval_runs(root):
-            runs.append((student, arm, seed, trained_on(folder)))
+        for student, arm, seed, folder in _eval_folders(root):
+            if (folder / "eval.json").is_file():
+                runs.append((student, arm, seed, trained_on(folder)))
         for path in sorted(root.glob("*/*.json")):
             if match := _SEEDED.match(path.stem):
                 runs.append((path.parent.name, match["arm"], int(match["seed"]),
@@ -699,10 +707,6 @@ def _provenance(root: Path, name: str, rows: list[str]) -> dict:
             "config": {"training": training, "distill": distill}}
 
 
-def _kept_sha256(path: Path) -> str | None:
-    return _sha256(lzma.decompress(path.read_bytes())) if path.is_file() else None
-
-
 def _read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST_FILE
     return json.loads(path.read_text()) if path.is_file() else {"teachers": {}}
@@ -719,13 +723,13 @@ def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, 
     plans = []
     for name, mine in lines.items():
         data, path = _text(mine), out / f"{name}{KEPT_SUFFIX}"
-        held, digest = _kept_sha256(path), _sha256(data)
+        held_rows = lzma.decompress(path.read_bytes()) if path.is_file() else None
+        held, digest = None if held_rows is None else _sha256(held_rows), _sha256(data)
         if held not in (None, digest) and not replace:
             raise StudyError(f"{path}: {name} is kept already with other rows (sha256 {held[:12]}, these "
                              f"{digest[:12]}): keep these into another folder, or pass --replace")
         if held not in (None, digest):
-            kept_ids = {json.loads(line)["question_id"] for line in lzma.decompress(path.read_bytes()).decode().
-                        splitlines() if line.strip()}
+            kept_ids = {json.loads(line)["question_id"] for line in held_rows.decode().splitlines() if line.strip()}
             new_ids = {json.loads(line)["question_id"] for line in mine}
             if new_ids < kept_ids:  # fewer questions, all of them kept already: a partial distill narrowed the set
                 raise StudyError(f"{path}: --replace would keep {name} on {len(new_ids)} of its {len(kept_ids)} "
