@@ -2,6 +2,7 @@
 distill run that crashed and is run again writes what an uninterrupted run writes, whatever the batches."""
 
 import json
+import re
 import shutil
 import sys
 import types
@@ -9,6 +10,7 @@ import types
 import pytest
 
 from rlt_mono.config import compose
+from rlt_mono.errors import UserError
 from rlt_mono.runs import lock as run_lock
 from rlt_mono.stages.distill import DISTILL_FILE, run_distill
 from rlt_mono.stages.sampler import VLLMGenerator, prompt_seed
@@ -104,3 +106,36 @@ def test_a_set_kv_cache_size_reaches_vllm_and_none_leaves_it_to_profiling(monkey
                       gpu_memory_utilization=0.3, seed=5, enforce_eager=True, kv_cache_gib=gib)
     assert "kv_cache_memory_bytes" not in engines[0]
     assert engines[1]["kv_cache_memory_bytes"] == 1610612736  # 1.5 x 1024**3
+
+
+def test_a_model_folder_vllm_would_read_as_two_models_stops_before_an_engine_starts(monkeypatch, tmp_path):
+    """vLLM loads every top-level *.safetensors of a folder without a shard index: a second model's weights there
+    (an older checkpoint's mixed reference) would replace the model's own. The engine is not started."""
+    engines = []
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(
+        LLM=lambda **kwargs: engines.append(kwargs) or types.SimpleNamespace(sleep=lambda level: None),
+        SamplingParams=dict))
+    monkeypatch.setenv(run_lock.ENGINE_LOCK_ENV, str(tmp_path / "engine.lock"))
+    checkpoint = tmp_path / "checkpoint-60"
+    checkpoint.mkdir()
+    for name in ("model.safetensors", "reference_model.safetensors"):
+        (checkpoint / name).write_bytes(b"x")
+
+    def start():
+        VLLMGenerator(str(checkpoint), dtype="float32", max_new_tokens=8, max_prompt_tokens=8, top_p=1.0,
+                      gpu_memory_utilization=0.3, seed=5, enforce_eager=True, kv_cache_gib=None)
+
+    with pytest.raises(UserError, match=re.escape(
+            f"{checkpoint}: 2 weight files (model.safetensors, reference_model.safetensors) and no "
+            "model.safetensors.index.json: vLLM would load them all as one model")):
+        start()
+    assert engines == []
+    # the reference where checkpoints now keep it, in a folder of its own: one model at the top
+    (checkpoint / "reference").mkdir()
+    (checkpoint / "reference_model.safetensors").rename(checkpoint / "reference" / "model.safetensors")
+    start()
+    # shards named by an index: vLLM reads the index's files only
+    (checkpoint / "model-00002.safetensors").write_bytes(b"x")
+    (checkpoint / "model.safetensors.index.json").write_text("{}")
+    start()
+    assert [engine["model"] for engine in engines] == [str(checkpoint)] * 2

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from rlt_mono import launch, runtime
 from rlt_mono.config import ConfigError, compose
 from rlt_mono.placement import PlacementError, Role, gpus_to_expose
+from rlt_mono.rl.trainer import REFERENCE_FILE
 from rlt_mono.runs import checkpoints
 from tests.test_placement_on_cpu import placed
 
@@ -276,8 +277,10 @@ def test_two_ranks_write_one_row_per_step_one_model_and_an_rng_file_each(two_ran
         assert "rng_state.pth" not in files
         assert checkpoints.checkpoint_problem(two_ranks / f"checkpoint-{step}") is None
     # The reference is mixed at step 3: saved once, in the checkpoint after it.
-    assert not (two_ranks / "checkpoint-2" / "reference_model.safetensors").exists()
-    assert (two_ranks / "checkpoint-4" / "reference_model.safetensors").is_file()
+    assert not (two_ranks / "checkpoint-2" / REFERENCE_FILE).exists()
+    assert (two_ranks / "checkpoint-4" / REFERENCE_FILE).is_file()
+    # in a folder of its own: vLLM reads every top-level *.safetensors of a folder as one model
+    assert sorted(p.name for p in (two_ranks / "checkpoint-4").glob("*.safetensors")) == ["model.safetensors"]
     assert (two_ranks / "final" / "model.safetensors").is_file()
     assert not [p.name for p in two_ranks.iterdir() if p.name.startswith(".partial-")]
 

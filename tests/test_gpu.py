@@ -499,6 +499,8 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
 
     from safetensors import safe_open
 
+    from rlt_mono.rl.trainer import REFERENCE_FILE
+
     out = tmp_path / "fsdp2"
     ranks, launch = _fsdp2_launcher("demo_tiny", out, *_vllm_pair(bf16_pair), "trainer.save_steps=1",
                                     "trainer.ref_model_sync_steps=1")
@@ -515,7 +517,7 @@ def test_fsdp2_shards_the_teacher_saves_whole_weights_and_resumes(bf16_pair, tmp
     name = "model.layers.0.mlp.down_proj.weight"
     with safe_open(bf16_pair / "teacher" / "model.safetensors", "pt") as initial:
         names, shape = set(initial.keys()), initial.get_tensor(name).shape
-    with safe_open(checkpoint / "reference_model.safetensors", "pt") as saved:
+    with safe_open(checkpoint / REFERENCE_FILE, "pt") as saved:
         assert names <= set(saved.keys()) and saved.get_tensor(name).shape == shape  # whole weights, not a shard
     with safe_open(out / "final" / "model.safetensors", "pt") as final:
         assert final.get_tensor(name).shape == shape

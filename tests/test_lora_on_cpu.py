@@ -19,6 +19,7 @@ from rlt_mono.memory import model as memory
 from rlt_mono.memory.model import GIB, QWEN25_ARCHS, Arch, optimizer_bytes, teacher_weight_bytes
 from rlt_mono.memory.planner import plan
 from rlt_mono.rl import lora
+from rlt_mono.rl.trainer import REFERENCE_FILE
 
 
 def _lora_teacher(teacher, rank=4, seed=0):
@@ -92,7 +93,7 @@ def test_rl_stage_with_a_lora_teacher_trains_adapters_and_saves_the_merged_teach
     # no reference mixup, and the reference pass (adapters disabled) was not taken for the policy's log-probs:
     # with aligned steps TRL computes none, so the reward ran the teacher itself
     assert all(r["score/reward_teacher_passes"] == 1 and "score/teacher_log_probs_reused" not in r for r in rows)
-    assert not (out / "checkpoint-1" / "reference_model.safetensors").exists()
+    assert not (out / "checkpoint-1" / REFERENCE_FILE).exists()
 
 
 def model_group(**keys) -> dict:

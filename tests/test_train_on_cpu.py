@@ -55,6 +55,9 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
 
     # the mixed reference of step 1 is in checkpoint-1 and comes back on resume
     saved_reference = load_file(out / "checkpoint-1" / REFERENCE_FILE)
+    # beside the teacher's weights only in a folder of its own: vLLM would read a top-level one as the teacher's
+    assert REFERENCE_FILE == "reference/model.safetensors"
+    assert sorted(p.name for p in (out / "checkpoint-1").glob("*.safetensors")) == ["model.safetensors"]
     restored = build_trainer(compose("demo_tiny", [f"output_dir={out}", "trainer.max_steps=3",
                                                    f"resume_from_checkpoint={out / 'checkpoint-1'}"]))
     assert restored.resume_checkpoint == str(out / "checkpoint-1")

@@ -12,7 +12,8 @@ trainer starts (missing required ones raise; missing optional ones warn with the
   whether it did (``score/teacher_log_probs_reused``) and how often the reward ran the teacher itself
   (``score/reward_teacher_passes``).
 - TRL's reference-sync callback is wrapped so that the offloaded reference is swapped in for the mixup; once a
-  mixup has happened, checkpoints also hold the reference (``reference_model.safetensors``), restored on resume.
+  mixup has happened, checkpoints also hold the reference (``reference/model.safetensors``: in a folder of its own,
+  since vLLM loads every ``*.safetensors`` beside a single-file model), restored on resume.
 - Checkpoints are verified and atomic (``checkpoints.VerifiedCheckpoints``).
 - A LoRA or QLoRA teacher (``peft_config``, ``rlt_mono.rl.lora``): vLLM gets the merged weights at each sync, in
   the teacher's dtype; the reference is the teacher with its adapters disabled (TRL's), not a copy.
@@ -63,7 +64,7 @@ from rlt_mono.runs import lock as run_lock
 
 logger = logging.getLogger(__name__)
 
-REFERENCE_FILE = "reference_model.safetensors"
+REFERENCE_FILE = "reference/model.safetensors"
 
 
 class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
@@ -448,6 +449,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
         if not self._reference_is_mixed(self.state.global_step):
             return
         path = os.path.join(folder, REFERENCE_FILE)
+        if self.args.should_save:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         if self.is_fsdp_enabled:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -73,7 +73,7 @@ RUN_FILES = {
     "wandb": "Weights & Biases run files (`wandb sync` uploads an offline run)",
 }
 CHECKPOINT_DESCRIPTION = ("resumable checkpoint: teacher, optimizer, schedule, RNG, trainer state "
-                          "(and `reference_model.safetensors` once a reference mixup has happened)")
+                          "(and `reference/model.safetensors` once a reference mixup has happened)")
 
 
 def launch_command() -> str | None:

@@ -224,6 +224,23 @@ class TransformersGenerator:
         """Nothing to release: the model belongs to ``StageModels``."""
 
 
+def check_one_model_in_folder(model_path: str) -> None:
+    """Raise ``UserError`` where vLLM would read two models' weights as one. Without a shard index
+    (``model.safetensors.index.json``) vLLM loads every ``*.safetensors`` file at the top of a model folder, a
+    later file's tensors replacing an earlier one's of the same name: a second model there (a checkpoint of an older
+    rlt_mono kept its mixed reference as ``reference_model.safetensors``) would silently be what generates. A model
+    name that is not a folder is left to vLLM."""
+    folder = Path(model_path)
+    if not folder.is_dir() or (folder / "model.safetensors.index.json").is_file():
+        return
+    files = sorted(path.name for path in folder.glob("*.safetensors"))
+    if len(files) > 1:
+        raise UserError(f"{folder}: {len(files)} weight files ({', '.join(files)}) and no "
+                        "model.safetensors.index.json: vLLM would load them all as one model, the later file's "
+                        "tensors replacing the earlier one's. Move every file but the model's out of the folder (a "
+                        "checkpoint's reference_model.safetensors belongs in reference/model.safetensors)")
+
+
 class VLLMGenerator:
     """A vLLM engine for one model, asleep between calls (level 1: weights in CPU memory, KV cache freed) so that
     the scoring models can use the GPU; prompts go in as token ids, so they are the ids the reward scores. Each
@@ -232,6 +249,7 @@ class VLLMGenerator:
     def __init__(self, model_path: str, *, dtype: str, max_new_tokens: int, max_prompt_tokens: int,
                  stop_strings: tuple[str, ...] = (), top_p: float, gpu_memory_utilization: float, seed: int,
                  enforce_eager: bool, kv_cache_gib: float | None):
+        check_one_model_in_folder(model_path)
         from vllm import LLM
 
         # This process has touched CUDA (pinned copies of the scoring models) without torch marking it initialised,
