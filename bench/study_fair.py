@@ -124,6 +124,8 @@ TRACE_COLUMNS = ("question", "solution", "answer", "template")
 ARM_ORDER = ("untrained", "untrained_plain", "worked", "worked_common", "traces", "sft_teacher", "rl_teacher",
              "rl_teacher_answer_only")
 _STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
+# A distill's teacher that is an RL run's checkpoint (``below_teachers``): rl_s0/rl/checkpoint-30.
+_CHECKPOINT_TEACHER = re.compile(r"^(?P<run>[^/]+)/rl/checkpoint-(?P<step>\d+)$")
 # What the teachers part of bench/study_fair.sh leaves under <root>/teachers: the SFT teacher's folder, each RL
 # teacher's run folder teachers/<name>/rl (rl_s<seed>, rl_answer_s<seed>), each distill's folder and its log.
 SFT_SUMMARY_FILE = module_constant("rlt_mono.stages.sft", "SUMMARY_FILE")
@@ -454,7 +456,8 @@ def rl_teacher_summary(folder: Path) -> dict:
     the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and its parts' (``eval_reward_parts``:
     ``r_ss``, ``r_kl`` and ``match_penalty``, each ``[[step, value], ...]``, RLT_PARTS; they show which part RL
     raised), the mean of the first and the last 10 steps' figures (``first_last_10``, TRAIN_FIGURES), the median
-    ``step_time`` and the highest device memory any phase logged (``peak_device_gib``), the ``checkpoints`` kept, the
+    ``step_time`` and the highest device memory any phase logged (``peak_device_gib``), the ``checkpoints`` in the
+    folder (``read_teachers`` adds those a distill explained with, whose folders an archive leaves out), the
     configured
     ``max_steps`` and ``stopped_by_time_limit``: fewer steps than ``max_steps`` with ``trainer.max_minutes`` set
     (above 0)."""
@@ -567,6 +570,11 @@ def read_teachers(root: Path) -> dict[str, dict[str, dict]]:
         if phases is None:
             logger.warning("%s: not finished (no end line in %s): kept as partial (%d rows)", run, log,
                            found["distills"][name]["rows"])
+    for distill in found["distills"].values():  # a checkpoint that explained: its folder is not sent back
+        match = _CHECKPOINT_TEACHER.match(distill["teacher"])
+        if match and match["run"] in found["teachers"]:
+            run = found["teachers"][match["run"]]
+            run["checkpoints"] = sorted({*run["checkpoints"], int(match["step"])})
     if not found["teachers"] and not found["distills"]:
         raise StudyError(f"{folder}: no finished teacher or distill yet")
     return found

@@ -693,6 +693,24 @@ def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_me
     assert len(out.read_text()) < 6000
 
 
+def test_a_checkpoint_that_explained_is_listed_with_its_teacher_though_its_folder_was_not_sent_back(tmp_path):
+    root, out = tmp_path / "study", tmp_path / "teachers.json"
+    _teachers_root(root)
+    shutil.rmtree(root / "teachers" / "rl_s0" / "rl" / "checkpoint-2")  # an archive leaves the weights out
+    distill = root / "teachers" / "distill_rl_step3"
+    distill.mkdir()
+    (distill / "config.yaml").write_text("model:\n  model_name_or_path: /host/study/teachers/rl_s0/rl/checkpoint-3\n"
+                                         "data:\n  gsm_solution: worked\n")
+    _write_rows(distill / "distill.jsonl", [_distill_row("q0", 0, -2.0, -1.0, 1.0, True, 0, "ab")])
+    result = _teachers(root, out)
+    assert result.returncode == 0, result.stderr
+    saved = json.loads(out.read_text())
+    assert saved["distills"]["rl_step3"]["teacher"] == "rl_s0/rl/checkpoint-3"
+    # rl_s0's checkpoint 3 from the distill's teacher; checkpoint 2 neither in the folder nor explained with
+    assert saved["teachers"]["rl_s0"]["checkpoints"] == [3]
+    assert saved["teachers"]["rl_answer_s0"]["checkpoints"] == [2]
+
+
 def test_common_writes_each_distills_rows_of_the_questions_every_distill_explained(tmp_path):
     root, out = tmp_path / "study", tmp_path / "common"
     _teachers_root(root)
