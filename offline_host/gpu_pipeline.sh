@@ -13,7 +13,8 @@
 #       once. Run it again on the same host to continue a study that stopped (finished stages are skipped). It
 #       runs from a copy of the code: .snap/code.tar (`git archive -o .snap/code.tar HEAD`) or this tree.
 #   bash offline_host/gpu_pipeline.sh fair <part> <seeds, e.g. 0,1,2>
-#       the same set-up, then one part of the fair study (bench/study_fair.sh) in <root>/study, in the background.
+#       the same set-up, then one part of the fair study (bench/study_fair.sh) in <root>/study, in the background
+#       (OFFLINE_HOST_STUDY=<folder> OFFLINE_HOST_SNAP=<carried code folder>: a second part beside it, its wait too).
 #   bash offline_host/gpu_pipeline.sh ttr [seeds] [arms]
 #       the same set-up, then bench/time_to_reward.sh in <root>/study, in the background.
 #   bash offline_host/gpu_pipeline.sh wait <seconds>
@@ -33,7 +34,11 @@ mkdir -p "$OUT"
 parts=$GPU_STACK_PARTS  # the stashed pieces: the stack's, the models', the reasoning-gym wheel
 cache=$OFFLINE_HOST_ROOT/cache  # RLT_MONO_CACHE: the joined models and the reasoning-gym wheel
 pipeline=$OFFLINE_HOST_ROOT/pipeline  # run's output_dir
-study=$OFFLINE_HOST_ROOT/study  # the background job of study, fair or ttr, which wait brings back
+# The background job of study, fair or ttr, which wait brings back: <root>/study, or <root>/<OFFLINE_HOST_STUDY>, so
+# that two parts run side by side on one host (each on its GPUs, STUDY_GPUS), each brought back by a wait with the
+# same setting.
+study=$OFFLINE_HOST_ROOT/${OFFLINE_HOST_STUDY:-study}
+snap=${OFFLINE_HOST_SNAP:-.snap}  # the carried folder of the code a background job runs (enter_code_copy)
 # <part prefix> <cached file name: <name>-<sha256[:12]>.gguf, as rlt_mono.data.pretrained caches it> <sha256>
 models=(
   "smol smollm2_135m_instruct-b179c9523d0e.gguf b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -74,11 +79,12 @@ setup() {
 }
 
 # Into a fresh copy of the code, from which a background job runs (the working tree may be replaced while it
-# runs; later stages must not see that): .snap/code.tar when carried (git archive of a commit, its id in
-# .snap/commit, kept as $study/commit), else this tree.
+# runs; later stages must not see that): $snap/code.tar when carried (git archive of a commit, its id in
+# $snap/commit, kept as $study/commit; two parts side by side may run two commits, OFFLINE_HOST_SNAP naming the
+# other's folder), else this tree.
 enter_code_copy() {
-  code=$OFFLINE_HOST_ROOT/code-$(date +%s) && mkdir -p "$code"
-  if [ -f .snap/code.tar ]; then tar xf .snap/code.tar -C "$code"; cp .snap/commit "$study/commit"
+  code=$(mktemp -d "$OFFLINE_HOST_ROOT/code-$(date +%s)-XXXX")
+  if [ -f "$snap/code.tar" ]; then tar xf "$snap/code.tar" -C "$code"; cp "$snap/commit" "$study/commit"
   else cp -a . "$code"; fi
   cd "$code"
 }
@@ -136,7 +142,7 @@ case "${1:-}" in
   wait)
     end=$((SECONDS + $2))
     while [ ! -f "$study/DONE" ] && [ $SECONDS -lt $end ]; do
-      if ! pgrep -f '[b]ench/(study_fair|study_gsm|time_to_reward)[.]sh' > /dev/null; then
+      if ! pgrep -f "[b]ench/(study_fair|study_gsm|time_to_reward)[.]sh.* $study( |\$)" > /dev/null; then
         echo "offline_host/gpu_pipeline.sh wait: no study is running and none has ended here (no $study/DONE):" \
              "its start failed, or this host is a new one (stash the parts again)" >&2
         tail -n 5 "$study/orchestrator.log" 2>/dev/null
@@ -174,5 +180,5 @@ case "${1:-}" in
     fi
     ls -la "$OUT"; [ -f "$study/DONE" ] && cat "$study/DONE" ;;
   *)
-    sed -n 2,22p "$0"; exit 2 ;;
+    sed -n 2,23p "$0"; exit 2 ;;
 esac

@@ -262,3 +262,48 @@ def test_a_study_keeps_its_settings_as_words_a_shell_reads_back_to_the_same_valu
                                            f"\"$STUDY_ARMS\" \"${{STUDY_EMPTY-unset}}\"'"],
                             capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=True)
     assert echoed.stdout == "trainer.save_steps=100000 trainer.eval_steps=25|it's|rl_teacher,worked||"
+
+
+def test_two_fair_parts_run_side_by_side_each_from_its_code_and_each_wait_brings_back_its_own(tmp_path):
+    """OFFLINE_HOST_STUDY puts a second part in a folder of its own and OFFLINE_HOST_SNAP runs it from another
+    carried commit; a wait with the same setting waits for that part alone (not for one still running beside it)
+    and copies that folder back."""
+    repo, fake = _stand_in_host(tmp_path)
+    host = tmp_path / "host"
+    # bench/study_fair.sh as each commit has it: it says which commit it is, and the second part's ends at once
+    # while the first's runs on
+    for folder, commit, seconds in ((".snap", "aaaa111", 60), (".snap-students", "bbbb222", 0)):
+        code = tmp_path / f"code-{commit}"
+        _executable(code / "bench" / "study_fair.sh",
+                    f'mkdir -p "$2/logs" && echo "{commit} $1 $3 gpus=$STUDY_GPUS" > "$2/ran"\n'
+                    f'sleep {seconds}\necho "$1=0" > "$2/DONE"\n')
+        (repo / folder).mkdir(parents=True)
+        subprocess.run(["tar", "cf", str(repo / folder / "code.tar"), "-C", str(code), "."], check=True)
+        (repo / folder / "commit").write_text(commit + "\n")
+    carried = tmp_path / "carried"
+    _executable(carried / "install_gpu_stack.sh", 'echo "export STACK=ready"\n')
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path), "OFFLINE_HOST_ROOT": str(host)}
+
+    def run(*command: str, **more: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "offline_host/gpu_pipeline.sh", *command], capture_output=True, text=True,
+                              cwd=repo, timeout=90, env={**env, "OUT": str(tmp_path / more.pop("out")), **more})
+
+    assert run("stash", str(carried), out="o0").returncode == 0
+    first = run("fair", "teachers", "0", out="o1", STUDY_GPUS="0")
+    second = run("fair", "students", "0,1", out="o2", STUDY_GPUS="1", OFFLINE_HOST_STUDY="study-students",
+                 OFFLINE_HOST_SNAP=".snap-students")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    try:
+        waited = run("wait", "30", out="o3", OFFLINE_HOST_STUDY="study-students")
+        assert waited.returncode == 0, waited.stderr
+        assert waited.stdout.rstrip().endswith("students=0")  # its own DONE, while the teachers part still runs
+        with tarfile.open(tmp_path / "o3" / "study.tgz") as archive:
+            assert archive.extractfile("./ran").read() == b"bbbb222 students 0,1 gpus=1\n"
+            assert archive.extractfile("./commit").read() == b"bbbb222\n"
+        assert (host / "study" / "ran").read_text() == "aaaa111 teachers 0 gpus=0\n"
+        assert not (host / "study" / "DONE").exists()
+        # each part's command says how to run it again, the second's settings with it
+        assert (host / "study-students" / "command").read_text() == (
+            "STUDY_GPUS=1 bash offline_host/gpu_pipeline.sh fair students 0,1\n")
+    finally:
+        subprocess.run(["pkill", "-f", f"study_fair.sh teachers {host}/study "], check=False)
