@@ -324,9 +324,16 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
 
 
 def provenance(roots: list[Path]) -> list[dict]:
-    """Where each exported run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``."""
+    """Where each run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``: an exported run's as
+    its file says; an eval folder's (a study root summarized as it is) the root's ``commit``, its own ``command``
+    (else the root's) and ``device`` "?" (an eval folder does not record it), "?" for what is not there."""
     runs = []
     for root in roots:
+        for student, arm, seed, folder in _eval_folders(root):
+            if (folder / "eval.json").is_file():  # as _eval_runs takes them
+                runs.append({"student": student, "arm": arm, "seed": seed, "device": "?",
+                             "commit": _root_file(root, "commit") or "?",
+                             "command": _root_file(folder, "command") or _root_file(root, "command") or "?"})
         for path in sorted(root.glob("*/*.json")):
             match = _SEEDED.match(path.stem)
             if match:

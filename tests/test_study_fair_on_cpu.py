@@ -248,6 +248,24 @@ def test_no_eval_folder_is_one_line_and_a_run_is_exported_once(tmp_path):
     assert again.returncode == 2 and "untrained_s0.json exists: a run is exported once" in again.stderr
 
 
+def test_a_study_root_summarized_as_it_is_says_where_its_runs_ran(tmp_path):
+    """Summarized from its eval folders (not exports), a root's runs are in study.json's runs, commit and commands
+    (the root's commit and each eval's own command), the device unknown: not silently empty lists."""
+    root = tmp_path / "study"
+    _eval_folder(root, "s", "worked_s0", {"instances": [True, False] * 10})
+    _eval_folder(root, "s", "untrained", {"instances": [False] * 20})
+    (root / "commit").write_text("abc1234\n")
+    (root / "command").write_text("bash study.sh students\n")
+    (root / "s" / "worked_s0" / "eval" / "command").write_text("bash study.sh control\n")
+    out = tmp_path / "out"
+    result = _run("summarize", root, "--out", out, "--resamples", 50)
+    assert result.returncode == 0, result.stderr
+    study = json.loads((out / "study.json").read_text())
+    assert (study["commit"], study["device"], study["commands"]) == (
+        ["abc1234"], ["?"], ["bash study.sh control", "bash study.sh students"])
+    assert [(r["arm"], r["seed"]) for r in study["runs"]] == [("untrained", 0), ("worked", 0)]
+
+
 def test_a_run_that_keeps_its_own_command_is_exported_with_it(tmp_path):
     # one root, two commands: the eval folder's own command wins over --command, the latest command on the root
     _eval_folder(tmp_path / "study", "s", "untrained", {"instances": [True, False]})
