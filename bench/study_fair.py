@@ -11,7 +11,7 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py keep <root> --out study_data/gsm_symbolic_v2/explanations [--replace]
     python bench/study_fair.py restore study_data/gsm_symbolic_v2/explanations --out <folder of the students' files>
     python bench/study_fair.py check-distilled <kept folder> <root>/distilled [--own <root>/teachers]
-    python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512*.json --out <png>
+    python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512_*.json --out <png>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
