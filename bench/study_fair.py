@@ -11,7 +11,7 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py keep <root> --out study_data/gsm_symbolic_v2/explanations [--replace]
     python bench/study_fair.py restore study_data/gsm_symbolic_v2/explanations --out <folder of the students' files>
     python bench/study_fair.py check-distilled <kept folder> <root>/distilled [--own <root>/teachers]
-    python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512*.json --out <png>
+    python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512_*.json --out <png>
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
@@ -39,7 +39,7 @@ adds its teachers, and a teacher already in the file must read the same (a teach
 is replaced by the one of the root read last. ``summarize`` reads it (``--teachers``, by default ``teachers.json``
 in ``--out``; or one file per teachers part, merged, a later file's teacher of a name kept; with ``--explanations``,
 ``keep``'s folder, the common block comes from the kept rows the students read, and a taught run whose
-``trained_on`` is not its teacher's kept rows is refused: ``check_read_kept``) for each student's
+``trained_on`` is not its teacher's kept rows, or says nothing, is refused: ``check_read_kept``) for each student's
 ``correlation``: the teachers' reward against the accuracy of the students they taught, one point per teacher
 (``correlation_points``), Pearson's r and Spearman's rho per held-out set, with a percentile-bootstrap interval over
 the points. The teacher's reward is its distill's mean reward on the common
@@ -300,8 +300,9 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
     """Every taught run read the rows ``explanations`` keeps of its teacher (the sha256 its ``trained_on`` records
     against ``_kept_digests``: the kept file's, or that of the rows ``restore`` writes of it): the correlation pairs
     each student with its teacher's reward on those rows, so a student taught by other explanations (an earlier
-    part's teachers, say) is refused, naming the runs. A run that does not record what it read (exported before
-    ``trained_on``) is named in a warning."""
+    part's teachers, say) is refused, naming the runs; so is one that does not record what it read (exported before
+    ``trained_on``, or its file gone when it was exported): the answers of students taught by explanations no longer
+    kept (the 2026-11-28 teachers') are such runs, and would otherwise enter the summary beside the new ones."""
     kept = _kept_digests(explanations)
     other, unsaid = [], []
     for student, arm, seed, taught in _runs_trained_on(roots):
@@ -317,14 +318,22 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
         raise StudyError(f"--explanations {explanations}: {len(other)} run(s) read other rows than the kept "
                          f"teacher's: {', '.join(other)}; summarize them without --explanations, or run them again")
     if unsaid:
-        logger.warning("--explanations %s: %d run(s) do not record what they were trained on, so whether they read "
-                       "the kept rows is not checked: %s", explanations, len(unsaid), ", ".join(unsaid))
+        raise StudyError(f"--explanations {explanations}: {len(unsaid)} run(s) do not record what they were trained "
+                         f"on, so whether they read the kept rows cannot be checked: {', '.join(unsaid)}; summarize "
+                         "them without --explanations, or run them again")
 
 
 def provenance(roots: list[Path]) -> list[dict]:
-    """Where each exported run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``."""
+    """Where each run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``: an exported run's as
+    its file says; an eval folder's (a study root summarized as it is) the root's ``commit``, its own ``command``
+    (else the root's) and ``device`` "?" (an eval folder does not record it), "?" for what is not there."""
     runs = []
     for root in roots:
+        for student, arm, seed, folder in _eval_folders(root):
+            if (folder / "eval.json").is_file():  # as _eval_runs takes them
+                runs.append({"student": student, "arm": arm, "seed": seed, "device": "?",
+                             "commit": _root_file(root, "commit") or "?",
+                             "command": _root_file(folder, "command") or _root_file(root, "command") or "?"})
         for path in sorted(root.glob("*/*.json")):
             match = _SEEDED.match(path.stem)
             if match:
