@@ -912,6 +912,7 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
     students = {}
     for student, per_arm in sorted(arms.items()):
         entry = {"arms": {}, "differences": {}}
+        answers = {}  # per held-out set: the resamples' question weights and each arm's answers (the correlation's)
         for held_out, name in SETS.items():
             matrices = {arm: _matrix(per_seed, held_out) for arm, per_seed in per_arm.items()}
             matrices = {arm: m for arm, m in matrices.items() if m[1]}
@@ -921,6 +922,7 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
             keep = {arm: np.isin(m[1], shared) for arm, m in matrices.items()}
             templates = next(iter(matrices.values()))[2][keep[next(iter(matrices))]]
             weights = _question_weights(templates, resamples, rng)
+            answers[name] = {"weights": weights, "correct": {arm: m[0][:, keep[arm]] for arm, m in matrices.items()}}
             boot, seed_means, cut = {}, {}, {}
             for arm, (correct, _, _, capped_matrix) in matrices.items():
                 correct = correct[:, keep[arm]]
@@ -949,7 +951,7 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
                     entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = figures
         entry["arms"] = {arm: entry["arms"][arm] for arm in sorted(entry["arms"], key=arm_rank)}
         entry["positive_control"] = positive_control(entry)
-        entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed)
+        entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed, answers)
         students[student] = entry
     return students
 
@@ -1102,11 +1104,15 @@ def spearman(xs: np.ndarray, ys: np.ndarray) -> float | None:
     return pearson(_ranks(np.asarray(xs)), _ranks(np.asarray(ys)))
 
 
-def correlation_figures(xs: list[float], ys: list[float], resamples: int, rng: np.random.Generator) -> dict:
+def correlation_figures(xs: list[float], ys: list[float], resamples: int, rng: np.random.Generator,
+                        replicates: np.ndarray | None = None) -> dict:
     """Pearson's r and Spearman's rho of paired values, with ``points``; with at least
     ``CORRELATION_INTERVAL_POINTS`` a percentile-bootstrap ``ci95`` of each over the points (resamples where a side
-    is constant have no r and are dropped: ``resamples_used``); under ``CORRELATION_MIN_POINTS``, ``too few
-    points``. A side that is constant has no r (null)."""
+    is constant have no r and are dropped: ``resamples_used``) and, given ``replicates`` (resamples x points: each
+    point's ``ys`` value recomputed from a resample of the answers it stands on, ``_point_replicates``),
+    ``ci95_answers``: the interval of r and rho over those, the points and ``xs`` fixed (how much the students'
+    answers alone move the correlation); under ``CORRELATION_MIN_POINTS``, ``too few points``. A side that is
+    constant has no r (null)."""
     x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)  # (n,), (n,)
     if len(x) < CORRELATION_MIN_POINTS:
         return {"points": len(x), "result": f"too few points (fewer than {CORRELATION_MIN_POINTS})"}
@@ -1123,21 +1129,46 @@ def correlation_figures(xs: list[float], ys: list[float], resamples: int, rng: n
         values = [v for draw in draws if (v := statistic(x[draw], y[draw])) is not None]
         figures["ci95"][name] = _interval(np.array(values)) if values else None
         figures["ci95"][f"{name}_resamples_used"] = len(values)
+    if replicates is not None:
+        figures["ci95_answers"] = {}
+        for name, statistic in (("pearson_r", pearson), ("spearman_rho", spearman)):
+            values = [v for row in replicates if (v := statistic(x, row)) is not None]
+            figures["ci95_answers"][name] = _interval(np.array(values)) if values else None
+            figures["ci95_answers"][f"{name}_resamples_used"] = len(values)
     return figures
 
 
-def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int) -> dict:
-    """A student's teacher-reward <-> student-accuracy correlation: its ``points`` (``correlation_points``), per
-    held-out set ``correlation_figures``, what is ``missing`` and the arms ``left_out`` with why. Without a
+def _point_replicates(points: list[dict], arms: dict, answers: dict, rng: np.random.Generator) -> np.ndarray:
+    """(resamples x points): each point's accuracy recomputed as every interval of the study resamples (templates,
+    then questions within them: ``answers["weights"]``, shared by all points; then the point's own seeds), from its
+    arm's answers (``answers["correct"][arm]``, seeds x questions in the arm's ``seeds`` order)."""
+    weights = answers["weights"]
+    columns = []
+    for p in points:
+        correct = answers["correct"][p["arm"]]
+        rows = correct[[arms[p["arm"]]["seeds"].index(seed) for seed in p["seeds"]]]
+        columns.append((weights * _seed_means(rows, len(weights), rng)).sum(1) / weights.sum(1))
+    return np.stack(columns, axis=1)
+
+
+def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int, answers: dict | None = None) -> dict:
+    """A student's teacher-reward <-> student-accuracy correlation: its ``points`` (``correlation_points``), how
+    many distinct RL teachers they hold (``rl_teachers``: checkpoints and seeds; the SFT teacher is not one), per
+    held-out set ``correlation_figures`` (with ``ci95_answers`` where ``answers``, summarize's per held-out set
+    question weights and answers, has the set), what is ``missing`` and the arms ``left_out`` with why. Without a
     teachers file, no points."""
     points, missing = correlation_points(arms, teachers) if teachers is not None else ([], ["no teachers file"])
     rng = np.random.default_rng(seed)
-    return {"x": correlation_x(teachers), "y": "the taught students' accuracy",
-            "points": points,
-            **{name: correlation_figures([p["teacher_reward"] for p in points if name in p],
-                                         [p[name] for p in points if name in p], resamples, rng)
-               for name in ("held_out_templates", "held_out_instances")},
-            "missing": missing, "left_out": CORRELATION_LEFT_OUT}
+    figures = {}
+    for name in ("held_out_templates", "held_out_instances"):
+        on_set = [p for p in points if name in p]
+        replicates = (_point_replicates(on_set, arms, answers[name], rng)
+                      if answers and name in answers and on_set else None)
+        figures[name] = correlation_figures([p["teacher_reward"] for p in on_set], [p[name] for p in on_set],
+                                            resamples, rng, replicates)
+    rl_teachers = {(p["teacher"], p.get("distill"), p.get("reward_step")) for p in points if p["teacher"] != "sft"}
+    return {"x": correlation_x(teachers), "y": "the taught students' accuracy", "points": points,
+            "rl_teachers": len(rl_teachers), **figures, "missing": missing, "left_out": CORRELATION_LEFT_OUT}
 
 
 def table(students: dict) -> str:
@@ -1275,16 +1306,19 @@ def correlation_line(student: str, entry: dict) -> str:
             cells.append(f"{label}: {figures['result']} (n={figures['points']})")
             continue
         interval = figures["ci95"] if isinstance(figures["ci95"], dict) else {}
+        answers = figures.get("ci95_answers", {})
         values = []
         for key, symbol in (("pearson_r", "r"), ("spearman_rho", "rho")):
-            value, ci = figures[key], interval.get(key)
+            value, ci, by_answers = figures[key], interval.get(key), answers.get(key)
             values.append(f"{symbol} " + ("undefined (a side is constant)" if value is None else f"{value:+.3f}")
-                          + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""))
+                          + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}] over points" if ci else "")
+                          + (f", [{by_answers[0]:+.3f}, {by_answers[1]:+.3f}] over answers" if by_answers else ""))
         cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
     teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher" else "")
                          for p in entry["points"])
     reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
-    return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}): "
+    return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}; "
+            f"{entry.get('rl_teachers', 0)} RL teachers): "
             f"{'; '.join(cells)}.")
 
 

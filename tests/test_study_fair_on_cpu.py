@@ -1054,15 +1054,43 @@ def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over
     assert instances["spearman_rho"] == 0.7
     low, high = instances["ci95"]["pearson_r"]
     assert -1 <= low < 0.788 < high <= 1
+    # the students' answers resampled (templates, questions, seeds), the points fixed: r moves, within [-1, 1]
+    by_answers = instances["ci95_answers"]["pearson_r"]
+    assert -1 <= by_answers[0] < 0.788 < by_answers[1] <= 1 and instances["ci95_answers"]["pearson_r_resamples_used"]
+    # four RL teachers: rl_s0 at steps 4 and 2, rl_s1, rl_s2 (the SFT teacher is not one)
+    assert correlation["rl_teachers"] == 4
     assert correlation["held_out_templates"] == {"points": 2, "result": "too few points (fewer than 3)"}
     assert "rl_teacher_answer_only" in correlation["left_out"] and correlation["missing"] == []
     text = (out / "study_table.md").read_text()
     assert ("Teacher held-out reward vs student accuracy (s; points: sft_teacher, rl_teacher s0, rl_teacher s1, "
-            "rl_teacher s2, rl_teacher_step2): held out templates: too few points (fewer than 3) (n=2); held out "
-            f"instances: r +0.788 [{low:+.3f}, {high:+.3f}], rho +0.700 [") in text
+            "rl_teacher s2, rl_teacher_step2; 4 RL teachers): held out templates: too few points (fewer than 3) "
+            f"(n=2); held out instances: r +0.788 [{low:+.3f}, {high:+.3f}] over points, [{by_answers[0]:+.3f}, "
+            f"{by_answers[1]:+.3f}] over answers, rho +0.700 [") in text
     # the table lists the arms in the study's order
     arms = [line.split(" | ")[1] for line in text.splitlines() if line.startswith("| s |")]
     assert arms == ["untrained", "sft_teacher", "rl_teacher", "rl_teacher_answer_only", "rl_teacher_step2"]
+
+
+def test_answers_that_no_resample_can_change_leave_the_correlation_where_it_is_over_answers(tmp_path):
+    """Every student answers all its questions right or all wrong: no resample of templates, questions or seeds
+    moves an accuracy, so r over the answers is r itself, while resampling the points still moves it."""
+    root, out = tmp_path / "study", tmp_path / "out"
+    for arm, right in (("sft_teacher_s0", False), ("sft_teacher_s1", False), ("rl_teacher_s0", True),
+                       ("rl_teacher_s1", False), ("rl_teacher_s2", True), ("rl_teacher_step2_s0", True)):
+        _eval_folder(root, "s", arm, {"instances": [right] * 20})
+    out.mkdir()
+    (out / "teachers.json").write_text(json.dumps(_curves(
+        rl_s0=[[0, -6.0], [2, -4.0], [4, -2.0]], rl_s1=[[0, -5.0], [4, -3.0]], rl_s2=[[0, -4.0], [4, -1.0]])))
+    result = _run("summarize", root, "--out", out, "--resamples", 200)
+    assert result.returncode == 0, result.stderr
+    correlation = json.loads((out / "study.json").read_text())["students"]["s"]["correlation"]
+    # points (x, y): sft (-5, 0), rl s0 (-2, 1), s1 (-3, 0), s2 (-1, 1), step2 (-4, 1); x - mean = (-2, 1, 0, 2, -1),
+    # y - mean = (-.6, .4, -.6, .4, .4): 2.0 / sqrt(10 x 1.2) = 0.5774
+    instances = correlation["held_out_instances"]
+    assert instances["pearson_r"] == 0.5774
+    assert instances["ci95_answers"]["pearson_r"] == [0.5774, 0.5774]
+    low, high = instances["ci95"]["pearson_r"]
+    assert low < 0.5774 < high
 
 
 def test_too_few_points_and_a_missing_teacher_are_said_not_computed(tmp_path):
@@ -1125,7 +1153,7 @@ def test_with_a_common_block_the_correlation_uses_each_teachers_reward_on_the_co
     instances = correlation["held_out_instances"]
     assert (instances["points"], instances["pearson_r"], instances["spearman_rho"]) == (3, 0.2402, 0.5)
     assert ("Teacher reward on the common questions vs student accuracy (s; points: sft_teacher, rl_teacher s0, "
-            "rl_teacher_step2): ") in (out / "study_table.md").read_text()
+            "rl_teacher_step2; 2 RL teachers): ") in (out / "study_table.md").read_text()
 
 
 def _kept_folder(folder: Path, totals: dict[str, dict[str, float]]) -> None:
