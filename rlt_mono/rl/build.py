@@ -50,6 +50,7 @@ from rlt_mono.runs.console import NoLearningSignalWarning, bars_only_in_terminal
 from rlt_mono.runs.diverged import StopOnNonFinite, divergence_hint
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import write_run_config
+from rlt_mono.runs.precision import warn_if_steps_round_away
 from rlt_mono.runtime import set_wandb_env
 
 logger = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     if main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_run_config(output_dir, cfg, {"trainer": set_by_build(cfg, args)})
+        warn_if_steps_round_away(trainer.model, args.learning_rate, "model", "trainer")
     logger.info("output dir: %s", output_dir)
     return trainer
 

@@ -69,6 +69,7 @@ from rlt_mono.runs.atomic_write import write_json
 from rlt_mono.runs.diverged import StopOnNonFinite, divergence_hint
 from rlt_mono.runs.files import RunFilesCallback
 from rlt_mono.runs.outputs import EVAL_EVENT, METRICS_FILE, read_metrics, write_run_config
+from rlt_mono.runs.precision import warn_if_steps_round_away
 from rlt_mono.runtime import set_wandb_env
 from rlt_mono.stages import adapter_stages, student_sft, teacher_sft
 from rlt_mono.stages.final_model import save_final
@@ -386,6 +387,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     trainer.checkpoint_stage = stage
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_run_config(output_dir, cfg)
+        warn_if_steps_round_away(trainer.model, args.learning_rate, group, "sft")
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
         raise rows_too_long(len(train_rows), args.max_length)
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
