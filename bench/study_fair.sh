@@ -188,9 +188,11 @@ else
   # explanations of at most 256 tokens, lr 5e-6 (the first study's, under which the held-out reward rose for 500
   # steps of 32 completions; the paper's 1e-6 is for a 7B teacher), 188 steps = 48,128 completions a seed (the
   # first study: 16,000), DAPO refill of tied groups; the held-out reward every 47 steps on 128 held-out questions.
-  # The student and reference stay on the GPU, vLLM awake (runs side by side), a 2,048-token context.
+  # The student and reference stay on the GPU, vLLM awake (runs side by side), a 2,048-token context. The teacher's
+  # weights in float32 under bfloat16 autocast, as the teacher SFT's: in bfloat16 a step of 5e-6 moves 10% of them
+  # and the rest of it rounds away (rlt_mono/runs/precision.py; the teachers before 2026-11-29 trained so).
   rl_run=teacher_rlt_mono
-  rl_size=(student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 logging=local memory=manual
+  rl_size=(model.dtype=float32 student=qwen2.5_coder_0.5b_instruct student.dtype=bfloat16 logging=local memory=manual
            "trainer.max_steps=$rl_steps" "trainer.max_completion_length=$explanation_tokens" trainer.num_generations=16
            trainer.per_device_train_batch_size=32 trainer.gradient_accumulation_steps=8 trainer.steps_per_generation=8
            reward.micro_batch_size=32 trainer.learning_rate=5.0e-6 trainer.optim=adamw_torch trainer.save_steps=100000
@@ -199,9 +201,10 @@ else
            placement.offload_student=false placement.offload_reference=false trainer.vllm_enable_sleep_mode=false
            trainer.vllm_gpu_memory_utilization=0.1 +trainer.vllm_max_model_length=2048
            ${STUDY_RL_MINUTES:+"trainer.max_minutes=$STUDY_RL_MINUTES"})
-  # Seed 0 keeps a checkpoint every 47 steps: each explains the training questions and teaches its own student
-  # (the teacher-reward <-> student-accuracy correlation).
-  rl_checkpoints=(trainer.save_steps=47)
+  # Seed 0 keeps a checkpoint every 30 steps (a 10-minute run reaches 71-85 on one H200), up to 4 (the default 2
+  # would delete one before it explains): each explains the training questions and teaches its own student (the
+  # teacher-reward <-> student-accuracy correlation).
+  rl_checkpoints=(trainer.save_steps=30 trainer.save_total_limit=4)
   # Every training question, 4 explanations each, the best by the RLT reward kept. 512 questions a batch, a fixed
   # 12 GiB KV cache (1,024 sequences of <= 947 tokens at 12 KiB a token): at 64 a batch (6 GiB), 2 explanations of
   # <= 512 tokens, two distills side by side on an H200, a batch took 9-15 s (median 12; 1,600 questions in 6
