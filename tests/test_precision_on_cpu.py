@@ -35,6 +35,27 @@ def test_the_share_is_of_the_weights_a_step_moves_once_rounded_to_their_dtype():
     assert abs(update_share(both, 5e-6) - 4 / 6) < 1e-9
 
 
+def test_the_share_is_what_torchs_adamw_moves_in_a_step():
+    """AdamW's first step is the learning rate times the gradient's sign: on bfloat16 weights of a pretrained-like
+    spread it moves exactly the weights update_share counts, and on float32 ones all of them."""
+    torch.manual_seed(0)
+    weights = torch.randn(64, 64) * 0.02
+    for dtype in (torch.bfloat16, torch.float32):
+        layer = nn.Linear(64, 64, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(weights)
+        layer = layer.to(dtype)
+        before = layer.weight.detach().clone()
+        predicted = update_share(layer, 5e-6)
+        layer.weight.grad = torch.ones_like(layer.weight)  # a step of -5e-6 on every weight
+        torch.optim.AdamW(layer.parameters(), lr=5e-6, weight_decay=0.0).step()
+        moved = (layer.weight.detach() != before).float().mean().item()
+        if dtype == torch.float32:
+            assert predicted is None and moved == 1.0
+        else:
+            assert moved == predicted and 0.0 < moved < 0.3
+
+
 def test_the_warning_names_the_share_and_the_keys_that_fix_it(caplog):
     with caplog.at_level(logging.WARNING, logger="rlt_mono.runs.precision"):
         warn_if_steps_round_away(_linear([1.0, 0.5, 0.25, 1e-6], torch.bfloat16), 5e-6, "model", "trainer")
