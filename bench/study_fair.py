@@ -1140,8 +1140,9 @@ def correlation_figures(xs: list[float], ys: list[float], resamples: int, rng: n
 
 def _point_replicates(points: list[dict], arms: dict, answers: dict, rng: np.random.Generator) -> np.ndarray:
     """(resamples x points): each point's accuracy recomputed as every interval of the study resamples (templates,
-    then questions within them: ``answers["weights"]``, shared by all points; then the point's own seeds), from its
-    arm's answers (``answers["correct"][arm]``, seeds x questions in the arm's ``seeds`` order)."""
+    then questions within them: ``answers["weights"]``, shared by all points; then the point's own seeds, where it
+    has several: a one-seed point, such as each RL seed's, carries no seed spread), from its arm's answers
+    (``answers["correct"][arm]``, seeds x questions in the arm's ``seeds`` order)."""
     weights = answers["weights"]
     columns = []
     for p in points:

@@ -32,13 +32,18 @@ install_gpu_stack() {
   tail -n 1 "$log"
 }
 
-# install_carried_wheels: the .whl wheels into CARRIED_SITE, on PYTHONPATH. Each run installs them again (seconds),
-# so a wheel added to .whl since the last run on the same host is not missed; one run at a time (flock).
+# install_carried_wheels: the .whl wheels into CARRIED_SITE, on PYTHONPATH. A run installs them again when they
+# differ from the last install's (a wheel added to .whl since is not missed), and only then: a part running beside
+# keeps importing from files no install rewrites; one install at a time (flock).
 install_carried_wheels() {
   compgen -G ".whl/*.whl" > /dev/null || return 0
   mkdir -p "$CARRIED_SITE"
-  flock "$CARRIED_SITE/.install.lock" python3 -m pip install -q --no-index --no-deps --upgrade --target "$CARRIED_SITE" \
-    .whl/*.whl
+  local stamp
+  stamp=$(cd .whl && sha256sum -- *.whl | sha256sum | cut -d' ' -f1)
+  # shellcheck disable=SC2016  # expanded by the inner shell
+  flock "$CARRIED_SITE/.install.lock" bash -c '[ "$(cat "$1/.installed" 2>/dev/null)" = "$2" ] && exit 0
+    python3 -m pip install -q --no-index --no-deps --upgrade --target "$1" .whl/*.whl && echo "$2" > "$1/.installed"' \
+    _ "$CARRIED_SITE" "$stamp"
   case ":${PYTHONPATH:-}:" in
     *:"$CARRIED_SITE":*) ;;
     *) export PYTHONPATH=$CARRIED_SITE${PYTHONPATH:+:$PYTHONPATH} ;;

@@ -124,7 +124,7 @@ case "${1:-}" in
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
     export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
-    echo "$(study_settings)bash offline_host/gpu_pipeline.sh fair $2 $3" \
+    echo "${OFFLINE_HOST_STUDY:+OFFLINE_HOST_STUDY=$OFFLINE_HOST_STUDY }${OFFLINE_HOST_SNAP:+OFFLINE_HOST_SNAP=$OFFLINE_HOST_SNAP }$(study_settings)bash offline_host/gpu_pipeline.sh fair $2 $3" \
       > "$study/command"
     enter_code_copy
     STUDY_UNTRAINED=${STUDY_UNTRAINED:-1} setsid nohup bash bench/study_fair.sh "$2" "$study" "$3" \

@@ -302,8 +302,36 @@ def test_two_fair_parts_run_side_by_side_each_from_its_code_and_each_wait_brings
             assert archive.extractfile("./commit").read() == b"bbbb222\n"
         assert (host / "study" / "ran").read_text() == "aaaa111 teachers 0 gpus=0\n"
         assert not (host / "study" / "DONE").exists()
-        # each part's command says how to run it again, the second's settings with it
+        # each part's command says how to run it again, the second's folder, code and settings with it
         assert (host / "study-students" / "command").read_text() == (
-            "STUDY_GPUS=1 bash offline_host/gpu_pipeline.sh fair students 0,1\n")
+            "OFFLINE_HOST_STUDY=study-students OFFLINE_HOST_SNAP=.snap-students STUDY_GPUS=1 bash "
+            "offline_host/gpu_pipeline.sh fair students 0,1\n")
+        assert (host / "study" / "command").read_text() == (
+            "STUDY_GPUS=0 bash offline_host/gpu_pipeline.sh fair teachers 0\n")
     finally:
         subprocess.run(["pkill", "-f", f"study_fair.sh teachers {host}/study "], check=False)
+
+
+def test_the_carried_wheels_install_again_only_when_they_changed(tmp_path):
+    """A second part started beside a running one must not rewrite the files the first imports: the same wheels
+    install once; a changed wheel installs again."""
+    calls, fake, repo = tmp_path / "calls", tmp_path / "bin", tmp_path / "repo"
+    _executable(fake / "python3", f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (repo / ".whl").mkdir(parents=True)
+    (repo / ".whl" / "gguf-0.19.0-py3-none-any.whl").write_bytes(b"one")
+    site = tmp_path / "site"
+    script = (f"source {ROOT / 'offline_host' / 'gpu_host.sh'}; CARRIED_SITE={site}; install_carried_wheels; "
+              'echo "$PYTHONPATH"')
+
+    def install() -> str:
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=repo, timeout=60,
+                              env={"PATH": f"{fake}:/usr/bin:/bin", "HOME": str(tmp_path)})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert install().startswith(f"{site}")
+    install()
+    assert calls.read_text().count("pip install") == 1
+    (repo / ".whl" / "gguf-0.19.0-py3-none-any.whl").write_bytes(b"two")
+    install()
+    assert calls.read_text().count("pip install") == 2

@@ -2,6 +2,7 @@
 the warning the RL and SFT stages give when most of each step would round away."""
 
 import logging
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -56,14 +57,25 @@ def test_the_share_is_what_torchs_adamw_moves_in_a_step():
             assert moved == predicted and 0.0 < moved < 0.3
 
 
+def _trainer(model: nn.Module, fsdp: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(model=model, args=SimpleNamespace(learning_rate=5e-6), is_fsdp_enabled=fsdp)
+
+
 def test_the_warning_names_the_share_and_the_keys_that_fix_it(caplog):
+    quantized = _linear([1.0, 0.5, 0.25, 1e-6], torch.bfloat16)
+    quantized.is_loaded_in_4bit = True  # a 4-bit base model's adapters: their dtype is not model.dtype's
     with caplog.at_level(logging.WARNING, logger="rlt_mono.runs.precision"):
-        warn_if_steps_round_away(_linear([1.0, 0.5, 0.25, 1e-6], torch.bfloat16), 5e-6, "model", "trainer")
-        warn_if_steps_round_away(_linear([1.0, 0.5, 0.001, 1e-6], torch.bfloat16), 5e-6, "model", "trainer")  # half
+        warn_if_steps_round_away(_trainer(_linear([1.0, 0.5, 0.25, 1e-6], torch.bfloat16)), "model", "trainer")
+        warn_if_steps_round_away(_trainer(_linear([1.0, 0.5, 0.001, 1e-6], torch.bfloat16)), "model", "trainer")
+        # under FSDP accelerate trains float32 copies of the weights: nothing to warn of
+        warn_if_steps_round_away(_trainer(_linear([1.0, 0.5, 0.25, 1e-6], torch.bfloat16), fsdp=True), "model", "t")
+        warn_if_steps_round_away(_trainer(quantized), "model", "trainer")
     assert [r.getMessage() for r in caplog.records] == [
         "model.dtype=bfloat16: a step of trainer.learning_rate=5e-06 changes 25% of the trained weights; the rest of "
-        "each step rounds away in bfloat16. Load them in float32 (model.dtype=float32; trainer.bf16=true still "
-        "computes in bfloat16) if memory allows, or raise the learning rate"]
+        "each step rounds away in bfloat16: load them in float32 (model.dtype=float32; trainer.bf16=true still "
+        "computes in bfloat16) if memory allows, or raise the learning rate",
+        "model.dtype=bfloat16: a step of trainer.learning_rate=5e-06 changes 25% of the trained weights; the rest of "
+        "each step rounds away in bfloat16: raise trainer.learning_rate"]
 
 
 def test_the_rl_stage_warns_for_bfloat16_teacher_weights_and_not_for_float32(tmp_path, caplog):

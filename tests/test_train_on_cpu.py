@@ -2,6 +2,7 @@
 and the launcher passes overrides through and fails clearly."""
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from safetensors.torch import load_file
 
 from rlt_mono import build_trainer, compose, release_trainer
 from rlt_mono.config import available_run_configs
-from rlt_mono.rl.trainer import REFERENCE_FILE
+from rlt_mono.rl.trainer import LEGACY_REFERENCE_FILE, REFERENCE_FILE
 from rlt_mono.runs.outputs import METRICS_FILE, PLOT_FILE, SAMPLES_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +68,18 @@ def test_tiny_run_trains_writes_outputs_and_resumes(tmp_path):
         if name in saved_reference:
             assert torch.equal(param.detach(), saved_reference[name]), name
     assert not all(torch.equal(p.detach(), initial[n]) for n, p in restored.ref_model.named_parameters())
+    # a checkpoint saved before the reference had its own folder (reference_model.safetensors beside the teacher's
+    # weights) restores it too
+    legacy = tmp_path / "legacy-checkpoint"
+    shutil.copytree(out / "checkpoint-1", legacy)
+    (legacy / REFERENCE_FILE).rename(legacy / LEGACY_REFERENCE_FILE)
+    with torch.no_grad():
+        for name, param in restored.ref_model.named_parameters():
+            param.copy_(initial[name])
+    restored._load_from_checkpoint(str(legacy))
+    for name, param in restored.ref_model.named_parameters():
+        if name in saved_reference:
+            assert torch.equal(param.detach(), saved_reference[name]), name
     release_trainer(restored)
 
     # resume from the first checkpoint, as after a crash in step 2: step 2 runs again and is recorded once

@@ -171,7 +171,7 @@ def build_trainer(cfg: DictConfig) -> RLTTrainer:
     if main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_run_config(output_dir, cfg, {"trainer": set_by_build(cfg, args)})
-        warn_if_steps_round_away(trainer.model, args.learning_rate, "model", "trainer")
+        warn_if_steps_round_away(trainer, "model", "trainer")
     logger.info("output dir: %s", output_dir)
     return trainer
 

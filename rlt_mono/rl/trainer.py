@@ -65,6 +65,7 @@ from rlt_mono.runs import lock as run_lock
 logger = logging.getLogger(__name__)
 
 REFERENCE_FILE = "reference/model.safetensors"
+LEGACY_REFERENCE_FILE = "reference_model.safetensors"  # beside the teacher's weights, as checkpoints kept it before
 
 
 class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
@@ -464,6 +465,8 @@ class RLTTrainer(checkpoints.VerifiedCheckpoints, trl.GRPOTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         path = os.path.join(resume_from_checkpoint, REFERENCE_FILE)
+        if not os.path.exists(path):  # a checkpoint saved before the reference had a folder of its own
+            path = os.path.join(resume_from_checkpoint, LEGACY_REFERENCE_FILE)
         if self.ref_model is not None and os.path.exists(path):
             if self.is_fsdp_enabled:  # every rank reads the whole weights and keeps its shard
                 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

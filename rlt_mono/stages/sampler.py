@@ -237,8 +237,9 @@ def check_one_model_in_folder(model_path: str) -> None:
     if len(files) > 1:
         raise UserError(f"{folder}: {len(files)} weight files ({', '.join(files)}) and no "
                         "model.safetensors.index.json: vLLM would load them all as one model, the later file's "
-                        "tensors replacing the earlier one's. Move every file but the model's out of the folder (a "
-                        "checkpoint's reference_model.safetensors belongs in reference/model.safetensors)")
+                        "tensors replacing the earlier one's. Give it a copy of the folder without the files that are "
+                        "not the model's (a checkpoint of an older rlt_mono keeps its reference model as "
+                        "reference_model.safetensors: leave the checkpoint as it is, its resume reads that file)")
 
 
 class VLLMGenerator:

@@ -387,7 +387,7 @@ def build_sft(cfg: DictConfig) -> SFTRun:
     trainer.checkpoint_stage = stage
     if trainer.args.should_save:  # data parallel: rank 0 writes the run's files
         write_run_config(output_dir, cfg)
-        warn_if_steps_round_away(trainer.model, args.learning_rate, group, "sft")
+        warn_if_steps_round_away(trainer, group, "sft")
     if len(trainer.train_dataset) == 0:  # TRL drops a row cut before its completion starts
         raise rows_too_long(len(train_rows), args.max_length)
     truncated = count_truncated(trainer.train_dataset, len(train_rows), tokenizer.eos_token_id)
