@@ -194,6 +194,11 @@ def _eval_folders(root: Path) -> list[tuple[str, str, int, Path]]:
     return folders
 
 
+def _finished_eval_folders(root: Path) -> list[tuple[str, str, int, Path]]:
+    """``_eval_folders`` whose eval wrote its summary (``eval.json``) after its rows, as ``_eval_runs`` takes them."""
+    return [entry for entry in _eval_folders(root) if (entry[3] / "eval.json").is_file()]
+
+
 def _eval_runs(root: Path) -> list[tuple[str, str, int, list[dict], Path]]:
     """``(student, arm, seed, rows, eval folder)`` of every eval folder under ``root``, each row keyed by its
     question's id."""
@@ -270,14 +275,13 @@ def _kept_teacher(arm: str, seed: int) -> str | None:
 
 
 def _runs_trained_on(roots: list[Path]) -> list[tuple[str, str, int, dict | None]]:
-    """``(student, arm, seed, trained_on)`` of every run under ``roots``, eval folders (the finished ones, as
-    ``_eval_runs`` takes them, their rows unread) and exported files alike (``trained_on`` None where the run does
+    """``(student, arm, seed, trained_on)`` of every run under ``roots``, eval folders (``_finished_eval_folders``,
+    their rows unread) and exported files alike (``trained_on`` None where the run does
     not say)."""
     runs = []
     for root in roots:
-        for student, arm, seed, folder in _eval_folders(root):
-            if (folder / "eval.json").is_file():
-                runs.append((student, arm, seed, trained_on(folder)))
+        for student, arm, seed, folder in _finished_eval_folders(root):
+            runs.append((student, arm, seed, trained_on(folder)))
         for path in sorted(root.glob("*/*.json")):
             if match := _SEEDED.match(path.stem):
                 runs.append((path.parent.name, match["arm"], int(match["seed"]),
@@ -329,11 +333,10 @@ def provenance(roots: list[Path]) -> list[dict]:
     (else the root's) and ``device`` "?" (an eval folder does not record it), "?" for what is not there."""
     runs = []
     for root in roots:
-        for student, arm, seed, folder in _eval_folders(root):
-            if (folder / "eval.json").is_file():  # as _eval_runs takes them
-                runs.append({"student": student, "arm": arm, "seed": seed, "device": "?",
-                             "commit": _root_file(root, "commit") or "?",
-                             "command": _root_file(folder, "command") or _root_file(root, "command") or "?"})
+        for student, arm, seed, folder in _finished_eval_folders(root):
+            runs.append({"student": student, "arm": arm, "seed": seed, "device": "?",
+                         "commit": _root_file(root, "commit") or "?",
+                         "command": _root_file(folder, "command") or _root_file(root, "command") or "?"})
         for path in sorted(root.glob("*/*.json")):
             match = _SEEDED.match(path.stem)
             if match:

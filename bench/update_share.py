@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
+
+from bench_mono import code_commit  # noqa: E402
 
 from rlt_mono.data.models import load_model  # noqa: E402
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
@@ -38,10 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     shares = {f"{step:g}": round(update_share(model, step), 4) for step in args.steps}
     for step, share in shares.items():
         logger.info("a step of %s changes %.1f%% of the weights in bfloat16", step, 100 * share)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parent).stdout.strip() or None
     write_json(args.out, {"model": Path(args.model).name, "parameters": sum(p.numel() for p in model.parameters()),
-                          "dtype": "bfloat16", "share_changed": shares, "commit": commit,
+                          "dtype": "bfloat16", "share_changed": shares, "commit": code_commit(),
                           "device": "CPU (x86_64)", "command": "python bench/update_share.py " + " ".join(
                               sys.argv[1:] if argv is None else argv),
                           "seconds": round(time.time() - start, 1)})

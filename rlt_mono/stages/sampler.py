@@ -33,6 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedTokenizerBase
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 from rlt_mono.config import ConfigError, instantiate
 from rlt_mono.data.models import (
@@ -231,7 +232,7 @@ def check_one_model_in_folder(model_path: str) -> None:
     rlt_mono kept its mixed reference as ``reference_model.safetensors``) would silently be what generates. A model
     name that is not a folder is left to vLLM."""
     folder = Path(model_path)
-    if not folder.is_dir() or (folder / "model.safetensors.index.json").is_file():
+    if not folder.is_dir() or (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
         return
     files = sorted(path.name for path in folder.glob("*.safetensors"))
     if len(files) > 1:
