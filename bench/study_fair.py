@@ -1372,6 +1372,17 @@ def read_teachers_files(paths: list[Path], explanations: Path | None = None) -> 
     return merged
 
 
+def tagged_teachers(paths: list[Path], tags: str) -> dict:
+    """The teachers of several files for a plot, each file's named ``<name> <tag>`` (tags in the files' order): two
+    runs of one seed (in bfloat16 and in float32, say), which ``read_teachers_files`` refuses to merge, side by
+    side."""
+    labels = [tag.strip() for tag in tags.split(",")]
+    if len(labels) != len(paths) or not all(labels) or len(set(labels)) != len(labels):
+        raise StudyError(f"--tags {tags}: one distinct label per teachers file ({len(paths)} given)")
+    return {"teachers": {f"{name} {tag}": entry for path, tag in zip(paths, labels, strict=True)
+                         for name, entry in read_teachers_file(path)["teachers"].items()}}
+
+
 def read_teachers_file(path: Path | None) -> dict | None:
     """The teachers file ``write_teachers`` writes; None for no path."""
     if path is None:
@@ -1443,6 +1454,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "files of the parts")
     drawing.add_argument("teachers", type=Path, nargs="+", help="teachers files (bench/study_fair.py teachers)")
     drawing.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    drawing.add_argument("--tags", help="a label per teachers file, comma-separated, added to its teachers' names: "
+                                        "draws two runs of one teacher side by side (e.g. bfloat16,float32)")
     checking = sub.add_parser("check-distilled", help="exit 2 where a file in <distilled> named as a kept teacher "
                                                       "holds other rows than the kept ones")
     checking.add_argument("folder", type=Path, help="keep's --out folder")
@@ -1480,7 +1493,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path}: {rows} rows, {state}")
             return 0
         if args.action == "teachers-plot":
-            drawn = plot_teachers(read_teachers_files(args.teachers), args.out)
+            drawn = plot_teachers(tagged_teachers(args.teachers, args.tags) if args.tags
+                                  else read_teachers_files(args.teachers), args.out)
             print(f"{args.out}: {', '.join(drawn)}")
             return 0
         if args.action == "check-distilled":

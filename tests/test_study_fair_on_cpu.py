@@ -1016,6 +1016,24 @@ def test_the_teachers_plot_draws_each_rl_teachers_held_out_curves_from_the_parts
     assert not (tmp_path / "none.png").exists()
 
 
+def test_the_teachers_plot_draws_two_runs_of_one_teacher_side_by_side_under_their_tags(tmp_path):
+    """Two files holding one teacher name with other figures (a seed trained in bfloat16, then in float32) are
+    refused as one study, but drawn side by side under --tags; a tag count that is not the file count is refused."""
+    bf16, fp32 = tmp_path / "bf16.json", tmp_path / "fp32.json"
+    bf16.write_text(json.dumps(_curves(rl_s0=[[0, -2.7], [25, -2.6]])))
+    fp32.write_text(json.dumps(_curves(rl_s0=[[0, -2.7], [25, -2.4]])))
+    out = tmp_path / "teachers.png"
+    merged = _run("teachers-plot", bf16, fp32, "--out", out)
+    assert merged.returncode == 2 and "rl_s0 is in two files with other figures" in merged.stderr
+    drawn = _run("teachers-plot", bf16, fp32, "--tags", "bfloat16,float32", "--out", out)
+    assert (drawn.returncode, drawn.stdout) == (0, f"{out}: rl_s0 bfloat16, rl_s0 float32\n"), drawn.stderr
+    assert out.is_file()
+    wrong = _run("teachers-plot", bf16, fp32, "--tags", "bfloat16", "--out", tmp_path / "wrong.png")
+    assert (wrong.returncode, wrong.stderr) == (
+        2, "error: --tags bfloat16: one distinct label per teachers file (2 given)\n")
+    assert not (tmp_path / "wrong.png").exists()
+
+
 def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over_the_points(tmp_path):
     root, out = tmp_path / "study", tmp_path / "out"
     # points (teacher reward, accuracy on held-out instances): sft_teacher (mean of the step-0 rewards -6, -5, -4:
