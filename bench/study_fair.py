@@ -830,6 +830,24 @@ def check_distilled(folder: Path, distilled: Path, own: Path | None = None) -> l
     return wrong
 
 
+# The weights' dtypes in which a step of the RL learning rate mostly rounds away (rlt_mono/runs/precision.py)
+ROUNDING_DTYPES = ("bfloat16", "float16")
+
+
+def rounded_teachers(folder: Path) -> list[str]:
+    """The kept teachers of ``folder`` whose training run trained its full weights in bfloat16 or float16 (its
+    config's ``model.dtype`` in the manifest, with no LoRA adapter nor 4-bit base, whose adapters train in
+    float32): most of each optimizer step rounded away (docs/STUDY.md, "Steps that round away"), so their
+    explanations are not the method's. A teacher whose config was not sent back is not named."""
+    names = []
+    for name, entry in sorted(_read_manifest(folder)["teachers"].items()):
+        model = ((entry.get("config") or {}).get("training") or {}).get("model") or {}
+        if (model.get("dtype") in ROUNDING_DTYPES and not model.get("lora_r")
+                and not model.get("load_in_4bit")):
+            names.append(name)
+    return names
+
+
 def _figures(entry: dict, where: dict) -> str:
     return json.dumps({key: value for key, value in entry.items() if key not in where}, sort_keys=True)
 
@@ -1462,6 +1480,9 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("distilled", type=Path, help="the part's distilled/ folder")
     checking.add_argument("--own", type=Path, help="a teachers part's <root>/teachers: a file that is its own "
                                                    "distill_<name>/distill.jsonl passes")
+    rounding = sub.add_parser("rounded", help="the kept teachers that trained full bfloat16 or float16 weights "
+                                              "(most of each step rounded away), one a line")
+    rounding.add_argument("folder", type=Path, help="keep's --out folder")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s: %(message)s")
     try:
@@ -1496,6 +1517,9 @@ def main(argv: list[str] | None = None) -> int:
             drawn = plot_teachers(tagged_teachers(args.teachers, args.tags) if args.tags
                                   else read_teachers_files(args.teachers), args.out)
             print(f"{args.out}: {', '.join(drawn)}")
+            return 0
+        if args.action == "rounded":
+            print("".join(f"{name}\n" for name in rounded_teachers(args.folder)), end="")
             return 0
         if args.action == "check-distilled":
             wrong = check_distilled(args.folder, args.distilled, args.own)

@@ -71,6 +71,8 @@
 #                    start, judged by the slot's longest run so far (a part fits a GPU held for a fixed time: the
 #                    runs left out are named, the slot ends with code 3, and a later part runs them)
 #   STUDY_SERIAL     1: each GPU's students one after another (STUDY_SLOTS=1)
+#   STUDY_ROUNDED_TEACHERS 1: students part: also teach from kept teachers that trained full bfloat16 or float16
+#                    weights (bench/study_fair.py rounded); by default their students are not run
 #   STUDY_KEEP_STUDENTS 1: keep each trained student's weights (<run>/sft/final) after its eval; by default they
 #                    are deleted once it is evaluated (answers, metrics and configs stay)
 # Each student writes <root>/<student>/<arm>[_s<seed>]/{sft,eval}; each teacher <root>/teachers/<teacher>/{sft,rl,
@@ -443,6 +445,13 @@ for one in $parts; do
       false & pids+=($!) names+=(students)
       continue
     fi
+    # kept teachers that trained full 16-bit weights (most of each step rounded away): their students are not run
+    rounded=" "
+    if [ -n "$kept_explanations" ] && [ -f "$kept_explanations/manifest.json" ] \
+        && [ "${STUDY_ROUNDED_TEACHERS:-0}" != 1 ]; then
+      rounded=" $(PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py rounded \
+                  "$kept_explanations" | tr '\n' ' ')"
+    fi
     jobs=() labels=()
     for student in $students; do
       for arm in $arms; do
@@ -450,6 +459,19 @@ for one in $parts; do
         # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
         [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
         for seed in $arm_seeds; do
+          case "$arm" in
+            sft_teacher) teacher=sft ;;
+            rl_teacher) teacher=rl_s$seed ;;
+            rl_teacher_answer_only) teacher=rl_answer_s0 ;;
+            rl_teacher_step*) teacher=rl_step${arm#rl_teacher_step} ;;
+            *) teacher= ;;  # worked_common reads sft's questions and worked solutions, not its explanations
+          esac
+          if [ -n "$teacher" ] && [[ $rounded == *" $teacher "* ]]; then
+            echo "bench/study_fair.sh: $student ${arm}_s$seed: its teacher $teacher trained bfloat16 or float16" \
+                 "weights, most of each step rounded away (docs/STUDY.md, \"Steps that round away\"); not run" \
+                 "(STUDY_ROUNDED_TEACHERS=1 runs it)" >&2
+            continue
+          fi
           # a run whose answers are committed is left out before the jobs are dealt, so lanes stay even
           if answered "$student" "${arm}_s$seed"; then
             echo "bench/study_fair.sh: $student ${arm}_s$seed: its answers are in $STUDY_ANSWERS; not run again" >&2

@@ -480,6 +480,7 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     env.update(STUDY_CHECK="1", STUDY_STUDENTS="qwen2.5_coder_0.5b_instruct,qwen2.5_coder_1.5b_instruct",
                STUDY_ARMS="worked_common,rl_teacher,sft_teacher,untrained,untrained_plain,traces,"
                           "rl_teacher_answer_only,worked,rl_teacher_step47",
+               STUDY_EXPLANATIONS="",  # not the repository's kept teachers, some of which are left out (rounded)
                PYTHONPATH=f"{tmp_path / 'site'}:{env.get('PYTHONPATH', '')}".rstrip(":"))
     run = subprocess.run(["bash", "bench/study_fair.sh", "control,traces,teachers,students", str(root), "0,1,2"],
                          cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True, timeout=600)
@@ -521,7 +522,7 @@ def test_study_rl_reaches_the_teachers_rl_runs_and_nothing_else(tmp_path):
 def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_itself(tmp_path, student, lanes):
     env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
     env.update(STUDY_CHECK="1", STUDY_GPUS="0,1", STUDY_STUDENTS=student, STUDY_UNTRAINED="0",
-               STUDY_ARMS="rl_teacher,sft_teacher")
+               STUDY_ARMS="rl_teacher,sft_teacher", STUDY_EXPLANATIONS="")
     run = subprocess.run(["bash", "bench/study_fair.sh", "students", str(tmp_path / "study"), "0,1"],
                          cwd=SCRIPT.parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
@@ -530,6 +531,45 @@ def test_students_share_a_card_two_at_a_time_except_the_1_5b_which_has_one_to_it
     names = [item.rpartition("=")[0] for item in (tmp_path / "study" / "DONE").read_text().split()
              if not item.startswith("seconds")]
     assert names == ["+".join(jobs[j] for j in lane.split("+")) for lane in lanes]
+
+
+def test_the_students_of_a_kept_teacher_that_trained_bfloat16_weights_are_not_run(tmp_path):
+    """A kept teacher whose run trained its full weights in bfloat16 (most of each step rounded away) teaches no
+    student unless STUDY_ROUNDED_TEACHERS=1; float32 teachers, LoRA adapters, and worked_common (which reads only
+    the SFT teacher's questions) still run. bench/study_fair.py rounded names those teachers."""
+    kept = tmp_path / "kept"
+    _kept_folder(kept, {name: {"q0": -4.0} for name in ("sft", "rl_s0", "rl_s1", "rl_step30", "rl_answer_s0")})
+    manifest = json.loads((kept / "manifest.json").read_text())
+    model = {"sft": {"dtype": "float32"}, "rl_s0": {"dtype": "float32"}, "rl_s1": {"dtype": "bfloat16"},
+             "rl_step30": {"dtype": "bfloat16", "lora_r": 0}, "rl_answer_s0": {"dtype": "bfloat16", "lora_r": 16}}
+    for name, fields in model.items():
+        manifest["teachers"][name]["config"] = {"training": {"model": fields}}
+    (kept / "manifest.json").write_text(json.dumps(manifest))
+    named = _run("rounded", kept)
+    assert (named.returncode, named.stdout) == (0, "rl_s1\nrl_step30\n"), named.stderr
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", STUDY_GPUS="0", STUDY_SLOTS="1", STUDY_UNTRAINED="0", STUDY_EXPLANATIONS=str(kept),
+               STUDY_ARMS="rl_teacher,sft_teacher,rl_teacher_step30,rl_teacher_answer_only,worked_common")
+    student = "qwen2.5_coder_0.5b_instruct"
+
+    def run(root, **extra):
+        done = subprocess.run(["bash", "bench/study_fair.sh", "students", str(root), "0,1"], cwd=SCRIPT.parents[1],
+                              env={**env, **extra}, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        lanes = [item.rpartition("=")[0] for item in (root / "DONE").read_text().split()
+                 if not item.startswith("seconds")]
+        return done.stderr, lanes
+
+    stderr, lanes = run(tmp_path / "study")
+    assert lanes == ["+".join(f"{student}/{job}" for job in ("rl_teacher_s0", "sft_teacher_s0", "sft_teacher_s1",
+                                                            "rl_teacher_answer_only_s0", "rl_teacher_answer_only_s1",
+                                                            "worked_common_s0", "worked_common_s1"))]
+    for job, teacher in (("rl_teacher_s1", "rl_s1"), ("rl_teacher_step30_s0", "rl_step30")):
+        assert (f"bench/study_fair.sh: {student} {job}: its teacher {teacher} trained bfloat16 or float16 weights, "
+                "most of each step rounded away (docs/STUDY.md, \"Steps that round away\"); not run "
+                "(STUDY_ROUNDED_TEACHERS=1 runs it)\n") in stderr
+    stderr, lanes = run(tmp_path / "again", STUDY_ROUNDED_TEACHERS="1")
+    assert "rounded away" not in stderr and lanes[0].count("+") == 8  # all 9 runs
 
 
 def test_study_slots_must_be_a_whole_number(tmp_path):
