@@ -303,3 +303,21 @@ def test_a_run_config_of_ones_own_outside_the_package_composes_with_the_packages
     (tmp_path / "mine.yml").write_text("stage: eval\n")
     with pytest.raises(ConfigError, match="a run config of your own ends in .yaml"):
         compose(str(tmp_path / "mine.yml"))
+
+
+# The trained stages of a pipeline and the group whose weights each trains.
+TRAINED_GROUP = {"teacher_sft": "model", "teacher_rlt": "model", "student_sft": "student"}
+
+
+@pytest.mark.parametrize("name", [n for n in available_run_configs() if _stage(n) == "pipeline"])
+def test_every_shipped_pipeline_trains_float32_weights_or_adapters(name):
+    """A pipeline's SFT and RL stages train float32 weights (under bfloat16 autocast) or LoRA adapters: in bfloat16
+    a step of their learning rates (1e-6 to 3e-5) changes a tenth to a third of a model's weights and the rest
+    rounds away (rlt_mono/runs/precision.py)."""
+    stages = compose(name).pipeline
+    trained = {}
+    for stage, group in TRAINED_GROUP.items():
+        if stage in stages:
+            cfg = compose(stages[stage].config, list(stages[stage].overrides))
+            trained[stage] = "adapters" if cfg[group].get("lora_r") else cfg[group].dtype
+    assert trained and set(trained.values()) <= {"float32", "adapters"}, trained
