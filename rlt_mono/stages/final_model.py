@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 from rlt_mono.rl import lora
 from rlt_mono.runs import atomic_write
@@ -86,7 +87,7 @@ def cast_saved_weights(folder: Path, dtype: torch.dtype) -> None:
     dtype_name = str(dtype).removeprefix("torch.")
     config = json.loads((folder / "config.json").read_text())
     write_text(folder / "config.json", json.dumps({**config, "dtype": dtype_name}, indent=2, sort_keys=True) + "\n")
-    index_path = folder / "model.safetensors.index.json"
+    index_path = folder / SAFE_WEIGHTS_INDEX_NAME
     if index_path.exists():
         index = json.loads(index_path.read_text())
         index["metadata"]["total_size"] = total
