@@ -449,8 +449,14 @@ for one in $parts; do
     rounded=" "
     if [ -n "$kept_explanations" ] && [ -f "$kept_explanations/manifest.json" ] \
         && [ "${STUDY_ROUNDED_TEACHERS:-0}" != 1 ]; then
-      rounded=" $(PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py rounded \
-                  "$kept_explanations" | tr '\n' ' ')"
+      if ! names_rounded=$(PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py \
+                           rounded "$kept_explanations"); then  # unread, none is known sound: no student runs
+        echo "bench/study_fair.sh: $kept_explanations/manifest.json: which teachers trained bfloat16 weights was" \
+             "not read (above); no student runs" >&2
+        false & pids+=($!) names+=(students)
+        continue
+      fi
+      rounded=" ${names_rounded//$'\n'/ } "
     fi
     jobs=() labels=()
     for student in $students; do

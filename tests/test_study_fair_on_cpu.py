@@ -570,6 +570,15 @@ def test_the_students_of_a_kept_teacher_that_trained_bfloat16_weights_are_not_ru
                 "(STUDY_ROUNDED_TEACHERS=1 runs it)\n") in stderr
     stderr, lanes = run(tmp_path / "again", STUDY_ROUNDED_TEACHERS="1")
     assert "rounded away" not in stderr and lanes[0].count("+") == 8  # all 9 runs
+    # a manifest that cannot be read: no teacher is known sound, so no student runs
+    (kept / "manifest.json").write_text("{not json")
+    root = tmp_path / "unread"
+    unread = subprocess.run(["bash", "bench/study_fair.sh", "students", str(root), "0,1"], cwd=SCRIPT.parents[1],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert (root / "DONE").read_text().startswith("students=1 "), unread.stderr
+    assert (f"bench/study_fair.sh: {kept}/manifest.json: which teachers trained bfloat16 weights was not read "
+            "(above); no student runs\n") in unread.stderr
+    assert sorted(path.name for path in root.iterdir()) == ["DONE", "logs"] and not any((root / "logs").iterdir())
 
 
 def test_study_slots_must_be_a_whole_number(tmp_path):
