@@ -467,7 +467,8 @@ def rl_teacher_summary(folder: Path) -> dict:
     ``steps_per_generation`` is the accumulation), ``median_seconds_per_step`` of each phase over the logged steps,
     the held-out ``eval_reward_curve`` ``[[step, eval_reward], ...]`` and its parts' (``eval_reward_parts``:
     ``r_ss``, ``r_kl`` and ``match_penalty``, each ``[[step, value], ...]``, RLT_PARTS; they show which part RL
-    raised), the mean of the first and the last 10 steps' figures (``first_last_10``, TRAIN_FIGURES), the median
+    raised), the mean of the first and the last 10 steps' figures (``first_last_10``, TRAIN_FIGURES) and of each
+    10 steps in turn (``by_10_steps``: whether the training reward still rose when the run stopped), the median
     ``step_time`` and the highest device memory any phase logged (``peak_device_gib``), the ``checkpoints`` in the
     folder (``read_teachers`` adds those a distill explained with, whose folders an archive leaves out), the
     configured
@@ -497,6 +498,9 @@ def rl_teacher_summary(folder: Path) -> dict:
         "first_last_10": {name: [_mean([row[key] for row in part if is_number(row.get(key))])
                                  for part in (steps[:10], steps[-10:])]
                           for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)},
+        "by_10_steps": {name: [_mean([row[key] for row in steps[i:i + 10] if is_number(row.get(key))])
+                               for i in range(0, len(steps), 10)]
+                        for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)},
         "eval_reward_curve": _eval_curve(evals, "eval_reward"),
         "eval_reward_parts": {part: _eval_curve(evals, f"eval_teacher_reward/{part}") for part in RLT_PARTS},
         "checkpoints": sorted(int(path.name.rsplit("-", 1)[1]) for path in folder.glob("checkpoint-*")

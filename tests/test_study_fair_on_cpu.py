@@ -631,6 +631,17 @@ def _rl_teacher(root: Path, name: str, seed: int, reward: str, evals: list[tuple
     (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def test_an_rl_teachers_training_figures_are_averaged_over_each_10_steps_in_turn(tmp_path):
+    """23 steps of reward -4, -3, ..., 18: the means of steps 1-10, 11-20 and 21-23 (whether the reward still rose
+    when the run stopped), beside the first and last 10."""
+    root, out = tmp_path / "study", tmp_path / "teachers.json"
+    _rl_teacher(root, "rl_s0", 0, "worked", [(0, -6.0), (23, -2.0)], [10.0] * 23)
+    assert _teachers(root, out).returncode == 0
+    rl = json.loads(out.read_text())["teachers"]["rl_s0"]
+    assert rl["by_10_steps"]["reward"] == [0.5, 10.5, 17.0]
+    assert rl["first_last_10"]["reward"] == [0.5, 13.5]
+
+
 def _distill_row(question: str, template: int, total: float, r_ss: float, r_kl: float, matched: bool, wrong: int,
                  explanation: str) -> dict:
     return {"question": question, "solution": f"{question} solved", "explanation": explanation, "template": template,
@@ -735,6 +746,7 @@ def test_the_teachers_file_holds_each_finished_teachers_curve_steps_and_phase_me
     assert rl["median_seconds_per_step"] == {"generate": 11.5, "score": 2.5, "train": 6.5}
     # 4 steps: the first and the last 10 are all of them; no step logged the reward's parts: left out
     assert rl["first_last_10"] == {"reward": [-2.5, -2.5], "unmatched_frac": [0.5, 0.5]}
+    assert rl["by_10_steps"] == {"reward": [-2.5], "unmatched_frac": [0.5]}
     assert (rl["median_step_seconds"], rl["peak_device_gib"]) == (11.5, 33.0)
     assert (rl["steps"], rl["completions_per_step"], rl["completions"], rl["generation_batch"]) == (4, 256, 1024, 256)
     assert (rl["seed"], rl["reward_setting"], rl["checkpoints"]) == (0, "worked", [2])
