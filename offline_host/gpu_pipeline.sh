@@ -162,7 +162,9 @@ case "${1:-}" in
     # distill still running (its teachers/distill_*/distill.jsonl: kept by question, so a run continues from them)
     explanations=$(compgen -G "distilled/*"; compgen -G "teachers/distill_*/distill.jsonl") || true
     [ -z "$explanations" ] || tar cf - $explanations | xz -T0 -6 | split -b 15M -d - "$OUT/distilled.tar.xz.part-"
-    tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
+    # the first study's (`study`) teacher SFT folder, where there is one (a `fair` part's is in study.tgz)
+    [ ! -d seed0/1_teacher_sft ] \
+      || tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     # Each finished student's answers (a few tens of KB a run), in one archive (a host returns a limited number of
     # files): `tar xzf answers.tgz --skip-old-files -C results/study_gsm_symbolic_v2/answers`; committed, they
     # spare the run on a later host (STUDY_ANSWERS).

@@ -300,6 +300,7 @@ def test_two_fair_parts_run_side_by_side_each_from_its_code_and_each_wait_brings
         with tarfile.open(tmp_path / "o3" / "study.tgz") as archive:
             assert archive.extractfile("./ran").read() == b"bbbb222 students 0,1 gpus=1\n"
             assert archive.extractfile("./commit").read() == b"bbbb222\n"
+        assert not (tmp_path / "o3" / "teacher_sft.tgz").exists()  # the first study's folder: none in a fair part
         assert (host / "study" / "ran").read_text() == "aaaa111 teachers 0 gpus=0\n"
         assert not (host / "study" / "DONE").exists()
         # each part's command says how to run it again, the second's folder, code and settings with it
