@@ -453,6 +453,12 @@ TRAIN_FIGURES = {"reward": "reward", **{part: f"teacher_reward/{part}" for part 
                  "unmatched_frac": "alignment/unmatched_frac", "mean_length": "completions/mean_length"}
 
 
+def _train_means(steps: list[dict], parts: list[list[dict]]) -> dict[str, list[float | None]]:
+    """Each TRAIN_FIGURES figure some step logs: its mean over each of ``parts`` (slices of ``steps``)."""
+    return {name: [_mean([row[key] for row in part if is_number(row.get(key))]) for part in parts]
+            for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)}
+
+
 def _eval_curve(evals: list[dict], key: str) -> list[list]:
     """``[[step, value], ...]`` of ``key`` over the evaluation rows that log it as a number (4 decimals)."""
     return [[int(row["step"]), round(float(row[key]), 4)] for row in evals if is_number(row.get(key))]
@@ -495,12 +501,8 @@ def rl_teacher_summary(folder: Path) -> dict:
         "median_step_seconds": _median([row["step_time"] for row in steps if is_number(row.get("step_time"))]),
         "peak_device_gib": max((round(float(row[key]), 2) for row in steps for key in row
                                 if key.endswith("/device_peak_gib") and is_number(row[key])), default=None),
-        "first_last_10": {name: [_mean([row[key] for row in part if is_number(row.get(key))])
-                                 for part in (steps[:10], steps[-10:])]
-                          for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)},
-        "by_10_steps": {name: [_mean([row[key] for row in steps[i:i + 10] if is_number(row.get(key))])
-                               for i in range(0, len(steps), 10)]
-                        for name, key in TRAIN_FIGURES.items() if any(is_number(row.get(key)) for row in steps)},
+        "first_last_10": _train_means(steps, [steps[:10], steps[-10:]]),
+        "by_10_steps": _train_means(steps, [steps[i:i + 10] for i in range(0, len(steps), 10)]),
         "eval_reward_curve": _eval_curve(evals, "eval_reward"),
         "eval_reward_parts": {part: _eval_curve(evals, f"eval_teacher_reward/{part}") for part in RLT_PARTS},
         "checkpoints": sorted(int(path.name.rsplit("-", 1)[1]) for path in folder.glob("checkpoint-*")

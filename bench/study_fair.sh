@@ -358,6 +358,14 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }
+arm_teacher() {  # <arm> <seed>: the teacher whose explanations that arm's students read (nothing: none's)
+  case "$1" in
+    sft_teacher) echo sft ;;
+    rl_teacher) echo "rl_s$2" ;;
+    rl_teacher_answer_only) echo rl_answer_s0 ;;
+    rl_teacher_step*) echo "rl_step${1#rl_teacher_step}" ;;
+  esac
+}
 taught() {  # <seed> <arm>: a student trained on that arm's explanations + solutions, then evaluated
   local seed=$1 arm=$2 file column=explanation data=()
   case "$arm" in  # the control's arms, in the same job slots
@@ -367,11 +375,8 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
   esac
   case "$arm" in
     traces) file=$root/traces/traces.jsonl column=trace ;;
-    sft_teacher) file=$distilled/sft.jsonl ;;
-    rl_teacher) file=$distilled/rl_s$seed.jsonl ;;
-    rl_teacher_answer_only) file=$distilled/rl_answer_s0.jsonl ;;
-    rl_teacher_step*) file=$distilled/rl_step${arm#rl_teacher_step}.jsonl ;;
     worked_common) file=$distilled/sft.jsonl column=none ;;  # the same questions, the worked solutions alone
+    *) file=$distilled/$(arm_teacher "$arm" "$seed").jsonl ;;
   esac
   [ -s "$file" ] || [ "$check" = 1 ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
@@ -465,13 +470,8 @@ for one in $parts; do
         # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
         [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
         for seed in $arm_seeds; do
-          case "$arm" in
-            sft_teacher) teacher=sft ;;
-            rl_teacher) teacher=rl_s$seed ;;
-            rl_teacher_answer_only) teacher=rl_answer_s0 ;;
-            rl_teacher_step*) teacher=rl_step${arm#rl_teacher_step} ;;
-            *) teacher= ;;  # worked_common reads sft's questions and worked solutions, not its explanations
-          esac
+          # (worked_common reads sft's questions and worked solutions, not its explanations)
+          teacher=$(arm_teacher "$arm" "$seed")
           if [ -n "$teacher" ] && [[ $rounded == *" $teacher "* ]]; then
             echo "bench/study_fair.sh: $student ${arm}_s$seed: its teacher $teacher trained bfloat16 or float16" \
                  "weights, most of each step rounded away (docs/STUDY.md, \"Steps that round away\"); not run" \
