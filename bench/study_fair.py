@@ -836,8 +836,8 @@ def check_distilled(folder: Path, distilled: Path, own: Path | None = None) -> l
     return wrong
 
 
-# The weights' dtypes in which a step of the RL learning rate mostly rounds away (rlt_mono/runs/precision.py)
-ROUNDING_DTYPES = ("bfloat16", "float16")
+# The weights' dtypes in which a step of the RL learning rate mostly rounds away
+ROUNDING_DTYPES = module_constant("rlt_mono.runs.precision", "LOW_PRECISION_NAMES")
 
 
 def rounded_teachers(folder: Path) -> list[str]:

@@ -17,7 +17,10 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
+# The dtypes whose 8 or 11 significant bits round away small steps: by name (as configs spell them; read from this
+# source by bench/study_fair.py), and as torch's.
+LOW_PRECISION_NAMES = ("bfloat16", "float16")
+LOW_PRECISION = tuple(getattr(torch, name) for name in LOW_PRECISION_NAMES)
 SAMPLE_PER_TENSOR = 4096  # at most this many elements read of each trained tensor (evenly spaced)
 WARN_BELOW = 0.5  # a step that changes fewer of the trained weights than this is mostly lost
 
