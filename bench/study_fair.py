@@ -112,6 +112,10 @@ DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("worked_
                ("rl_teacher", "sft_teacher"),
                ("rl_teacher", "worked"), ("rl_teacher", "worked_common"), ("sft_teacher", "worked_common"),
                ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
+# Student's t, the two-sided 95% quantile for 1-30 degrees of freedom (the standard table); past 30, 30's, which
+# widens the interval a little (``seed_t_interval``).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 _SEEDED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 # The sentence a plain-prompt answer ends with (rlt_mono.stages.eval), the markup that may open it on its line, and
 # what a traces eval must have been run with.
@@ -143,6 +147,7 @@ TEACHERS_FILE = "teachers.json"
 # The students' files (common, restore) and the repository's copy of them (keep): per distill <name>.jsonl.gz,
 # <name>.jsonl.xz and one manifest.json.
 STUDENTS_SUFFIX, KEPT_SUFFIX, MANIFEST_FILE = ".jsonl.gz", ".jsonl.xz", "manifest.json"
+ANSWER_ONLY_TEACHER = "rl_answer_s0"  # the answer-only reward's RL teacher, which rl_teacher_answer_only reads
 # The correlation: no figure under MIN_POINTS points, no interval under INTERVAL_POINTS.
 CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
 # The correlation's teacher reward without a common block in the teachers file.
@@ -269,7 +274,7 @@ def _kept_teacher(arm: str, seed: int) -> str | None:
     if arm == "worked_common":
         return "sft"
     if arm == "rl_teacher_answer_only":
-        return "rl_answer_s0"
+        return ANSWER_ONLY_TEACHER
     named = _arm_distill(arm, seed)
     return None if named is None else named[1]
 
@@ -289,15 +294,37 @@ def _runs_trained_on(roots: list[Path]) -> list[tuple[str, str, int, dict | None
     return runs
 
 
+def worked_target(lines: list[str]) -> list[str]:
+    """The answer-only teacher's rows (``rl_answer_s0``) with the worked solution as its students' target: each
+    row's ``solution``, its answer line ("The answer is N."), after the row's steps (``reasoning_trace``), which is the
+    worked-solution mapping's ``solution`` (rlt_mono.data.gsm_symbolic), the rest of the row as it was. Its
+    students then learn its explanation + the worked solution, as every other taught arm's do, so that the arm
+    differs from ``rl_teacher`` in its teacher alone (shown the answer, rewarded on it), not in what the student
+    learns to write after the explanation."""
+    out = []
+    for number, line in enumerate(lines, 1):
+        row = json.loads(line)
+        if row.get("solution") != f"The answer is {row.get('answer')}." or not row.get("reasoning_trace"):
+            raise StudyError(f"row {number}: not an answer-only row (a solution \"The answer is <answer>.\" and "
+                             f"its steps in reasoning_trace): {line[:120]}")
+        row["solution"] = f"{row['reasoning_trace']}\n{row['solution']}"
+        out.append(json.dumps(row, ensure_ascii=False))
+    return out
+
+
 def _kept_digests(explanations: Path) -> dict[str, set[str]]:
     """Per teacher ``keep`` kept in ``explanations``, the sha256 of the rows a student may have read of it: its whole
     file (the manifest's) and its rows of the questions every kept teacher explained (what ``restore`` writes, and
     the questions the summary's common block covers; the same where every teacher explained the same questions)."""
     rows = read_kept(explanations)
     common = _questions_in_all(rows)
-    return {name: {_sha256(_text([line for line, _ in pairs])),
-                   _sha256(_text([line for line, row in pairs if row["question"] in common]))}
-            for name, pairs in rows.items()}
+    digests = {}
+    for name, pairs in rows.items():
+        read = [[line for line, _ in pairs], [line for line, row in pairs if row["question"] in common]]
+        if name == ANSWER_ONLY_TEACHER:  # its students read its rows with the worked solutions (worked_target)
+            read += [worked_target(lines) for lines in read]
+        digests[name] = {_sha256(_text(lines)) for lines in read}
+    return digests
 
 
 def check_read_kept(roots: list[Path], explanations: Path) -> None:
@@ -927,6 +954,24 @@ def _seed_means(correct: np.ndarray, resamples: int, rng: np.random.Generator) -
     return correct[picks].mean(axis=1)
 
 
+def seed_t_interval(a: list[float], b: list[float]) -> dict | None:
+    """Two arms' difference in mean accuracy with a Welch t interval over their per-seed accuracies alone: each
+    seed's accuracy on the same questions one observation, the questions held fixed. Beside the bootstrap, which
+    resamples three seeds with replacement (ten distinct draws) and so may understate the spread between seeds. An
+    arm of one seed counts as exact (an untrained student's greedy answers have no seed); None where neither arm has
+    two seeds. The degrees of freedom are Welch-Satterthwaite's, rounded down for the quantile (wider, not
+    narrower)."""
+    terms = [(float(np.var(x, ddof=1)) / len(x), len(x) - 1) for x in (a, b) if len(x) >= 2]
+    if not terms:
+        return None
+    point = float(np.mean(a) - np.mean(b))
+    variance = sum(v for v, _ in terms)
+    df = variance ** 2 / sum(v ** 2 / d for v, d in terms) if variance > 0 else float(sum(d for _, d in terms))
+    half = T_975[min(int(df), len(T_975)) - 1] * variance ** 0.5
+    return {"difference": round(point, 4), "ci95": [round(point - half, 4), round(point + half, 4)],
+            "df": round(df, 2), "seeds": [len(a), len(b)]}
+
+
 def _interval(samples: np.ndarray) -> list[float]:
     return [round(float(np.percentile(samples, 2.5)), 4), round(float(np.percentile(samples, 97.5)), 4)]
 
@@ -968,6 +1013,10 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
                 if arm in boot and minus in boot:
                     point = entry["arms"][arm][name]["accuracy"] - entry["arms"][minus][name]["accuracy"]
                     figures = {"difference": round(point, 4), "ci95": _interval(boot[arm] - boot[minus])}
+                    seeds_alone = seed_t_interval(entry["arms"][arm][name]["per_seed"],
+                                                  entry["arms"][minus][name]["per_seed"])
+                    if seeds_alone is not None:
+                        figures["seed_t"] = seeds_alone
                     over = {a: entry["arms"][a][name]["capped_frac"] for a in (arm, minus)
                             if (entry["arms"][a][name]["capped_frac"] or 0) > CAP_BAR}
                     if over:  # the difference is also given where neither arm cut (CAP_BAR)
@@ -981,6 +1030,52 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
         entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed, answers)
         students[student] = entry
     return students
+
+
+# What the finished study must hold (docs/STUDY.md, "Why a second study"): both students; per student every arm,
+# three seeds of each trained one, a passing positive control, held-out sets of at least 1,000 questions (the
+# held-out templates at least 15 of them) and at least four RL teachers in the correlation; every run at one commit.
+REQUIRED_STUDENTS = ("qwen2.5_coder_0.5b_instruct", "qwen2.5_coder_1.5b_instruct")
+REQUIRED_ARMS = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", "rl_teacher",
+                 "rl_teacher_answer_only")
+MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
+
+
+def requirements(students: dict, commits: list[str]) -> dict:
+    """Each rule of the finished study (``REQUIRED_*``, ``MIN_*``): ``met``, and ``short`` naming what falls short
+    of it (empty where met), so that an interim summary says plainly how far the study is from done."""
+    short = {"students": [s for s in REQUIRED_STUDENTS if s not in students],
+             "arms": [], "seeds": [], "positive_control": [], "held_out_sets": [], "correlation": [],
+             "one_commit": [] if len(commits) == 1 else [f"{len(commits)} commits: {', '.join(commits)}"]}
+    for student, entry in students.items():
+        arms = entry["arms"]
+        short["arms"] += [f"{student}/{arm}" for arm in REQUIRED_ARMS if arm not in arms]
+        short["seeds"] += [f"{student}/{arm}: {len(figures['seeds'])}" for arm, figures in arms.items()
+                           if arm not in UNTRAINED_ARMS and len(figures["seeds"]) < MIN_SEEDS]
+        control = entry.get("positive_control")
+        if not control or not control["passes"]:
+            short["positive_control"].append(f"{student}: {'fails' if control else 'not run'}")
+        for arm, figures in arms.items():
+            for name in SETS.values():
+                f = figures.get(name)
+                if f is None or f["questions"] < MIN_QUESTIONS \
+                        or (name == SETS["templates"] and f["templates"] < MIN_TEMPLATES):
+                    short["held_out_sets"].append(
+                        f"{student}/{arm} {name}: " + ("none" if f is None else
+                                                       f"{f['questions']} questions, {f['templates']} templates"))
+        rl_teachers = entry.get("correlation", {}).get("rl_teachers", 0)
+        if rl_teachers < MIN_RL_TEACHERS:
+            short["correlation"].append(f"{student}: {rl_teachers} RL teachers")
+    return {rule: {"met": not falls, "short": falls} for rule, falls in short.items()}
+
+
+def requirements_line(rules: dict) -> str:
+    """study_table.md's last line: the rules the study meets and, for each it does not, what falls short."""
+    unmet = [f"{rule} ({'; '.join(r['short'][:4])}{'; ...' if len(r['short']) > 4 else ''})"
+             for rule, r in rules.items() if not r["met"]]
+    met = [rule for rule, r in rules.items() if r["met"]]
+    return (f"\nThe finished study's requirements: met: {', '.join(met) or 'none'}; not met: "
+            f"{', '.join(unmet) or 'none'}.\n")
 
 
 def _looped_frac(per_seed: dict[int, list[dict]], held_out: str) -> float | None:
@@ -1233,6 +1328,10 @@ def table(students: dict) -> str:
             for name, d in sets.items():
                 line = (f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
                         f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                if "seed_t" in d:
+                    t = d["seed_t"]
+                    line += (f" (the seeds alone, Welch t, df {t['df']:g}: [{t['ci95'][0]:+.3f}, "
+                             f"{t['ci95'][1]:+.3f}])")
                 if "cut_above_bar" in d:
                     over = ", ".join(f"{arm} {frac:.1%}" for arm, frac in d["cut_above_bar"].items())
                     uncut = d["uncut"]
@@ -1486,6 +1585,10 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("distilled", type=Path, help="the part's distilled/ folder")
     checking.add_argument("--own", type=Path, help="a teachers part's <root>/teachers: a file that is its own "
                                                    "distill_<name>/distill.jsonl passes")
+    targeting = sub.add_parser("worked-target", help="the answer-only teacher's rows with the worked solution as "
+                                                     "the student's target")
+    targeting.add_argument("rows", type=Path, help="its distilled rows (JSON lines)")
+    targeting.add_argument("--out", type=Path, required=True)
     rounding = sub.add_parser("rounded", help="the kept teachers that trained full bfloat16 or float16 weights "
                                               "(most of each step rounded away), one a line")
     rounding.add_argument("folder", type=Path, help="keep's --out folder")
@@ -1524,6 +1627,14 @@ def main(argv: list[str] | None = None) -> int:
                                   else read_teachers_files(args.teachers), args.out)
             print(f"{args.out}: {', '.join(drawn)}")
             return 0
+        if args.action == "worked-target":
+            if not args.rows.is_file():
+                raise StudyError(f"{args.rows}: no such file")
+            lines = worked_target(args.rows.read_text().splitlines())
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            write_text(args.out, "".join(line + "\n" for line in lines))
+            print(f"{args.out}: {len(lines)} rows, the worked solution as the target")
+            return 0
         if args.action == "rounded":
             print("".join(f"{name}\n" for name in rounded_teachers(args.folder)), end="")
             return 0
@@ -1553,8 +1664,9 @@ def main(argv: list[str] | None = None) -> int:
               "teachers": [str(path) for path in teachers_files] or None,
               "explanations": None if args.explanations is None else str(args.explanations),
               "students": students}
+    result["requirements"] = requirements(students, result["commit"])
     write_json(args.out / "study.json", result, indent=2)
-    text = table(students)
+    text = table(students) + requirements_line(result["requirements"])
     write_text(args.out / "study_table.md", text)
     if students:
         plot(students, args.out / "study.png")

@@ -16,7 +16,7 @@
 #             explains every training question: <root>/distilled/<teacher>.jsonl.
 #   students  students trained on each arm's explanations + solutions (STUDY_ARMS), for each seed, then evaluated:
 #             traces (the 1.5B's traces), sft_teacher, rl_teacher (seed s: the RL teacher of seed s),
-#             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, seed 0 only), worked_common (the
+#             rl_teacher_answer_only, rl_teacher_step<N> (seed 0's RL checkpoint N, for each seed), worked_common (the
 #             worked solutions alone, of the questions the SFT teacher's file holds: the teachers' arms' questions when
 #             the files hold the questions every teacher explained, bench/study_fair.py common). The distilled files
 #             (sft, rl_s<seed>, rl_answer_s0, rl_step<N>) come from <root>/distilled or STUDY_DISTILLED; where that
@@ -164,10 +164,13 @@ else
   # NaN gradient at a random step (one at step 2, from the pretrained weights; the loss before it finite), and
   # the run trained on to a model that wrote one token over and over (docs/STUDY.md, "The students"). Matmuls in
   # TensorFloat-32 (float32 range, 10-bit mantissa inputs, float32 sums): a 0.5B-shaped step 0.151 s against 0.475 s
-  # in float32 on an H200 (bench/sft_precision.py, results/sft_precision/h200.json).
+  # in float32 on an H200 (bench/sft_precision.py, results/sft_precision/h200.json). Rows of up to 1,152 tokens:
+  # at 1,024, 1-21 of each kept teacher's 3,000 rows were cut (the SFT teacher's 15, the RL seeds' 1, 16, 21) and 2
+  # of the 2,876 traces; the longest row is 1,086 tokens (rlt_mono.stages.sft.build_sft_dataset over the kept files
+  # with the Qwen2.5 tokenizer, which the 1.5B shares), so every arm trains on whole rows.
   sft_size=(sft.num_train_epochs=2 sft.max_steps=-1 sft.per_device_train_batch_size=16
             sft.gradient_accumulation_steps=1 sft.per_device_eval_batch_size=64 sft.learning_rate=2.0e-6
-            sft.max_length=1024 sft.optim=adamw_torch sft.gradient_checkpointing=false sft.save_steps=100000
+            sft.max_length=1152 sft.optim=adamw_torch sft.gradient_checkpointing=false sft.save_steps=100000
             sft.eval_strategy=epoch sft.bf16=false +sft.tf32=true logging=local)
   # Greedy answers of at most 1,024 tokens, every arm's (the untrained's too); a fixed 3 GiB KV cache (runs side by
   # side); vLLM at 0.08 of the card. At 512 tokens the students taught by explanations had 2-31% of their answers
@@ -379,6 +382,15 @@ taught() {  # <seed> <arm>: a student trained on that arm's explanations + solut
     *) file=$distilled/$(arm_teacher "$arm" "$seed").jsonl ;;
   esac
   [ -s "$file" ] || [ "$check" = 1 ] || { echo "bench/study_fair.sh: no $file for the $arm students" >&2; return 2; }
+  if [ "$arm" = rl_teacher_answer_only ]; then  # its explanations + the worked solution, as every taught arm learns
+    local worked_rows=$root/$student/${arm}_s$seed/rows.jsonl
+    if [ -s "$file" ] && [ "$check" != 1 ]; then  # (a check writes nothing)
+      mkdir -p "${worked_rows%/*}"
+      PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py worked-target "$file" \
+        --out "$worked_rows" > /dev/null || return 2
+    fi
+    file=$worked_rows
+  fi
   # All of the arm's rows go to training (the held-out sets are GSM-Symbolic's, in the eval), two passes.
   trained_student "$root/$student/${arm}_s$seed" "$seed" "${custom_sft[@]}" "${sft_size[@]}" "${sft_extra[@]}" \
     "student=$student_cfg" student.dtype=float32 data=custom "data.source=$file" data.eval_rows=0 \
@@ -467,8 +479,9 @@ for one in $parts; do
     for student in $students; do
       for arm in $arms; do
         arm_seeds=$seeds
-        # seed 0's checkpoints teach seed 0's students; an untrained student is evaluated once
-        [[ $arm == rl_teacher_step* || $arm == untrained* ]] && arm_seeds=0
+        # an untrained student is evaluated once; every trained arm has a student of each seed (seed 0's
+        # checkpoints teach three students each, as the SFT teacher does)
+        [[ $arm == untrained* ]] && arm_seeds=0
         for seed in $arm_seeds; do
           # (worked_common reads sft's questions and worked solutions, not its explanations)
           teacher=$(arm_teacher "$arm" "$seed")

@@ -412,11 +412,13 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
 
     taught = _fair_sh("students", root, "0", timeout=600,
                       env={"STUDY_UNTRAINED": "0",
-                           "STUDY_ARMS": "untrained_plain,worked,rl_teacher,rl_teacher_step1,worked_common"})
+                           "STUDY_ARMS": "untrained_plain,worked,rl_teacher,rl_teacher_step1,worked_common,"
+                                         "rl_teacher_answer_only"})
     assert taught.returncode == 0, taught.stdout + taught.stderr
     student = root / "qwen2.5_coder_0.5b_instruct"  # the folder is named for the student the full study trains
     done = " ".join(f"{student.name}/{arm}=0" for arm in ("untrained_plain", "worked_s0", "rl_teacher_s0",
-                                                             "rl_teacher_step1_s0", "worked_common_s0"))
+                                                             "rl_teacher_step1_s0", "worked_common_s0",
+                                                             "rl_teacher_answer_only_s0"))
     assert (root / "DONE").read_text().startswith(done + " ")
     # the control's arms in the same slots: the plain-prompt untrained eval, the worked solutions of every question
     assert "student_prompt: plain" in (student / "untrained_plain" / "eval" / "config.yaml").read_text()
@@ -428,6 +430,15 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     config = (student / "rl_teacher_step1_s0" / "sft" / "config.yaml").read_text()
     assert f"source: {root / 'distilled' / 'rl_step1.jsonl'}" in config and "explanation_column: explanation" in config
     assert (student / "rl_teacher_s0" / "eval" / "eval.json").is_file()
+    # the answer-only teacher's students learn its explanations + the worked solution (worked_target), not its
+    # answer line alone
+    worked_rows = student / "rl_teacher_answer_only_s0" / "rows.jsonl"
+    config = (student / "rl_teacher_answer_only_s0" / "sft" / "config.yaml").read_text()
+    assert f"source: {worked_rows}" in config and "explanation_column: explanation" in config
+    distilled = [json.loads(x) for x in (root / "distilled" / "rl_answer_s0.jsonl").read_text().splitlines()]
+    taught_rows = [json.loads(x) for x in worked_rows.read_text().splitlines()]
+    assert [r["solution"] for r in taught_rows] == [f"{r['reasoning_trace']}\n{r['solution']}" for r in distilled]
+    assert [r["explanation"] for r in taught_rows] == [r["explanation"] for r in distilled]
     # an evaluated student's weights are deleted; its config and metrics stay
     for run in ("worked_s0", "rl_teacher_s0", "rl_teacher_step1_s0", "worked_common_s0"):
         assert not (student / run / "sft" / "final").exists() and (student / run / "sft" / "metrics.jsonl").is_file()
@@ -487,8 +498,8 @@ def test_every_command_of_the_full_study_passes_the_check_and_nothing_runs(tmp_p
     codes = [item.rpartition("=") for item in (root / "DONE").read_text().split() if not item.startswith("seconds")]
     assert run.returncode == 0 and [c for c in codes if c[2] != "0"] == []
     # traces, teachers; a student's control part (untrained x 2, worked x 3 seeds) and students part (6 arms x 3
-    # seeds, rl_teacher_step47, untrained x 2), for each student
-    assert len(codes) == 1 + 1 + 2 * (2 + 3) + 2 * (6 * 3 + 1 + 2)
+    # seeds, rl_teacher_step47 x 3 seeds, untrained x 2), for each student
+    assert len(codes) == 1 + 1 + 2 * (2 + 3) + 2 * (6 * 3 + 3 + 2)
     logs = sorted((root / "logs").iterdir())
     failed = [log.name for log in logs if "pass every check a run makes" not in log.read_text()]
     assert failed == [] and len(logs) >= 60
@@ -564,12 +575,13 @@ def test_the_students_of_a_kept_teacher_that_trained_bfloat16_weights_are_not_ru
     assert lanes == ["+".join(f"{student}/{job}" for job in ("rl_teacher_s0", "sft_teacher_s0", "sft_teacher_s1",
                                                             "rl_teacher_answer_only_s0", "rl_teacher_answer_only_s1",
                                                             "worked_common_s0", "worked_common_s1"))]
-    for job, teacher in (("rl_teacher_s1", "rl_s1"), ("rl_teacher_step30_s0", "rl_step30")):
+    for job, teacher in (("rl_teacher_s1", "rl_s1"), ("rl_teacher_step30_s0", "rl_step30"),
+                         ("rl_teacher_step30_s1", "rl_step30")):
         assert (f"bench/study_fair.sh: {student} {job}: its teacher {teacher} trained bfloat16 or float16 weights, "
                 "most of each step rounded away (docs/STUDY.md, \"Steps that round away\"); not run "
                 "(STUDY_ROUNDED_TEACHERS=1 runs it)\n") in stderr
     stderr, lanes = run(tmp_path / "again", STUDY_ROUNDED_TEACHERS="1")
-    assert "rounded away" not in stderr and lanes[0].count("+") == 8  # all 9 runs
+    assert "rounded away" not in stderr and lanes[0].count("+") == 9  # all 10 runs: the checkpoint's too, each seed
     # a manifest that cannot be read: no teacher is known sound, so no student runs
     (kept / "manifest.json").write_text("{not json")
     root = tmp_path / "unread"
@@ -1242,7 +1254,9 @@ def _kept_folder(folder: Path, totals: dict[str, dict[str, float]]) -> None:
     for name, by_question in totals.items():
         rows = [{"question_id": question, "question": f"question {question}", "template": int(question[1:]) % 2,
                  "explanation": "x" * 4, "total": total, "r_ss": total / 2, "r_kl": -total / 2, "matched": True,
-                 "wrong_equations": 0} for question, total in sorted(by_question.items())]
+                 "wrong_equations": 0, "reasoning_trace": "2 + 2 = 4", "answer": "4",
+                 "solution": "The answer is 4." if name.startswith("rl_answer") else "2 + 2 = 4\nThe answer is 4."}
+                for question, total in sorted(by_question.items())]
         data = "".join(json.dumps(row) + "\n" for row in rows).encode()
         (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
         manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows),
@@ -1514,3 +1528,121 @@ def test_rl_teachers_on_two_gpus_each_train_data_parallel_with_a_steps_work_unch
     others = [line.split()[0] for line in lines if "teacher_rlt_mono" not in line]
     assert others and all("," not in gpus for gpus in others)  # teacher SFT and the distills: one GPU each
     assert {line.split()[0] for line in lines if "distill" in line.split()[1:3]} == {"0", "2"}
+
+
+def test_the_seed_t_interval_is_welchs_over_the_per_seed_accuracies():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import seed_t_interval
+
+    # by hand: means 0.58967 and 0.541, difference 0.04867; variances of the mean 3.0111e-5 and 9.3000e-5 (sum
+    # 1.23111e-4, SE 0.011095); Welch df 1.23111e-4**2 / (3.0111e-5**2 / 2 + 9.3e-5**2 / 2) = 3.17 -> t(3) = 3.182,
+    # half-width 0.035305
+    t = seed_t_interval([0.580, 0.590, 0.599], [0.544, 0.523, 0.556])
+    assert t == {"difference": 0.0487, "ci95": [0.0134, 0.084], "df": 3.17, "seeds": [3, 3]}
+    # an arm of one seed counts as exact: a one-sample interval, df 2
+    one = seed_t_interval([0.8, 0.9, 1.0], [0.5])
+    assert one == {"difference": 0.4, "ci95": [round(0.4 - 4.303 * 0.1 / 3 ** 0.5, 4),
+                                               round(0.4 + 4.303 * 0.1 / 3 ** 0.5, 4)], "df": 2.0, "seeds": [3, 1]}
+    assert seed_t_interval([0.5], [0.4]) is None
+    # seeds that agree exactly: no spread, a zero-width interval
+    assert seed_t_interval([0.6, 0.6], [0.5, 0.5])["ci95"] == [0.1, 0.1]
+
+
+def test_a_difference_of_arms_with_several_seeds_carries_the_seeds_alone_interval(tmp_path):
+    root = tmp_path / "study"
+    for seed, step in enumerate((2, 3, 4)):
+        _eval_folder(root, "s", f"rl_teacher_s{seed}", {"instances": [i % step == 0 for i in range(60)]})
+        _eval_folder(root, "s", f"sft_teacher_s{seed}", {"instances": [i % (step + 1) == 0 for i in range(60)]})
+    result, out = _summarize(tmp_path, root)
+    d = json.loads((out / "study.json").read_text())["students"]["s"]["differences"]["rl_teacher - sft_teacher"]
+    # per seed: RL 30/60, 20/60, 15/60; SFT 20/60, 15/60, 12/60
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import seed_t_interval
+    expected = seed_t_interval([0.5, round(20 / 60, 4), 0.25], [round(20 / 60, 4), 0.25, 0.2])
+    assert d["held_out_instances"]["seed_t"] == expected, result.stderr
+    assert expected["seeds"] == [3, 3] and expected["ci95"][0] < expected["difference"] < expected["ci95"][1]
+    table = (out / "study_table.md").read_text()
+    assert (f"rl_teacher - sft_teacher, held out instances: {d['held_out_instances']['difference']:+.3f}" in table
+            and f"(the seeds alone, Welch t, df {expected['df']:g}: [{expected['ci95'][0]:+.3f}, "
+                f"{expected['ci95'][1]:+.3f}])" in table)
+
+
+def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import REQUIRED_ARMS, requirements
+
+    def arm(seeds, questions=1000, templates=15):
+        return {"seeds": seeds, "held_out_instances": {"questions": questions, "templates": 63},
+                "held_out_templates": {"questions": questions, "templates": templates}}
+
+    small = "qwen2.5_coder_0.5b_instruct"
+    arms = {name: arm([0] if name.startswith("untrained") else [0, 1, 2]) for name in REQUIRED_ARMS}
+    students = {small: {"arms": arms, "positive_control": {"passes": True}, "correlation": {"rl_teachers": 4}}}
+    rules = requirements(students, ["abc1234"])
+    assert {rule for rule, r in rules.items() if not r["met"]} == {"students"}
+    assert rules["students"]["short"] == ["qwen2.5_coder_1.5b_instruct"]
+    # one arm missing, one with two seeds, one set too small, too few templates, a failed control, 3 RL teachers,
+    # two commits: each named
+    del arms["traces"]
+    arms["rl_teacher"] = arm([0, 1])
+    arms["sft_teacher"] = arm([0, 1, 2], questions=999)
+    arms["worked"] = arm([0, 1, 2], templates=14)
+    students[small].update(positive_control={"passes": False}, correlation={"rl_teachers": 3})
+    rules = requirements(students, ["abc1234", "def5678"])
+    assert rules["arms"]["short"] == [f"{small}/traces"]
+    assert rules["seeds"]["short"] == [f"{small}/rl_teacher: 2"]
+    assert rules["held_out_sets"]["short"] == [
+        f"{small}/worked held_out_templates: 1000 questions, 14 templates",
+        f"{small}/sft_teacher held_out_instances: 999 questions, 63 templates",
+        f"{small}/sft_teacher held_out_templates: 999 questions, 15 templates"]
+    assert rules["positive_control"]["short"] == [f"{small}: fails"]
+    assert rules["correlation"]["short"] == [f"{small}: 3 RL teachers"]
+    assert rules["one_commit"] == {"met": False, "short": ["2 commits: abc1234, def5678"]}
+
+
+def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_path):
+    root = tmp_path / "study"
+    for seed in range(3):
+        _eval_folder(root, "s", f"worked_s{seed}", {"instances": [True] * 40})
+    _eval_folder(root, "s", "untrained", {"instances": [False] * 40})
+    result, out = _summarize(tmp_path, root)
+    rules = json.loads((out / "study.json").read_text())["requirements"]
+    assert result.returncode == 0, result.stderr
+    assert {rule for rule, r in rules.items() if r["met"]} == {"seeds", "positive_control", "one_commit"}
+    assert rules["correlation"]["short"] == ["s: 0 RL teachers"]
+    assert (out / "study_table.md").read_text().endswith(
+        "The finished study's requirements: met: seeds, positive_control, one_commit; not met: students "
+        "(qwen2.5_coder_0.5b_instruct; qwen2.5_coder_1.5b_instruct), arms (s/untrained_plain; s/traces; "
+        "s/sft_teacher; s/rl_teacher; ...), held_out_sets (s/untrained held_out_instances: 40 questions, 10 "
+        "templates; s/untrained held_out_templates: none; s/worked held_out_instances: 40 questions, 10 templates; "
+        "s/worked held_out_templates: none), correlation (s: 0 RL teachers).\n")
+
+
+def test_the_answer_only_teachers_students_learn_its_explanation_and_the_worked_solution(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import StudyError, _kept_digests, worked_target
+
+    row = {"question_id": "q0", "question": "Ann has 2 and gets 2. How many?", "reasoning_trace": "2 + 2 = 4",
+           "answer": "4", "solution": "The answer is 4.", "explanation": "Add them."}
+    (line,) = worked_target([json.dumps(row)])
+    assert json.loads(line) == {**row, "solution": "2 + 2 = 4\nThe answer is 4."}
+    # a worked-solution row (the RLT mapping's) is not an answer-only row: refused, naming the row
+    worked = json.dumps({**row, "solution": "2 + 2 = 4\nThe answer is 4."})
+    with pytest.raises(StudyError, match="^row 1: not an answer-only row"):
+        worked_target([worked])
+    # the command the students part runs, then the digest the summary accepts for its students
+    kept = tmp_path / "kept"
+    _kept_folder(kept, {"sft": {"q0": -4.0, "q1": -3.0}, "rl_answer_s0": {"q0": -4.5, "q1": -3.5}})
+    rows = tmp_path / "rl_answer_s0.jsonl"
+    rows.write_bytes(lzma.decompress((kept / "rl_answer_s0.jsonl.xz").read_bytes()))
+    out = tmp_path / "student" / "rows.jsonl"
+    result = _run("worked-target", rows, "--out", out)
+    assert result.returncode == 0 and result.stdout == f"{out}: 2 rows, the worked solution as the target\n"
+    assert [json.loads(x)["solution"] for x in out.read_text().splitlines()] == ["2 + 2 = 4\nThe answer is 4."] * 2
+    digests = _kept_digests(kept)
+    assert hashlib.sha256(out.read_bytes()).hexdigest() in digests["rl_answer_s0"]
+    assert hashlib.sha256(rows.read_bytes()).hexdigest() in digests["rl_answer_s0"]
+    assert hashlib.sha256(out.read_bytes()).hexdigest() not in digests["sft"]
+    missing = _run("worked-target", tmp_path / "none.jsonl", "--out", out)
+    assert (missing.returncode, missing.stderr) == (2, f"error: {tmp_path / 'none.jsonl'}: no such file\n")
+
