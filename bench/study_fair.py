@@ -267,7 +267,7 @@ def read_arms(roots: list[Path]) -> dict[str, dict[str, dict[int, list[dict]]]]:
     return arms
 
 
-def _kept_teacher(arm: str, seed: int) -> str | None:
+def _kept_teacher(arm: str, seed: int, distills: frozenset[str] | set[str] = frozenset()) -> str | None:
     """The kept teacher (``keep``'s name) whose rows a taught arm's students of ``seed`` read: the distill
     ``_arm_distill`` names, and for the two arms that are no correlation point, worked_common (its questions' worked
     solutions) -> sft and rl_teacher_answer_only -> rl_answer_s0; None for an arm that reads no teacher's rows."""
@@ -275,7 +275,7 @@ def _kept_teacher(arm: str, seed: int) -> str | None:
         return "sft"
     if arm == "rl_teacher_answer_only":
         return ANSWER_ONLY_TEACHER
-    named = _arm_distill(arm, seed)
+    named = _arm_distill(arm, seed, distills)
     return None if named is None else named[1]
 
 
@@ -337,7 +337,7 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
     kept = _kept_digests(explanations)
     other, unsaid = [], []
     for student, arm, seed, taught in _runs_trained_on(roots):
-        teacher = _kept_teacher(arm, seed)
+        teacher = _kept_teacher(arm, seed, set(kept))
         if teacher is None:
             continue
         label = f"{student}/{arm}_s{seed}"
@@ -1127,11 +1127,13 @@ def _reward_at(curve: list[list[float]], step: int) -> list[float]:
     return min(curve, key=lambda point: (abs(point[0] - step), point[0]))
 
 
-def _arm_distill(arm: str, seed: int) -> tuple[str, str] | None:
-    """``(teacher, distill)`` of a taught arm's students of ``seed``: sft_teacher -> sft; rl_teacher -> rl_s<seed>;
-    rl_teacher_step<N> -> rl_s0's checkpoint N, distill rl_step<N>; None for an arm no teacher taught."""
+def _arm_distill(arm: str, seed: int, distills: frozenset[str] | set[str] = frozenset()) -> tuple[str, str] | None:
+    """``(teacher, distill)`` of a taught arm's students of ``seed``: sft_teacher -> sft, distill sft_s<seed> where
+    ``distills`` (the distills there are) has it (the SFT teacher's sample with that seed: bench/study_fair.sh's
+    STUDY_SFT_SEEDS), else sft; rl_teacher -> rl_s<seed>; rl_teacher_step<N> -> rl_s0's checkpoint N, distill
+    rl_step<N>; None for an arm no teacher taught."""
     if arm == "sft_teacher":
-        return "sft", "sft"
+        return "sft", f"sft_s{seed}" if seed != 0 and f"sft_s{seed}" in distills else "sft"
     if arm == "rl_teacher":
         return f"rl_s{seed}", f"rl_s{seed}"
     if match := _STEP_ARM.match(arm):
@@ -1180,11 +1182,15 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
     for arm in sorted(arms, key=arm_rank):
         seeds = arms[arm]["seeds"]
         if common and _arm_distill(arm, 0) is not None:
-            groups = [[seed] for seed in seeds] if arm == "rl_teacher" else [seeds]
+            distills = set(common["distills"])
+            # a point per seed where each seed's students read their own distill (the RL teachers; the SFT
+            # teacher's seeded samples)
+            own = len({_arm_distill(arm, seed, distills) for seed in seeds}) > 1 or arm == "rl_teacher"
+            groups = [[seed] for seed in seeds] if own else [seeds]
             for group in groups:
-                teacher, distill = _arm_distill(arm, group[0])
+                teacher, distill = _arm_distill(arm, group[0], distills)
                 reward = common["distills"].get(distill, {}).get("mean_total")
-                who = f"rl_teacher seed {group[0]}" if arm == "rl_teacher" else arm
+                who = f"{arm} seed {group[0]}" if own else arm
                 if reward is None:
                     missing.append(f"{who}: no mean reward of distill {distill} in the teachers file's common block")
                     continue

@@ -50,6 +50,10 @@
 #                    e.g. memory=speed trainer.vllm_gpu_memory_utilization=0.5: a teacher alone on its GPU)
 #   STUDY_ANSWER_ONLY  0: the teachers part leaves out the answer-only RL teacher (the ablation arm); only: it
 #                    trains that one alone (the SFT teacher, then the answer-only teacher; the seeds argument unused)
+#   STUDY_SFT_SEEDS  teachers part: the SFT teacher also explains every question with these distill seeds (e.g.
+#                    1,2; none by default), into distilled/sft_s<seed>.jsonl, beside its own distill (seed 0): the
+#                    sft_teacher students of seed s read sft_s<s> where it exists, so that the SFT arm, like the RL
+#                    arm (one teacher a seed), holds the spread of the teacher's samples
 #   STUDY_SFT_DISTILL  teachers part: when the SFT teacher explains: beside (default; beside the RL runs) or after
 #                    (once they end: on one GPU the RL run then has the card alone, and its memory plan, read at
 #                    its start, is not undercut by a distill starting beside it)
@@ -228,6 +232,10 @@ check=${STUDY_CHECK:-0}
 sft_distill=${STUDY_SFT_DISTILL:-beside}
 [[ $sft_distill == beside || $sft_distill == after ]] \
   || { echo "bench/study_fair.sh: STUDY_SFT_DISTILL=$sft_distill: beside or after" >&2; exit 2; }
+sft_seeds=${STUDY_SFT_SEEDS:-}
+[[ -z $sft_seeds || $sft_seeds =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] \
+  || { echo "bench/study_fair.sh: STUDY_SFT_SEEDS=$sft_seeds: seeds >= 1, comma-separated" >&2; exit 2; }
+sft_seeds=${sft_seeds//,/ }
 answer_only=${STUDY_ANSWER_ONLY:-1}
 [[ $answer_only == [01] || $answer_only == only ]] \
   || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$answer_only: 0, 1 or only" >&2; exit 2; }
@@ -314,11 +322,13 @@ teacher_chain() {  # <lane> <seed> <reward: worked|answer>: RL from the SFT teac
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }
-distill() {  # <teacher folder> <name> [data override]: every training question explained, into distilled/<name>.jsonl
-  local teacher=$1 name=$2; shift 2
+distill() {  # <teacher folder> <name> [seed=<s>] [data override]: every training question explained (sampled with
+  # seed s, default 0), into distilled/<name>.jsonl
+  local teacher=$1 name=$2 seed=0; shift 2
+  if [[ ${1:-} == seed=* ]]; then seed=${1#seed=}; shift; fi
   [ -f "$distilled/$name.jsonl" ] && return 0
   stage "$root/teachers/distill_$name" "distill_$name" ./launch_mono.sh distill "${size[@]}" "${distill_size[@]}" "$@" \
-    "model.model_name_or_path=$teacher" seed=0 || return 1
+    "model.model_name_or_path=$teacher" "seed=$seed" || return 1
   [ "$check" != 1 ] || return 0
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
@@ -346,12 +356,12 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   [ "$answer_only" = 0 ] || rl_names+=(rl_answer_s0)
   for name in "${rl_names[@]}"; do rm -f "$root/teachers/$name/rl_ended"; done
   if [ "$sft_distill" = beside ]; then
-    on_gpu $lane distill "$root/teachers/sft/final" sft & pids+=($!)
+    sft_distills $lane & pids+=($!)
   else  # once every RL run has ended (beside the RL teachers' own distills)
     { for name in "${rl_names[@]}"; do
         until [ "$check" = 1 ] || [ -e "$root/teachers/$name/rl_ended" ]; do sleep 5; done
       done
-      on_gpu 0 distill "$root/teachers/sft/final" sft; } & pids+=($!)
+      sft_distills 0; } & pids+=($!)
   fi
   for seed in $rl_seeds; do
     teacher_chain "$lane" "$seed" worked & pids+=($!)
@@ -361,9 +371,17 @@ teachers() {  # the SFT teacher on the traces, then the RL teachers side by side
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   return $status
 }
-arm_teacher() {  # <arm> <seed>: the teacher whose explanations that arm's students read (nothing: none's)
+sft_distills() {  # <lane>: the SFT teacher's distill (seed 0) and those of STUDY_SFT_SEEDS, side by side
+  local lane=$1 seed pids=() status=0
+  on_gpu "$lane" distill "$root/teachers/sft/final" sft & pids+=($!)
+  for seed in $sft_seeds; do on_gpu "$lane" distill "$root/teachers/sft/final" "sft_s$seed" "seed=$seed" & pids+=($!); done
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  return $status
+}
+arm_teacher() {  # <arm> <seed>: the teacher whose explanations that arm's students read (nothing: none's); the SFT
+  # teacher's sample of that seed where there is one (STUDY_SFT_SEEDS)
   case "$1" in
-    sft_teacher) echo sft ;;
+    sft_teacher) if [ "$2" != 0 ] && [ -s "$distilled/sft_s$2.jsonl" ]; then echo "sft_s$2"; else echo sft; fi ;;
     rl_teacher) echo "rl_s$2" ;;
     rl_teacher_answer_only) echo rl_answer_s0 ;;
     rl_teacher_step*) echo "rl_step${1#rl_teacher_step}" ;;

@@ -394,14 +394,19 @@ def _traces(root: Path) -> None:
 def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     root = tmp_path / "study"
     _traces(root)
-    run = _fair_sh("teachers", root, "0", timeout=600)
+    run = _fair_sh("teachers", root, "0", timeout=600, env={"STUDY_SFT_SEEDS": "1"})
     assert run.returncode == 0 and (root / "DONE").read_text().startswith("teachers=0 "), run.stdout + run.stderr
     sft = (root / "teachers" / "sft" / "config.yaml").read_text()
     assert "explanation_column: trace" in sft and f"source: {root / 'traces' / 'traces.jsonl'}" in sft
     # seed 0's RL keeps its checkpoints: every one but the last (final/) teaches; the answer-only teacher is shown
     # and rewarded on the answer line, in RL and when it explains
     assert sorted(p.name for p in (root / "distilled").iterdir()) == ["rl_answer_s0.jsonl", "rl_s0.jsonl",
-                                                                      "rl_step1.jsonl", "sft.jsonl"]
+                                                                      "rl_step1.jsonl", "sft.jsonl", "sft_s1.jsonl"]
+    # the SFT teacher's second sample (STUDY_SFT_SEEDS=1): the same teacher, distill seed 1
+    for name, seed in (("sft", 0), ("sft_s1", 1)):
+        config = (root / "teachers" / f"distill_{name}" / "config.yaml").read_text()
+        assert f"model_name_or_path: {root / 'teachers' / 'sft' / 'final'}" in config
+        assert f"\nseed: {seed}\n" in config
     # (the embedded rows' solution is the answer line either way: the setting is what differs)
     for folder in ("rl_answer_s0/rl", "distill_rl_answer_s0"):
         assert "gsm_solution: answer" in (root / "teachers" / folder / "config.yaml").read_text()
@@ -442,7 +447,14 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
     # an evaluated student's weights are deleted; its config and metrics stay
     for run in ("worked_s0", "rl_teacher_s0", "rl_teacher_step1_s0", "worked_common_s0"):
         assert not (student / run / "sft" / "final").exists() and (student / run / "sft" / "metrics.jsonl").is_file()
-    again = _fair_sh("teachers", root, "0", timeout=300)
+    # the SFT teacher's students of seed 1 read its seed-1 sample, those of seed 0 its own distill
+    sft_students = _fair_sh("students", root, "0,1", timeout=600,
+                            env={"STUDY_UNTRAINED": "0", "STUDY_ARMS": "sft_teacher"})
+    assert sft_students.returncode == 0, sft_students.stdout + sft_students.stderr
+    for seed, name in ((0, "sft"), (1, "sft_s1")):
+        config = (student / f"sft_teacher_s{seed}" / "sft" / "config.yaml").read_text()
+        assert f"source: {root / 'distilled' / name}.jsonl" in config
+    again = _fair_sh("teachers", root, "0", timeout=300, env={"STUDY_SFT_SEEDS": "1"})
     assert again.returncode == 0 and (root / "distilled" / "rl_s0.jsonl").stat().st_mtime_ns == stamp
 
 
@@ -1646,3 +1658,36 @@ def test_the_answer_only_teachers_students_learn_its_explanation_and_the_worked_
     missing = _run("worked-target", tmp_path / "none.jsonl", "--out", out)
     assert (missing.returncode, missing.stderr) == (2, f"error: {tmp_path / 'none.jsonl'}: no such file\n")
 
+
+
+@pytest.mark.parametrize("value", ["0", "1,x", "1,,2"])
+def test_the_sft_seeds_must_be_seeds_from_1(tmp_path, value):
+    bad = _fair_sh("teachers", tmp_path / "x", env={"STUDY_SFT_SEEDS": value})
+    assert bad.returncode == 2 and bad.stderr == (f"bench/study_fair.sh: STUDY_SFT_SEEDS={value}: seeds >= 1, "
+                                                  "comma-separated\n")
+
+
+def test_the_sft_teachers_seeded_samples_teach_their_seeds_students_and_are_points_of_their_own():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import _arm_distill, _kept_teacher, correlation_points
+
+    assert _arm_distill("sft_teacher", 1, {"sft", "sft_s1"}) == ("sft", "sft_s1")
+    assert _arm_distill("sft_teacher", 2, {"sft", "sft_s1"}) == ("sft", "sft")  # no seed-2 sample: the one distill
+    assert _arm_distill("sft_teacher", 0, {"sft", "sft_s0"}) == ("sft", "sft")  # seed 0 reads the teacher's own
+    assert _kept_teacher("sft_teacher", 1, {"sft", "sft_s1"}) == "sft_s1"
+    assert _kept_teacher("worked_common", 1, {"sft", "sft_s1"}) == "sft"  # the worked solutions of sft's questions
+    figures = {"held_out_instances": {"per_seed": [0.5, 0.6, 0.7]}}
+    arms = {"sft_teacher": {"seeds": [0, 1, 2], **figures}, "rl_teacher": {"seeds": [0, 1, 2], **figures}}
+    common = {"questions": 10, "distills": {name: {"mean_total": total} for name, total in
+                                            (("sft", -2.6), ("sft_s1", -2.7), ("sft_s2", -2.5), ("rl_s0", -2.1),
+                                             ("rl_s1", -2.2), ("rl_s2", -2.0))}}
+    points, missing = correlation_points(arms, {"teachers": {}, "common": common})
+    assert missing == []
+    assert [(p["arm"], p["distill"], p["seeds"], p["teacher_reward"], p["held_out_instances"]) for p in points] == [
+        ("sft_teacher", "sft", [0], -2.6, 0.5), ("sft_teacher", "sft_s1", [1], -2.7, 0.6),
+        ("sft_teacher", "sft_s2", [2], -2.5, 0.7), ("rl_teacher", "rl_s0", [0], -2.1, 0.5),
+        ("rl_teacher", "rl_s1", [1], -2.2, 0.6), ("rl_teacher", "rl_s2", [2], -2.0, 0.7)]
+    # without the seeded samples: one SFT point over its seeds, as before
+    del common["distills"]["sft_s1"], common["distills"]["sft_s2"]
+    points, _ = correlation_points(arms, {"teachers": {}, "common": common})
+    assert [(p["arm"], p["distill"], p["seeds"]) for p in points][0] == ("sft_teacher", "sft", [0, 1, 2])
