@@ -839,6 +839,23 @@ def restore(folder: Path, out: Path) -> list[tuple[Path, int]]:
     return written
 
 
+def check_students_inputs(folder: Path, distilled: Path) -> list[str]:
+    """What a students part would read wrongly in ``distilled`` against the explanations kept in ``folder``: a kept
+    SFT sample of a seed (``sft_s<seed>``) or the answer-only teacher's rows missing there (bench/study_fair.sh
+    would then teach those students from ``sft``, or not at all), or an SFT sample there that is not kept (its
+    students would read rows the summary refuses). ``check_distilled`` checks the rows of the files there are."""
+    kept = set(_read_manifest(folder)["teachers"])
+    there = {path.stem for path in distilled.glob("*.jsonl")}
+    sampled = re.compile(r"^sft_s\d+$")
+    wrong = [f"{distilled}: no {name}.jsonl, which {folder} keeps (its students would read other rows): restore "
+             f"it with bench/study_fair.py restore {folder} --out <an empty folder>"
+             for name in sorted(kept - there) if sampled.match(name) or name == ANSWER_ONLY_TEACHER]
+    wrong += [f"{distilled / name}.jsonl: an SFT teacher's sample that {folder} does not keep (its students' rows "
+              f"could not be checked): keep it (bench/study_fair.py keep) or remove it"
+              for name in sorted(there - kept) if sampled.match(name)]
+    return wrong
+
+
 def check_distilled(folder: Path, distilled: Path, own: Path | None = None) -> list[str]:
     """What is wrong with the students' and teachers' input files in ``distilled`` (``<name>.jsonl``) against the
     explanations ``keep`` kept in ``folder``: a file named as a kept teacher must hold its kept rows (the whole kept
@@ -967,7 +984,7 @@ def seed_t_interval(a: list[float], b: list[float]) -> dict | None:
     point = float(np.mean(a) - np.mean(b))
     variance = sum(v for v, _ in terms)
     df = variance ** 2 / sum(v ** 2 / d for v, d in terms) if variance > 0 else float(sum(d for _, d in terms))
-    half = T_975[min(int(df), len(T_975)) - 1] * variance ** 0.5
+    half = T_975[min(max(int(df), 1), len(T_975)) - 1] * variance ** 0.5
     return {"difference": round(point, 4), "ci95": [round(point - half, 4), round(point + half, 4)],
             "df": round(df, 2), "seeds": [len(a), len(b)]}
 
@@ -1447,7 +1464,8 @@ def correlation_line(student: str, entry: dict) -> str:
                           + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}] over points" if ci else "")
                           + (f", [{by_answers[0]:+.3f}, {by_answers[1]:+.3f}] over answers" if by_answers else ""))
         cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
-    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher" else "")
+    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher"
+                                          or p.get("distill", "").startswith("sft_s") else "")
                          for p in entry["points"])
     reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
     return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}; "
@@ -1591,6 +1609,8 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("distilled", type=Path, help="the part's distilled/ folder")
     checking.add_argument("--own", type=Path, help="a teachers part's <root>/teachers: a file that is its own "
                                                    "distill_<name>/distill.jsonl passes")
+    checking.add_argument("--students", action="store_true", help="a students part: also every kept SFT sample "
+                          "and the answer-only teacher's rows there, and no SFT sample there that is not kept")
     targeting = sub.add_parser("worked-target", help="the answer-only teacher's rows with the worked solution as "
                                                      "the student's target")
     targeting.add_argument("rows", type=Path, help="its distilled rows (JSON lines)")
@@ -1646,6 +1666,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.action == "check-distilled":
             wrong = check_distilled(args.folder, args.distilled, args.own)
+            if args.students:
+                wrong += check_students_inputs(args.folder, args.distilled)
             for line in wrong:
                 print(f"error: {line}", file=sys.stderr)
             return 2 if wrong else 0

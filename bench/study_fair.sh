@@ -236,6 +236,8 @@ sft_seeds=${STUDY_SFT_SEEDS:-}
 [[ -z $sft_seeds || $sft_seeds =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] \
   || { echo "bench/study_fair.sh: STUDY_SFT_SEEDS=$sft_seeds: seeds >= 1, comma-separated" >&2; exit 2; }
 sft_seeds=${sft_seeds//,/ }
+[ "$(tr ' ' '\n' <<< "$sft_seeds" | sort | uniq -d)" = "" ] \
+  || { echo "bench/study_fair.sh: STUDY_SFT_SEEDS=${STUDY_SFT_SEEDS}: each seed once" >&2; exit 2; }
 answer_only=${STUDY_ANSWER_ONLY:-1}
 [[ $answer_only == [01] || $answer_only == only ]] \
   || { echo "bench/study_fair.sh: STUDY_ANSWER_ONLY=$answer_only: 0, 1 or only" >&2; exit 2; }
@@ -327,8 +329,10 @@ distill() {  # <teacher folder> <name> [seed=<s>] [data override]: every trainin
   local teacher=$1 name=$2 seed=0; shift 2
   if [[ ${1:-} == seed=* ]]; then seed=${1#seed=}; shift; fi
   [ -f "$distilled/$name.jsonl" ] && return 0
+  # data.seed=0: the rows (their draw, the held-out split, the cap's sample) are the same whatever seed samples the
+  # explanations, so that every distill explains the same questions
   stage "$root/teachers/distill_$name" "distill_$name" ./launch_mono.sh distill "${size[@]}" "${distill_size[@]}" "$@" \
-    "model.model_name_or_path=$teacher" "seed=$seed" || return 1
+    "model.model_name_or_path=$teacher" "seed=$seed" data.seed=0 || return 1
   [ "$check" != 1 ] || return 0
   mkdir -p "$distilled" && cp "$root/teachers/distill_$name/distill.jsonl" "$distilled/$name.jsonl"
 }
@@ -476,7 +480,11 @@ for one in $parts; do
       [ -f "$file" ] && [ ! -s "${file%.gz}" ] && gzip -dc "$file" > "${file%.gz}.tmp" && mv "${file%.gz}.tmp" "${file%.gz}"
     done
     [[ " $arms " != *" traces "* ]] || unpack_traces
-    if ! distilled_are_kept; then  # no student trains on other rows than the kept explanations: the part fails
+    # no student trains on other rows than the kept explanations, nor misses a kept SFT sample (sft_s<seed>, which
+    # its seed's SFT-teacher students read) or the answer-only teacher's rows: the part fails
+    students_check=()
+    [ "$check" = 1 ] || students_check=(--students)
+    if ! distilled_are_kept "${students_check[@]}"; then
       false & pids+=($!) names+=(students)
       continue
     fi

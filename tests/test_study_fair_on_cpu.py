@@ -407,6 +407,10 @@ def test_the_teachers_and_students_parts_chain_on_the_tiny_pair(tmp_path):
         config = (root / "teachers" / f"distill_{name}" / "config.yaml").read_text()
         assert f"model_name_or_path: {root / 'teachers' / 'sft' / 'final'}" in config
         assert f"\nseed: {seed}\n" in config
+    # ... of the same questions (data.seed=0: the run seed samples the explanations, not the rows)
+    questions = [{json.loads(x)["question"] for x in (root / "distilled" / f"{name}.jsonl").read_text().splitlines()}
+                 for name in ("sft", "sft_s1")]
+    assert questions[0] == questions[1] and len(questions[0]) == 4
     # (the embedded rows' solution is the answer line either way: the setting is what differs)
     for folder in ("rl_answer_s0/rl", "distill_rl_answer_s0"):
         assert "gsm_solution: answer" in (root / "teachers" / folder / "config.yaml").read_text()
@@ -1665,6 +1669,44 @@ def test_the_sft_seeds_must_be_seeds_from_1(tmp_path, value):
     bad = _fair_sh("teachers", tmp_path / "x", env={"STUDY_SFT_SEEDS": value})
     assert bad.returncode == 2 and bad.stderr == (f"bench/study_fair.sh: STUDY_SFT_SEEDS={value}: seeds >= 1, "
                                                   "comma-separated\n")
+    twice = _fair_sh("teachers", tmp_path / "x", env={"STUDY_SFT_SEEDS": "1,2,1"})
+    assert twice.returncode == 2 and twice.stderr == "bench/study_fair.sh: STUDY_SFT_SEEDS=1,2,1: each seed once\n"
+
+
+def test_a_students_part_refuses_a_distilled_folder_missing_a_kept_sample_or_holding_one_not_kept(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import check_students_inputs
+
+    kept, distilled = tmp_path / "kept", tmp_path / "distilled"
+    _kept_folder(kept, {name: {"q0": -4.0} for name in ("sft", "sft_s1", "rl_s0", "rl_answer_s0")})
+    distilled.mkdir()
+    for name in ("sft", "sft_s1", "rl_s0", "rl_answer_s0"):
+        (distilled / f"{name}.jsonl").write_bytes(lzma.decompress((kept / f"{name}.jsonl.xz").read_bytes()))
+    assert check_students_inputs(kept, distilled) == []
+    # sft_s1 gone: its students would read sft; an sft_s2 there that is not kept: its students' rows unchecked
+    (distilled / "sft_s1.jsonl").rename(distilled / "sft_s2.jsonl")
+    assert check_students_inputs(kept, distilled) == [
+        f"{distilled}: no sft_s1.jsonl, which {kept} keeps (its students would read other rows): restore it with "
+        f"bench/study_fair.py restore {kept} --out <an empty folder>",
+        f"{distilled / 'sft_s2'}.jsonl: an SFT teacher's sample that {kept} does not keep (its students' rows could "
+        "not be checked): keep it (bench/study_fair.py keep) or remove it"]
+    # the command the students part runs: exit 2 and the lines, with --students only
+    result = _run("check-distilled", kept, distilled, "--students")
+    assert result.returncode == 2 and result.stderr.count("error: ") == 2
+    assert _run("check-distilled", kept, distilled).returncode == 0
+
+
+def test_the_worked_target_of_an_answer_only_row_is_the_worked_mappings_solution():
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study_fair import worked_target
+
+    from rlt_mono.data.gsm_symbolic import item_row
+
+    item = {"question": "Ann has 3 pens and buys 4. How many pens?", "answer": "7",
+            "metadata": {"answer_cot": "She buys 4 more.\n3 + 4 = 7\n#### 7"}}
+    answer_only, worked = item_row(item, 5, "answer"), item_row(item, 5, "worked")
+    (line,) = worked_target([json.dumps(answer_only)])
+    assert json.loads(line)["solution"] == worked["solution"] == "She buys 4 more.\n3 + 4 = 7\nThe answer is 7."
 
 
 def test_the_sft_teachers_seeded_samples_teach_their_seeds_students_and_are_points_of_their_own():
