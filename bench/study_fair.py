@@ -10,8 +10,10 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py common <root> --out <folder of the students' distilled files>
     python bench/study_fair.py keep <root> --out study_data/gsm_symbolic_v2/explanations [--replace]
     python bench/study_fair.py restore study_data/gsm_symbolic_v2/explanations --out <folder of the students' files>
-    python bench/study_fair.py check-distilled <kept folder> <root>/distilled [--own <root>/teachers]
+    python bench/study_fair.py check-distilled <kept folder> <root>/distilled [--own <root>/teachers] [--students]
     python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512_*.json --out <png>
+    python bench/study_fair.py worked-target <root>/distilled/rl_answer_s0.jsonl --out <rows file>
+    python bench/study_fair.py rounded study_data/gsm_symbolic_v2/explanations
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
