@@ -130,6 +130,10 @@ TRACE_COLUMNS = ("question", "solution", "answer", "template")
 ARM_ORDER = ("untrained", "untrained_plain", "worked", "worked_common", "traces", "sft_teacher", "rl_teacher",
              "rl_teacher_answer_only")
 _STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
+# The SFT teacher's explanations sampled with distill seed s (bench/study_fair.sh's STUDY_SFT_SEEDS), which its
+# students of seed s read: the distill's name, and how to know one.
+SFT_SAMPLE = "sft_s{seed}"
+_SFT_SAMPLE = re.compile(r"^sft_s\d+$")
 # A distill's teacher that is an RL run's checkpoint (``below_teachers``): rl_s0/rl/checkpoint-30.
 _CHECKPOINT_TEACHER = re.compile(r"^(?P<run>[^/]+)/rl/checkpoint-(?P<step>\d+)$")
 # What the teachers part of bench/study_fair.sh leaves under <root>/teachers: the SFT teacher's folder, each RL
@@ -848,13 +852,12 @@ def check_students_inputs(folder: Path, distilled: Path) -> list[str]:
     students would read rows the summary refuses). ``check_distilled`` checks the rows of the files there are."""
     kept = set(_read_manifest(folder)["teachers"])
     there = {path.stem for path in distilled.glob("*.jsonl")}
-    sampled = re.compile(r"^sft_s\d+$")
     wrong = [f"{distilled}: no {name}.jsonl, which {folder} keeps (its students would read other rows): restore "
              f"it with bench/study_fair.py restore {folder} --out <an empty folder>"
-             for name in sorted(kept - there) if sampled.match(name) or name == ANSWER_ONLY_TEACHER]
+             for name in sorted(kept - there) if _SFT_SAMPLE.match(name) or name == ANSWER_ONLY_TEACHER]
     wrong += [f"{distilled / name}.jsonl: an SFT teacher's sample that {folder} does not keep (its students' rows "
               f"could not be checked): keep it (bench/study_fair.py keep) or remove it"
-              for name in sorted(there - kept) if sampled.match(name)]
+              for name in sorted(there - kept) if _SFT_SAMPLE.match(name)]
     return wrong
 
 
@@ -1152,7 +1155,8 @@ def _arm_distill(arm: str, seed: int, distills: frozenset[str] | set[str] = froz
     STUDY_SFT_SEEDS), else sft; rl_teacher -> rl_s<seed>; rl_teacher_step<N> -> rl_s0's checkpoint N, distill
     rl_step<N>; None for an arm no teacher taught."""
     if arm == "sft_teacher":
-        return "sft", f"sft_s{seed}" if seed != 0 and f"sft_s{seed}" in distills else "sft"
+        sample = SFT_SAMPLE.format(seed=seed)
+        return "sft", sample if seed != 0 and sample in distills else "sft"
     if arm == "rl_teacher":
         return f"rl_s{seed}", f"rl_s{seed}"
     if match := _STEP_ARM.match(arm):
@@ -1467,7 +1471,7 @@ def correlation_line(student: str, entry: dict) -> str:
                           + (f", [{by_answers[0]:+.3f}, {by_answers[1]:+.3f}] over answers" if by_answers else ""))
         cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
     teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher"
-                                          or p.get("distill", "").startswith("sft_s") else "")
+                                          or _SFT_SAMPLE.match(p.get("distill", "")) else "")
                          for p in entry["points"])
     reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
     return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}; "
@@ -1660,7 +1664,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise StudyError(f"{args.rows}: no such file")
             lines = worked_target(args.rows.read_text().splitlines())
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            write_text(args.out, "".join(line + "\n" for line in lines))
+            write_bytes(args.out, _text(lines))  # the bytes _kept_digests hashes of these rows
             print(f"{args.out}: {len(lines)} rows, the worked solution as the target")
             return 0
         if args.action == "rounded":
