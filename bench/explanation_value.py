@@ -27,8 +27,9 @@ The questions are a seeded sample of those every named teacher explained (``stud
 stratified by template (``rlt_mono.data.rows.sample_rows``). The student and the reward settings come from the
 ``distill`` run config and its overrides, as the study's distill scored the rows; each teacher's rows, scored
 again here, reproduce the distill's own ``r_ss`` to within the precision of the device (``reproduces``: each
-teacher's mean and largest difference, a warning above REPRODUCE_TOLERANCE; none under ``--solution answer``, which
-the distill did not score, and none for a ``--rewrite`` reading, whose text the distill never scored). r_SS reads
+teacher's mean and largest difference, a warning above REPRODUCE_TOLERANCE; only for the teachers whose distill
+scored the same text, ``data.gsm_solution`` in the kept manifest: the answer-only teacher's distill scored the answer
+line, the others the worked solution; none for a ``--rewrite`` reading, whose text the distill never scored). r_SS reads
 the student's log-probs at the reward's temperature (``reward.unbias_student_log_probs_temp``, 0.7 in the RLT run),
 as the reward does. Intervals: 95% bootstrap of the
 paired mean difference, templates resampled, then questions within them.
@@ -36,7 +37,8 @@ paired mean difference, templates resampled, then questions within them.
 ``--kept`` loads no model: it compares the named teachers on the scores their distill recorded with each kept row
 (``r_ss``, ``r_kl``, ``total``; and the shares that hold a wrong equation and that close within the cap), paired on
 every question they all explained (``--questions 0``) or on a sample, with the same intervals; seconds on any
-machine.
+machine. Teachers whose distills scored different texts (the answer-only teacher beside the others) are refused:
+their ``r_ss`` are not one quantity.
 
     python bench/explanation_value.py study_data/gsm_symbolic_v2/explanations --teachers sft,rl_s0 --questions 64 \\
         --out results/study_gsm_symbolic_v2/explanation_value.json student=qwen2.5_coder_0.5b_instruct
@@ -65,7 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from bench_mono import code_commit  # noqa: E402
-from study_fair import StudyError, _interval, _question_weights, read_kept  # noqa: E402
+from study_fair import StudyError, _interval, _question_weights, kept_solutions, read_kept  # noqa: E402
 
 from rlt_mono.config import ConfigError, compose, instantiate  # noqa: E402
 from rlt_mono.data.models import dtype_name, load_model, load_tokenizer, model_path  # noqa: E402
@@ -381,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--teachers {args.teachers}: a teacher named as another's --rewrite {args.rewrite} "
                               "reading")
         rows = teachers_rows(args.folder, teachers)
+        solutions = {name: kept_solutions(args.folder)[name] for name in teachers}
+        if args.kept and len(set(solutions.values())) > 1:
+            raise ConfigError("--kept: " + ", ".join(f"{name}'s distill scored the {solution} solution"
+                                                     for name, solution in solutions.items())
+                              + ": their r_ss are not one quantity (without --kept every explanation is scored "
+                                "again against one --solution)")
         questions = common_questions(rows, args.questions, args.seed)
         if args.kept:
             return write_kept(args, rows, teachers, questions, {"commit": commit, "command": command}, started)
@@ -404,9 +412,11 @@ def main(argv: list[str] | None = None) -> int:
     templates = np.array([q["template"] for q in questions])
     rng = np.random.default_rng(args.seed)
     reproduces = None
-    if args.solution == "worked":  # each teacher's rows as kept scored again against the distill's own r_ss
+    # each teacher's rows as kept scored again against the distill's own r_ss, where the distill scored the same
+    # solution (the answer-only teacher's distill scored the answer line)
+    if any(solution == args.solution for solution in solutions.values()):
         reproduces = {}
-        for name in teachers:  # not the rewritten readings: the distill never scored their text
+        for name in [name for name in teachers if solutions[name] == args.solution]:  # not the rewritten readings
             diff = per_reading[name][0] - np.array([rows[name][q["question_id"]]["r_ss"] for q in questions])
             reproduces[name] = {"mean_difference": round(float(diff.mean()), 4),
                                 "max_abs_difference": round(float(np.abs(diff).max()), 4)}

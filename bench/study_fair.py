@@ -1,9 +1,9 @@
 """The fair study's summary (docs/STUDY.md): every arm's held-out accuracy with intervals over seeds, templates and
 questions, the positive control, and the paired differences, from the eval folders bench/study_fair.sh writes.
 
-    python bench/study_fair.py export <root> --out results/study_gsm_symbolic_v2/answers [--suffix _lr1e-5] \
+    python bench/study_fair.py export <root> --out study_data/gsm_symbolic_v2/answers [--suffix _lr1e-5] \
         --device H200 --commit <sha> --command "<how it ran>"
-    python bench/study_fair.py summarize results/study_gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
+    python bench/study_fair.py summarize study_data/gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2/final
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
         --device H200 --commit <sha> --command "<how it ran>"
@@ -769,6 +769,14 @@ def _provenance(root: Path, name: str, rows: list[str]) -> dict:
 def _read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST_FILE
     return json.loads(path.read_text()) if path.is_file() else {"teachers": {}}
+
+
+def kept_solutions(folder: Path) -> dict[str, str]:
+    """The text each kept distill's ``r_ss`` scored: its run's ``data.gsm_solution`` (``worked``, or ``answer`` for
+    the answer-only teacher's distill); ``worked``, that setting's default, where the manifest records no config."""
+    teachers = _read_manifest(folder)["teachers"]
+    return {name: ((entry.get("config") or {}).get("distill") or {}).get("data", {}).get("gsm_solution") or "worked"
+            for name, entry in teachers.items()}
 
 
 def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, str]]:

@@ -69,7 +69,7 @@
 #                    one 1.5B student SFT, 16 rows of <= 1,024 tokens in float32, held 106 GiB of an H200 by
 #                    nvidia-smi); the students are dealt round-robin to the slots, each slot's one after another
 #   STUDY_ANSWERS    students part: a folder of exported answers (bench/study_fair.py export's --out, e.g. the
-#                    committed results/study_gsm_symbolic_v2/answers): a run whose file is there, exported at this
+#                    committed study_data/gsm_symbolic_v2/answers): a run whose file is there, exported at this
 #                    study's commit (<root>/commit, when there is one), is not run again
 #   STUDY_MINUTES    students part: a slot starts no run that would end past this many minutes from the part's
 #                    start, judged by the slot's longest run so far (a part fits a GPU held for a fixed time: the

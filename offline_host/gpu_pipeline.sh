@@ -123,7 +123,7 @@ case "${1:-}" in
     if [ -d .study/distilled ]; then mkdir -p "$study/distilled" && cp -n .study/distilled/* "$study/distilled/"; fi
     # A run whose answers this tree holds (committed from an earlier machine's `wait`, at the same commit) is
     # not run again.
-    export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/results/study_gsm_symbolic_v2/answers}
+    export STUDY_ANSWERS=${STUDY_ANSWERS:-$PWD/study_data/gsm_symbolic_v2/answers}
     echo "${OFFLINE_HOST_STUDY:+OFFLINE_HOST_STUDY=$OFFLINE_HOST_STUDY }${OFFLINE_HOST_SNAP:+OFFLINE_HOST_SNAP=$OFFLINE_HOST_SNAP }$(study_settings)bash offline_host/gpu_pipeline.sh fair $2 $3" \
       > "$study/command"
     enter_code_copy
@@ -166,7 +166,7 @@ case "${1:-}" in
     [ ! -d seed0/1_teacher_sft ] \
       || tar czf "$OUT/teacher_sft.tgz" --exclude='checkpoint-*' --exclude='final' seed0/1_teacher_sft 2>/dev/null || true
     # Each finished student's answers (a few tens of KB a run), in one archive (a host returns a limited number of
-    # files): `tar xzf answers.tgz --skip-old-files -C results/study_gsm_symbolic_v2/answers`; committed, they
+    # files): `tar xzf answers.tgz --skip-old-files -C study_data/gsm_symbolic_v2/answers`; committed, they
     # spare the run on a later host (STUDY_ANSWERS).
     if [ -s "$study/commit" ] && [ -s "$study/command" ] && compgen -G "*/*/eval/eval.json" > /dev/null; then
       gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader)

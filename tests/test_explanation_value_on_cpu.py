@@ -20,8 +20,9 @@ QUESTIONS = [(f"q{i:02d}", f"How many apples are {i} and {i + 1}?", f"{i} + {i +
               f"The answer is {2 * i + 1}.", i % 3) for i in range(6)]
 
 
-def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = 5.0) -> None:
-    """A kept-explanations folder as study_fair.py keep writes it: <name>.jsonl.xz and manifest.json."""
+def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = 5.0, solutions: dict | None = None) -> None:
+    """A kept-explanations folder as study_fair.py keep writes it: <name>.jsonl.xz and manifest.json (with the
+    distill's ``data.gsm_solution`` for the teachers in ``solutions``)."""
     folder.mkdir(parents=True)
     manifest = {"teachers": {}}
     for name, explanations in teachers.items():
@@ -32,6 +33,8 @@ def _keep(folder: Path, teachers: dict[str, list[str]], r_ss: float = 5.0) -> No
         (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
         manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(rows),
                                       "sha256": hashlib.sha256(data).hexdigest()}
+        if name in (solutions or {}):
+            manifest["teachers"][name]["config"] = {"distill": {"data": {"gsm_solution": solutions[name]}}}
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -47,7 +50,10 @@ def scored(tmp_path_factory):
                           "copy": [solution for _, _, solution, _ in QUESTIONS]})
     done = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--out", root / "value.json")
     assert done.returncode == 0, done.stderr
-    answer = _run(root / "kept", "--teachers", "blank,other,copy", "--questions", 3, "--solution", "answer",
+    # the same rows, "copy" kept from a distill that scored the answer line (the answer-only teacher's)
+    _keep(root / "kept_answer", {"blank": [""] * 6, "other": ["two numbers"] * 6,
+                                 "copy": [solution for _, _, solution, _ in QUESTIONS]}, solutions={"copy": "answer"})
+    answer = _run(root / "kept_answer", "--teachers", "blank,other,copy", "--questions", 3, "--solution", "answer",
                   "--out", root / "answer.json")
     assert answer.returncode == 0, answer.stderr
     return (json.loads((root / "value.json").read_text()), done.stdout + done.stderr,
@@ -115,10 +121,12 @@ def test_the_answer_line_alone_is_scored_after_the_same_thoughts(scored):
     worked, _, answer = scored
     assert (answer["solution"], worked["solution"]) == ("answer", "worked")
     assert [q["question_id"] for q in answer["per_question"]] == [q["question_id"] for q in worked["per_question"]]
-    # another text scored after the same thoughts: other figures; the distill scored the worked solution, so there
-    # is nothing to reproduce
+    # another text scored after the same thoughts: other figures; the kept r_ss is reproduced only for the teacher
+    # whose distill scored the answer line too, and in the worked reading for none of it
     assert all(a["none"] != w["none"] for a, w in zip(answer["per_question"], worked["per_question"]))
-    assert answer["reproduces"] is None
+    assert list(answer["reproduces"]) == ["copy"]
+    copy = [q["copy"] for q in answer["per_question"]]
+    assert answer["reproduces"]["copy"]["mean_difference"] == pytest.approx(sum(copy) / 3 - 5.0, abs=1e-3)
     assert all(q["copy"] == q["worked_solution"] for q in answer["per_question"])
 
 
@@ -310,6 +318,13 @@ def test_kept_refuses_what_it_cannot_compare_in_one_line(tmp_path):
                          "rl_s1: question q00: r_ss is nan, not a finite number")):
         done = _kept_run(tmp_path / "kept", out, *extra)
         assert done.returncode == 2 and said in done.stderr, (extra, done.stderr)
+    # a teacher whose distill scored the answer line alone beside ones that scored the worked solution
+    manifest = json.loads((tmp_path / "kept" / "manifest.json").read_text())
+    manifest["teachers"]["rl_s0"]["config"] = {"distill": {"data": {"gsm_solution": "answer"}}}
+    (tmp_path / "kept" / "manifest.json").write_text(json.dumps(manifest))
+    done = _kept_run(tmp_path / "kept", out, "--teachers", "sft,rl_s0", "--questions", "0")
+    assert done.returncode == 2 and ("error: --kept: sft's distill scored the worked solution, rl_s0's distill "
+                                     "scored the answer solution: their r_ss are not one quantity") in done.stderr
     # teachers that share fewer than two questions
     _keep_scored(tmp_path / "apart", {"sft": SFT[:1], "rl_s0": RL[:1]})
     done = _kept_run(tmp_path / "apart", out, "--teachers", "sft,rl_s0", "--questions", "0")

@@ -3,7 +3,8 @@ and Markdown only, no logs.
 
 Raw logs, raw bench results and per-run rows stay out of the tree (docs/PERFORMANCE.md says which commit has them).
 The rows the study reads (the larger model's traces, the teachers' explanations) are its input, not its results:
-they live in study_data/, a file of at most 2 MiB.
+they live in study_data/, a file of at most 2 MiB; so do the students' answers, question by question, from which
+bench/study_fair.py summarize computes the study's results.
 """
 
 import subprocess
