@@ -3,7 +3,7 @@ questions, the positive control, and the paired differences, from the eval folde
 
     python bench/study_fair.py export <root> --out study_data/gsm_symbolic_v2/answers [--suffix _lr1e-5] \
         --device H200 --commit <sha> --command "<how it ran>"
-    python bench/study_fair.py summarize study_data/gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2/final
+    python bench/study_fair.py summarize study_data/gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
         --device H200 --commit <sha> --command "<how it ran>"
