@@ -1071,12 +1071,19 @@ REQUIRED_ARMS = ("untrained", "untrained_plain", "worked", "traces", "sft_teache
 MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
 
 
-def requirements(students: dict, commits: list[str]) -> dict:
+def requirements(students: dict, commits: list[str], rows_checked: bool = True) -> dict:
     """Each rule of the finished study (``REQUIRED_*``, ``MIN_*``): ``met``, and ``short`` naming what falls short
-    of it (empty where met), so that an interim summary says plainly how far the study is from done."""
+    of it (empty where met), so that an interim summary says plainly how far the study is from done.
+    ``rows_checked``: the taught runs' rows were checked against the kept explanations (``--explanations``), the one
+    check that an SFT-teacher student of seed s read the SFT teacher's sample s, and every taught student its own
+    teacher's kept rows."""
+    taught = sorted(f"{student}/{arm}" for student, entry in students.items() for arm in entry["arms"]
+                    if _kept_teacher(arm, 0) is not None)
     short = {"students": [s for s in REQUIRED_STUDENTS if s not in students],
              "arms": [], "seeds": [], "positive_control": [], "held_out_sets": [], "correlation": [],
-             "one_commit": [] if len(commits) == 1 else [f"{len(commits)} commits: {', '.join(commits)}"]}
+             "one_commit": [] if len(commits) == 1 else [f"{len(commits)} commits: {', '.join(commits)}"],
+             "rows_checked": [] if rows_checked or not taught else
+             [f"no --explanations: the rows of {', '.join(taught)} were not checked against the kept ones"]}
     for student, entry in students.items():
         arms = entry["arms"]
         short["arms"] += [f"{student}/{arm}" for arm in REQUIRED_ARMS if arm not in arms]
@@ -1706,7 +1713,7 @@ def main(argv: list[str] | None = None) -> int:
               "teachers": [str(path) for path in teachers_files] or None,
               "explanations": None if args.explanations is None else str(args.explanations),
               "students": students}
-    result["requirements"] = requirements(students, result["commit"])
+    result["requirements"] = requirements(students, result["commit"], rows_checked=args.explanations is not None)
     write_json(args.out / "study.json", result, indent=2)
     text = table(students) + requirements_line(result["requirements"])
     write_text(args.out / "study_table.md", text)

@@ -468,8 +468,9 @@ for one in $parts; do
     [ "${STUDY_SERIAL:-0}" = 1 ] && slots=1
     [[ $slots =~ ^[1-9][0-9]*$ ]] || { echo "bench/study_fair.sh: STUDY_SLOTS=$slots: a whole number >= 1" >&2; exit 2; }
     # the explanations the repository keeps, where no earlier machine's came with this root (the same rows, byte
-    # for byte, as bench/study_fair.py common wrote)
-    if [ "$check" != 1 ] && [ -f "$kept_explanations/manifest.json" ] \
+    # for byte, as bench/study_fair.py common wrote); a check restores them too, so that each command it checks
+    # names the rows the student would read (sft_teacher seed s: sft_s<s> where it is kept)
+    if [ -f "$kept_explanations/manifest.json" ] \
         && ! compgen -G "$distilled/*.jsonl" > /dev/null && ! compgen -G "$distilled/*.jsonl.gz" > /dev/null; then
       PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" bench/study_fair.py restore "$kept_explanations" \
         --out "$distilled" || echo "bench/study_fair.sh: the explanations in $kept_explanations were not restored" \
@@ -482,9 +483,7 @@ for one in $parts; do
     [[ " $arms " != *" traces "* ]] || unpack_traces
     # no student trains on other rows than the kept explanations, nor misses a kept SFT sample (sft_s<seed>, which
     # its seed's SFT-teacher students read) or the answer-only teacher's rows: the part fails
-    students_check=()
-    [ "$check" = 1 ] || students_check=(--students)
-    if ! distilled_are_kept "${students_check[@]}"; then
+    if ! distilled_are_kept --students; then
       false & pids+=($!) names+=(students)
       continue
     fi

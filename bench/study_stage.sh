@@ -22,10 +22,13 @@ stage() {
   local folder=$1 log=$2; shift 2
   local file=$root/logs/$log.log
   if [ "$check" = 1 ]; then  # as on a GPU host: where no GPU is named, the config is checked as for one
+    echo "bench/study_stage.sh: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} $* output_dir=$folder --check" >> "$file"
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} "$@" output_dir="$folder" --check >> "$file" 2>&1
     return
   fi
   if [ -f "$folder/eval.json" ] || [ -d "$folder/final" ]; then return 0; fi
+  # the command, first in its log: the rows a student read and the GPU it ran on stay there
+  echo "bench/study_stage.sh: CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-} $* output_dir=$folder" >> "$file"
   local pause=${STUDY_RETRY_SECONDS:-60} memory_tries=${STUDY_MEMORY_TRIES:-10} tries=0 others=0
   local lines start resume wait_s
   resume=$(resume_override "$folder")

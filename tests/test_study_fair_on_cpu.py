@@ -1280,6 +1280,41 @@ def _kept_folder(folder: Path, totals: dict[str, dict[str, float]]) -> None:
     (folder / "manifest.json").write_text(json.dumps(manifest))
 
 
+def test_a_check_of_the_students_part_restores_the_kept_rows_and_logs_the_rows_each_student_reads(tmp_path):
+    """STUDY_CHECK=1 on a students part with kept explanations: the kept rows are restored into the root as a run
+    restores them, so each checked command, first in its log, names the file that student would read: sft_teacher
+    seed 1 the SFT teacher's sample 1, seed 0 the kept sft; a kept sample missing from a distilled folder fails the
+    check as it fails a run."""
+    kept = tmp_path / "kept"
+    _kept_folder(kept, {name: {"q0": -4.0, "q1": -3.0} for name in ("sft", "sft_s1", "rl_s0", "rl_answer_s0")})
+    env = {k: v for k, v in _environ().items() if not k.startswith(("STUDY_", "CUDA_VISIBLE"))}
+    env.update(STUDY_CHECK="1", STUDY_GPUS="0", STUDY_SLOTS="1", STUDY_UNTRAINED="0", STUDY_EXPLANATIONS=str(kept),
+               STUDY_ARMS="sft_teacher,rl_teacher")
+    root = tmp_path / "study"
+    done = subprocess.run(["bash", "bench/study_fair.sh", "students", str(root), "0,1"], cwd=SCRIPT.parents[1],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    student = "qwen2.5_coder_0.5b_instruct"
+    assert sorted(p.name for p in (root / "distilled").glob("*.jsonl")) == [
+        "rl_answer_s0.jsonl", "rl_s0.jsonl", "sft.jsonl", "sft_s1.jsonl"]
+
+    def source(job: str) -> str:
+        first = (root / "logs" / f"{student}_{job}_sft.log").read_text().splitlines()[0]
+        assert first.startswith("bench/study_stage.sh: CUDA_VISIBLE_DEVICES=0 ./launch_mono.sh student_sft ")
+        return first.split("data.source=")[1].split()[0]
+
+    assert source("sft_teacher_s0") == str(root / "distilled" / "sft.jsonl")
+    assert source("sft_teacher_s1") == str(root / "distilled" / "sft_s1.jsonl")
+    assert source("rl_teacher_s0") == str(root / "distilled" / "rl_s0.jsonl")
+    # a distilled folder that came with the root, lacking the kept sample 1: nothing is checked, the part fails
+    other = tmp_path / "other"
+    (other / "distilled").mkdir(parents=True)
+    (other / "distilled" / "sft.jsonl").write_bytes(lzma.decompress((kept / "sft.jsonl.xz").read_bytes()))
+    done = subprocess.run(["bash", "bench/study_fair.sh", "students", str(other), "0,1"], cwd=SCRIPT.parents[1],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert "no sft_s1.jsonl, which" in done.stderr and (other / "DONE").read_text().startswith("students=1")
+
+
 def test_teachers_files_of_several_parts_merge_and_the_kept_rows_give_the_common_block(tmp_path):
     """Each teachers part writes its own file (the SFT teacher is trained again in each); the summary merges them,
     the later file's sft kept, and takes each teacher's reward from the kept rows the students read."""
@@ -1614,6 +1649,12 @@ def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     assert rules["positive_control"]["short"] == [f"{small}: fails"]
     assert rules["correlation"]["short"] == [f"{small}: 3 RL teachers"]
     assert rules["one_commit"] == {"met": False, "short": ["2 commits: abc1234, def5678"]}
+    # taught runs summarized without --explanations: their rows unchecked, named
+    assert rules["rows_checked"]["met"]
+    rules = requirements(students, ["abc1234"], rows_checked=False)
+    assert rules["rows_checked"] == {"met": False, "short": [
+        f"no --explanations: the rows of {small}/rl_teacher, {small}/rl_teacher_answer_only, {small}/sft_teacher "
+        "were not checked against the kept ones"]}
 
 
 def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_path):
@@ -1624,10 +1665,12 @@ def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_pat
     result, out = _summarize(tmp_path, root)
     rules = json.loads((out / "study.json").read_text())["requirements"]
     assert result.returncode == 0, result.stderr
-    assert {rule for rule, r in rules.items() if r["met"]} == {"seeds", "positive_control", "one_commit"}
+    assert {rule for rule, r in rules.items() if r["met"]} == {"seeds", "positive_control", "one_commit",
+                                                               "rows_checked"}
     assert rules["correlation"]["short"] == ["s: 0 RL teachers"]
     assert (out / "study_table.md").read_text().endswith(
-        "The finished study's requirements: met: seeds, positive_control, one_commit; not met: students "
+        "The finished study's requirements: met: seeds, positive_control, one_commit, rows_checked; not met: "
+        "students "
         "(qwen2.5_coder_0.5b_instruct; qwen2.5_coder_1.5b_instruct), arms (s/untrained_plain; s/traces; "
         "s/sft_teacher; s/rl_teacher; ...), held_out_sets (s/untrained held_out_instances: 40 questions, 10 "
         "templates; s/untrained held_out_templates: none; s/worked held_out_instances: 40 questions, 10 templates; "
