@@ -3,7 +3,9 @@ questions, the positive control, and the paired differences, from the eval folde
 
     python bench/study_fair.py export <root> --out study_data/gsm_symbolic_v2/answers [--suffix _lr1e-5] \
         --device H200 --commit <sha> --command "<how it ran>"
-    python bench/study_fair.py summarize study_data/gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2
+    python bench/study_fair.py summarize study_data/gsm_symbolic_v2/answers --out results/study_gsm_symbolic_v2 \
+        --teachers <teachers files> --explanations study_data/gsm_symbolic_v2/explanations \
+        --traces study_data/gsm_symbolic_v2/traces.jsonl.gz
     python bench/study_fair.py traces <root>/traces/eval --out <root>/traces/traces.jsonl
     python bench/study_fair.py teachers <root> --out results/study_gsm_symbolic_v2/teachers.json \
         --device H200 --commit <sha> --command "<how it ran>"
@@ -358,6 +360,30 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
         raise StudyError(f"--explanations {explanations}: {len(unsaid)} run(s) do not record what they were trained "
                          f"on, so whether they read the kept rows cannot be checked: {', '.join(unsaid)}; summarize "
                          "them without --explanations, or run them again")
+
+
+def check_read_traces(roots: list[Path], traces: Path) -> None:
+    """Every ``traces`` run read the committed traces (``traces``: the gzipped file bench/study_fair.sh unpacks,
+    study_data/gsm_symbolic_v2/traces.jsonl.gz): the sha256 its ``trained_on`` records against that of the
+    unpacked rows. A run taught by other traces, or that does not say what it read, is refused, naming the runs."""
+    try:
+        digest = _sha256(gzip.decompress(traces.read_bytes()))
+    except (OSError, EOFError) as err:
+        raise StudyError(f"--traces {traces}: not a readable gzip file of the traces ({err})") from err
+    other, unsaid = [], []
+    for student, arm, seed, taught in _runs_trained_on(roots):
+        if arm != "traces":
+            continue
+        label = f"{student}/{arm}_s{seed}"
+        if not taught or not taught.get("sha256"):
+            unsaid.append(label)
+        elif taught["sha256"] != digest:
+            other.append(f"{label} ({taught.get('file')})")
+    if other or unsaid:
+        raise StudyError(f"--traces {traces}: " + "; ".join(
+            [f"{len(other)} run(s) read other traces: {', '.join(other)}"] * bool(other)
+            + [f"{len(unsaid)} run(s) do not record what they were trained on: {', '.join(unsaid)}"] * bool(unsaid))
+            + "; summarize them without --traces, or run them again")
 
 
 def provenance(roots: list[Path]) -> list[dict]:
@@ -1071,19 +1097,20 @@ REQUIRED_ARMS = ("untrained", "untrained_plain", "worked", "traces", "sft_teache
 MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
 
 
-def requirements(students: dict, commits: list[str], rows_checked: bool = True) -> dict:
+def requirements(students: dict, commits: list[str], rows_checked: bool = True, traces_checked: bool = True) -> dict:
     """Each rule of the finished study (``REQUIRED_*``, ``MIN_*``): ``met``, and ``short`` naming what falls short
     of it (empty where met), so that an interim summary says plainly how far the study is from done.
     ``rows_checked``: the taught runs' rows were checked against the kept explanations (``--explanations``), the one
     check that an SFT-teacher student of seed s read the SFT teacher's sample s, and every taught student its own
-    teacher's kept rows."""
+    teacher's kept rows; ``traces_checked``: the traces runs' rows against the committed traces (``--traces``)."""
     taught = sorted(f"{student}/{arm}" for student, entry in students.items() for arm in entry["arms"]
-                    if _kept_teacher(arm, 0) is not None)
+                    if _kept_teacher(arm, 0) is not None and not rows_checked
+                    or arm == "traces" and not traces_checked)
     short = {"students": [s for s in REQUIRED_STUDENTS if s not in students],
              "arms": [], "seeds": [], "positive_control": [], "held_out_sets": [], "correlation": [],
              "one_commit": [] if len(commits) == 1 else [f"{len(commits)} commits: {', '.join(commits)}"],
-             "rows_checked": [] if rows_checked or not taught else
-             [f"no --explanations: the rows of {', '.join(taught)} were not checked against the kept ones"]}
+             "rows_checked": [] if not taught else
+             [f"the rows of {', '.join(taught)} were not checked against the kept ones (--explanations, --traces)"]}
     for student, entry in students.items():
         arms = entry["arms"]
         short["arms"] += [f"{student}/{arm}" for arm in REQUIRED_ARMS if arm not in arms]
@@ -1583,6 +1610,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"{TEACHERS_FILE} in --out when there is one")
     summary.add_argument("--explanations", type=Path, default=None,
                          help="keep's folder: the teachers' common block from the rows the students read")
+    summary.add_argument("--traces", type=Path, default=None,
+                         help="the committed traces (study_data/gsm_symbolic_v2/traces.jsonl.gz): every traces run "
+                              "must have read them")
     exporting = sub.add_parser("export", help="the few kilobytes of each eval run the summary needs")
     exporting.add_argument("root", type=Path)
     exporting.add_argument("--out", type=Path, required=True)
@@ -1700,6 +1730,8 @@ def main(argv: list[str] | None = None) -> int:
         teachers = read_teachers_files(teachers_files, args.explanations)
         if args.explanations is not None:
             check_read_kept(args.roots, args.explanations)
+        if args.traces is not None:
+            check_read_traces(args.roots, args.traces)
         students = summarize(read_arms(args.roots), args.resamples, args.seed, teachers)
     except (StudyError, UserError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -1712,8 +1744,10 @@ def main(argv: list[str] | None = None) -> int:
                             "over": ["seeds", "templates", "questions"]},
               "teachers": [str(path) for path in teachers_files] or None,
               "explanations": None if args.explanations is None else str(args.explanations),
+              "traces": None if args.traces is None else str(args.traces),
               "students": students}
-    result["requirements"] = requirements(students, result["commit"], rows_checked=args.explanations is not None)
+    result["requirements"] = requirements(students, result["commit"], rows_checked=args.explanations is not None,
+                                          traces_checked=args.traces is not None)
     write_json(args.out / "study.json", result, indent=2)
     text = table(students) + requirements_line(result["requirements"])
     write_text(args.out / "study_table.md", text)

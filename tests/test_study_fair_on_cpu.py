@@ -1432,6 +1432,35 @@ def test_each_taught_run_records_the_rows_it_read_and_the_summary_refuses_other_
     assert _run("summarize", root, "--out", out, "--teachers", _teachers_file(tmp_path)).returncode == 0
 
 
+def test_the_summary_refuses_traces_runs_that_did_not_read_the_committed_traces(tmp_path):
+    """summarize --traces: each traces run's trained_on against the sha256 of the committed traces unpacked."""
+    rows = '{"question": "q0", "trace": "2 + 2 = 4"}\n'
+    committed = tmp_path / "traces.jsonl.gz"
+    committed.write_bytes(gzip.compress(rows.encode()))
+    root = tmp_path / "study"
+    (root / "traces").mkdir(parents=True)
+    (root / "traces" / "traces.jsonl").write_text(rows)
+    (tmp_path / "other.jsonl").write_text('{"question": "q0", "trace": "another"}\n')
+    for run, source in (("traces_s0", root / "traces" / "traces.jsonl"), ("traces_s1", tmp_path / "other.jsonl")):
+        _eval_folder(root, "s", run, {"instances": _correct(0.5)})
+        _trained(root, "s", run, str(source))
+    out = tmp_path / "out"
+    result = _run("summarize", root, "--out", out, "--traces", committed)
+    assert (result.returncode, result.stderr) == (
+        2, f"error: --traces {committed}: 1 run(s) read other traces: s/traces_s1 (other.jsonl); summarize them "
+           "without --traces, or run them again\n")
+    (root / "s" / "traces_s1").rename(tmp_path / "set_aside")
+    result = _run("summarize", root, "--out", out, "--traces", committed)
+    assert result.returncode == 0, result.stderr
+    study = json.loads((out / "study.json").read_text())
+    assert study["traces"] == str(committed) and study["requirements"]["rows_checked"]["met"]
+    # without --traces: taken, and said to be unchecked
+    assert _run("summarize", root, "--out", out).returncode == 0
+    assert json.loads((out / "study.json").read_text())["requirements"]["rows_checked"]["short"] == [
+        "the rows of s/traces were not checked against the kept ones (--explanations, --traces)"]
+    assert _run("summarize", root, "--out", out, "--traces", tmp_path / "other.jsonl").returncode == 2
+
+
 def test_a_run_that_read_the_restored_rows_passes_the_check_where_the_kept_teachers_explained_other_questions(
         tmp_path):
     """Where the kept teachers explained different questions (a teacher kept with fewer), restore writes each one's
@@ -1653,8 +1682,11 @@ def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     assert rules["rows_checked"]["met"]
     rules = requirements(students, ["abc1234"], rows_checked=False)
     assert rules["rows_checked"] == {"met": False, "short": [
-        f"no --explanations: the rows of {small}/rl_teacher, {small}/rl_teacher_answer_only, {small}/sft_teacher "
-        "were not checked against the kept ones"]}
+        f"the rows of {small}/rl_teacher, {small}/rl_teacher_answer_only, {small}/sft_teacher were not checked "
+        "against the kept ones (--explanations, --traces)"]}
+    arms["traces"] = arm([0, 1, 2])
+    assert requirements(students, ["abc1234"], traces_checked=False)["rows_checked"]["short"] == [
+        f"the rows of {small}/traces were not checked against the kept ones (--explanations, --traces)"]
 
 
 def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_path):
