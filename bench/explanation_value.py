@@ -383,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--teachers {args.teachers}: a teacher named as another's --rewrite {args.rewrite} "
                               "reading")
         rows = teachers_rows(args.folder, teachers)
-        solutions = {name: kept_solutions(args.folder)[name] for name in teachers}
+        solved = kept_solutions(args.folder)
+        solutions = {name: solved[name] for name in teachers}
         if args.kept and len(set(solutions.values())) > 1:
             raise ConfigError("--kept: " + ", ".join(f"{name}'s distill scored the {solution} solution"
                                                      for name, solution in solutions.items())

@@ -335,6 +335,23 @@ def _kept_digests(explanations: Path) -> dict[str, set[str]]:
     return digests
 
 
+def _misread_runs(roots: list[Path], expected) -> tuple[list[str], list[str]]:
+    """The runs under ``roots`` that read other rows than ``expected(arm, seed)`` allows (``(sha256s, note)``, None for
+    a run it does not check), as ``<student>/<arm>_s<seed> (<file><note>)``, and those whose ``trained_on`` records
+    no sha256 (it cannot be checked), as ``<student>/<arm>_s<seed>``."""
+    other, unsaid = [], []
+    for student, arm, seed, taught in _runs_trained_on(roots):
+        allowed = expected(arm, seed)
+        if allowed is None:
+            continue
+        label = f"{student}/{arm}_s{seed}"
+        if not taught or not taught.get("sha256"):
+            unsaid.append(label)
+        elif taught["sha256"] not in allowed[0]:
+            other.append(f"{label} ({taught.get('file')}{allowed[1]})")
+    return other, unsaid
+
+
 def check_read_kept(roots: list[Path], explanations: Path) -> None:
     """Every taught run read the rows ``explanations`` keeps of its teacher (the sha256 its ``trained_on`` records
     against ``_kept_digests``: the kept file's, or that of the rows ``restore`` writes of it): the correlation pairs
@@ -343,16 +360,12 @@ def check_read_kept(roots: list[Path], explanations: Path) -> None:
     ``trained_on``, or its file gone when it was exported): the answers of students taught by explanations no longer
     kept (the 2026-11-28 teachers') are such runs, and would otherwise enter the summary beside the new ones."""
     kept = _kept_digests(explanations)
-    other, unsaid = [], []
-    for student, arm, seed, taught in _runs_trained_on(roots):
+
+    def expected(arm: str, seed: int) -> tuple[set[str], str] | None:
         teacher = _kept_teacher(arm, seed, set(kept))
-        if teacher is None:
-            continue
-        label = f"{student}/{arm}_s{seed}"
-        if not taught or not taught.get("sha256"):
-            unsaid.append(label)
-        elif taught["sha256"] not in kept.get(teacher, set()):
-            other.append(f"{label} ({taught.get('file')}, not the kept {teacher})")
+        return None if teacher is None else (kept.get(teacher, set()), f", not the kept {teacher}")
+
+    other, unsaid = _misread_runs(roots, expected)
     if other:
         raise StudyError(f"--explanations {explanations}: {len(other)} run(s) read other rows than the kept "
                          f"teacher's: {', '.join(other)}; summarize them without --explanations, or run them again")
@@ -370,15 +383,7 @@ def check_read_traces(roots: list[Path], traces: Path) -> None:
         digest = _sha256(gzip.decompress(traces.read_bytes()))
     except (OSError, EOFError) as err:
         raise StudyError(f"--traces {traces}: not a readable gzip file of the traces ({err})") from err
-    other, unsaid = [], []
-    for student, arm, seed, taught in _runs_trained_on(roots):
-        if arm != "traces":
-            continue
-        label = f"{student}/{arm}_s{seed}"
-        if not taught or not taught.get("sha256"):
-            unsaid.append(label)
-        elif taught["sha256"] != digest:
-            other.append(f"{label} ({taught.get('file')})")
+    other, unsaid = _misread_runs(roots, lambda arm, seed: ({digest}, "") if arm == "traces" else None)
     if other or unsaid:
         raise StudyError(f"--traces {traces}: " + "; ".join(
             [f"{len(other)} run(s) read other traces: {', '.join(other)}"] * bool(other)
@@ -1104,8 +1109,8 @@ def requirements(students: dict, commits: list[str], rows_checked: bool = True, 
     check that an SFT-teacher student of seed s read the SFT teacher's sample s, and every taught student its own
     teacher's kept rows; ``traces_checked``: the traces runs' rows against the committed traces (``--traces``)."""
     taught = sorted(f"{student}/{arm}" for student, entry in students.items() for arm in entry["arms"]
-                    if _kept_teacher(arm, 0) is not None and not rows_checked
-                    or arm == "traces" and not traces_checked)
+                    if (_kept_teacher(arm, 0) is not None and not rows_checked)
+                    or (arm == "traces" and not traces_checked))
     short = {"students": [s for s in REQUIRED_STUDENTS if s not in students],
              "arms": [], "seeds": [], "positive_control": [], "held_out_sets": [], "correlation": [],
              "one_commit": [] if len(commits) == 1 else [f"{len(commits)} commits: {', '.join(commits)}"],
