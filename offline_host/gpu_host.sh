@@ -67,7 +67,11 @@ study_settings() {
   local name value
   for name in $(compgen -e | grep '^STUDY_' | grep -vx STUDY_ANSWERS | LC_ALL=C sort); do
     value=${!name}
-    if [[ -n $value && $value =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then printf '%s=%s ' "$name" "$value"
+    # A path inside the working tree is written as $PWD/<path>: the command reads back in any checkout, and the
+    # record names no folder of the machine that ran it.
+    if [[ $value == "$PWD"/* && ${value#"$PWD"/} =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then
+      printf '%s=$PWD/%s ' "$name" "${value#"$PWD"/}"
+    elif [[ -n $value && $value =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then printf '%s=%s ' "$name" "$value"
     else printf "%s='%s' " "$name" "${value//\'/\'\\\'\'}"; fi
   done
 }

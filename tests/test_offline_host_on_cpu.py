@@ -250,18 +250,25 @@ def test_the_root_defaults_to_a_folder_in_home(tmp_path):
 
 def test_a_study_keeps_its_settings_as_words_a_shell_reads_back_to_the_same_values(tmp_path):
     settings = {"STUDY_RL": "trainer.save_steps=100000 trainer.eval_steps=25", "STUDY_ARMS": "rl_teacher,worked",
-                "STUDY_QUOTE": "it's", "STUDY_EMPTY": "", "STUDY_ANSWERS": "/host/answers"}
+                "STUDY_QUOTE": "it's", "STUDY_EMPTY": "", "STUDY_ANSWERS": "/host/answers",
+                "STUDY_EXPLANATIONS": str(ROOT / "study_data" / "kept"), "STUDY_OUTSIDE": "/elsewhere/kept"}
     env = {"PATH": "/usr/bin:/bin", **settings}
     words = subprocess.run(["bash", "-c", "source offline_host/gpu_host.sh; study_settings"], capture_output=True,
                            text=True, cwd=ROOT, timeout=60, env=env, check=True).stdout
-    # sorted, the host's own STUDY_ANSWERS left out, quoted only where a word needs it
-    assert words == ("STUDY_ARMS=rl_teacher,worked STUDY_EMPTY='' STUDY_QUOTE='it'\\''s' "
+    # sorted, the host's own STUDY_ANSWERS left out, quoted only where a word needs it, a path in the working
+    # tree as $PWD/<path> (the record names no folder of the host), one outside it as it is
+    assert words == ("STUDY_ARMS=rl_teacher,worked STUDY_EMPTY='' STUDY_EXPLANATIONS=$PWD/study_data/kept "
+                     "STUDY_OUTSIDE=/elsewhere/kept STUDY_QUOTE='it'\\''s' "
                      "STUDY_RL='trainer.save_steps=100000 trainer.eval_steps=25' ")
-    # read back by a shell: the same values
+    # read back by a shell in another checkout: the same values, the path in that checkout
+    elsewhere = tmp_path / "checkout"
+    elsewhere.mkdir()
     echoed = subprocess.run(["bash", "-c", f"{words} bash -c 'printf \"%s|\" \"$STUDY_RL\" \"$STUDY_QUOTE\" "
-                                           f"\"$STUDY_ARMS\" \"${{STUDY_EMPTY-unset}}\"'"],
-                            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=True)
-    assert echoed.stdout == "trainer.save_steps=100000 trainer.eval_steps=25|it's|rl_teacher,worked||"
+                                           f"\"$STUDY_ARMS\" \"${{STUDY_EMPTY-unset}}\" \"$STUDY_EXPLANATIONS\"'"],
+                            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, check=True,
+                            cwd=elsewhere)
+    assert echoed.stdout == ("trainer.save_steps=100000 trainer.eval_steps=25|it's|rl_teacher,worked||"
+                             f"{elsewhere}/study_data/kept|")
 
 
 def test_two_fair_parts_run_side_by_side_each_from_its_code_and_each_wait_brings_back_its_own(tmp_path):
