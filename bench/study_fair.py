@@ -114,7 +114,8 @@ CAP_BAR = 0.05
 # worked_common: the worked solutions alone on the teachers' questions (the teacher arms' like-for-like control).
 DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("worked_common", "untrained_plain"),
                ("rl_teacher", "sft_teacher"),
-               ("rl_teacher", "worked"), ("rl_teacher", "worked_common"), ("sft_teacher", "worked_common"),
+               ("rl_teacher", "worked"), ("sft_teacher", "worked"), ("rl_teacher", "worked_common"),
+               ("sft_teacher", "worked_common"),
                ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
 # Student's t, the two-sided 95% quantile for 1-30 degrees of freedom (the standard table); past 30, 30's, which
 # widens the interval a little (``seed_t_interval``).
