@@ -27,9 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from bench_mono import code_commit  # noqa: E402
-from study_fair import RESAMPLES, StudyError, _interval, _question_weights, read_kept, spearman  # noqa: E402
+from study.kept import read_kept  # noqa: E402
+from study.layout import StudyError  # noqa: E402
+from study.stats import _interval, _question_weights, spearman  # noqa: E402
 
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
+from rlt_mono.study.eval_stats import RESAMPLES  # noqa: E402
 
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 RESULT = re.compile(r"=\s*\$?(\d[\d,]*(?:\.\d+)?)")  # a number right of "=" in the worked solution
@@ -68,7 +71,7 @@ def analyse(gap: np.ndarray, table: dict[str, np.ndarray], templates: np.ndarray
                          "ci95": _interval(np.array(difference)) if difference else None}
         else:
             samples = [spearman(values[d][keep[d]], gap[d][keep[d]]) for d in draws]
-            rho = spearman(values[keep], gap[keep])  # None where either side is constant (study_fair.spearman)
+            rho = spearman(values[keep], gap[keep])  # None where either side is constant (study.stats.spearman)
             out[name] = {"median": round(float(np.median(values[keep])), 4),
                          "spearman_rho": None if rho is None else round(rho, 4),
                          "ci95": _interval(np.array([s for s in samples if s is not None]))}

@@ -67,7 +67,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # rlt_mono, and the scripts beside this one however it was loaded
 
 from bench_mono import code_commit  # noqa: E402
-from study_fair import StudyError, _interval, _question_weights, kept_solutions, read_kept  # noqa: E402
+from study.kept import kept_solutions, read_kept  # noqa: E402
+from study.layout import StudyError  # noqa: E402
+from study.stats import _interval, _question_weights  # noqa: E402
 
 from rlt_mono.config import ConfigError, compose, instantiate  # noqa: E402
 from rlt_mono.data.models import dtype_name, load_model, load_tokenizer, model_path  # noqa: E402
@@ -227,7 +229,7 @@ def _plain_tex(text: str) -> str:
 
 
 def teachers_rows(folder: Path, teachers: list[str]) -> dict[str, dict[str, dict]]:
-    """``{teacher: {question_id: row}}`` of each named teacher kept in ``folder`` (``study_fair.read_kept``: each
+    """``{teacher: {question_id: row}}`` of each named teacher kept in ``folder`` (``study.kept.read_kept``: each
     file checked against its sha256)."""
     kept = read_kept(folder)
     missing = [name for name in teachers if name not in kept]
@@ -294,7 +296,7 @@ def score(reward: TeacherKLReward, questions: list[dict], explanations: list[str
 
 def paired_interval(diff: np.ndarray, templates: np.ndarray, rng: np.random.Generator) -> list[float]:
     """95% bootstrap interval of ``diff.mean()``: templates resampled, then questions within each drawn one (the
-    study's own resampling, ``study_fair._question_weights``)."""
+    study's own resampling, ``study.stats._question_weights``)."""
     weights = _question_weights(templates, RESAMPLES, rng)
     return _interval(weights @ diff / weights.sum(axis=1))
 

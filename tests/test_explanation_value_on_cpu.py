@@ -110,7 +110,7 @@ def test_unknown_teachers_and_too_many_questions_are_one_line_and_exit_2(tmp_pat
     assert (done.returncode, done.stderr) == (2, "error: --questions 7: the teachers share only 6 questions\n")
     done = _run(tmp_path / "kept", "--teachers", "sft,none", "--out", tmp_path / "v.json")
     assert done.returncode == 2 and "not none or worked_solution" in done.stderr
-    # a kept file whose rows are not the ones its manifest recorded is refused (study_fair.read_kept)
+    # a kept file whose rows are not the ones its manifest recorded is refused (study.kept.read_kept)
     (tmp_path / "kept" / "sft.jsonl.xz").write_bytes(lzma.compress(b'{"question_id": "q00"}\n'))
     done = _run(tmp_path / "kept", "--teachers", "sft,rl_s0", "--out", tmp_path / "v.json")
     assert done.returncode == 2 and "sft.jsonl.xz: its rows are not the ones kept" in done.stderr

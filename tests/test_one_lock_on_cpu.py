@@ -65,14 +65,15 @@ def _calls(path: Path):
 
 
 def _modules():
-    """The package's modules and the benchmark scripts, by their path from the repository's root."""
-    paths = sorted(PACKAGE.rglob("*.py")) + sorted(BENCH.glob("*.py"))
+    """The package's modules and the benchmark scripts (with bench/study/), by their path from the repository's root."""
+    paths = sorted(PACKAGE.rglob("*.py")) + sorted(BENCH.rglob("*.py"))
     return {str(path.relative_to(ROOT)): path for path in paths}
 
 
 def test_the_walk_covers_the_benchmark_scripts():
     names = set(_modules())
-    assert {"bench/bench_mono.py", "bench/study_fair.py", "rlt_mono/runs/atomic_write.py"} <= names
+    assert {"bench/bench_mono.py", "bench/study_fair.py", "bench/study/kept.py",
+            "rlt_mono/runs/atomic_write.py"} <= names
 
 
 # Modules whose open() takes the path first and the mode second, as the builtin's does (a Path's takes the mode first).

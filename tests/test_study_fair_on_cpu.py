@@ -153,7 +153,7 @@ def test_the_uncut_questions_are_those_no_seed_of_either_arm_cut(tmp_path):
 def test_the_uncut_bootstrap_averages_over_the_uncut_questions_each_resample_drew():
     sys.path.insert(0, str(SCRIPT.parent))
     import numpy as np
-    from study_fair import _uncut_difference
+    from study.stats import _uncut_difference
 
     correct = [np.array([[1.0, 1.0, 0.0, 1.0]]), np.array([[0.0, 1.0, 0.0, 0.0]])]
     uncut = np.array([True, True, True, False])  # question 3 was cut
@@ -178,7 +178,7 @@ def test_a_difference_without_an_arm_over_the_bar_has_no_uncut_figure(tmp_path):
 
 def test_an_answer_loops_when_its_ending_came_four_times():
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import LOOP_TAIL_CHARS, looped
+    from study.answers import LOOP_TAIL_CHARS, looped
 
     assert LOOP_TAIL_CHARS == 40
     unit = "149 - 248 = "  # 12 characters, so the 40-character ending comes back at each turn
@@ -224,7 +224,7 @@ def test_the_share_of_answers_that_loop_is_exported_and_summarised(tmp_path):
 def test_templates_are_resampled_as_clusters():
     sys.path.insert(0, str(SCRIPT.parent))
     import numpy as np
-    from study_fair import _question_weights
+    from study.stats import _question_weights
 
     templates = np.array([0, 0, 0, 1, 1, 2])
     weights = _question_weights(templates, 300, np.random.default_rng(0))
@@ -1218,7 +1218,9 @@ def test_too_few_points_and_a_missing_teacher_are_said_not_computed(tmp_path):
 def test_three_points_give_r_without_an_interval_and_arms_sort_in_the_study_order():
     sys.path.insert(0, str(SCRIPT.parent))
     import numpy as np
-    from study_fair import _reward_at, arm_rank, correlation_figures
+    from study.layout import arm_rank
+    from study.stats import correlation_figures
+    from study.summary import _reward_at
 
     three = correlation_figures([1.0, 2.0, 3.0], [0.2, 0.1, 0.4], 100, np.random.default_rng(0))
     # Pearson by hand: x - 2 = (-1, 0, 1), y - 0.2333 = (-0.0333, -0.1333, 0.1667): 0.2 / sqrt(2 x 0.04667) = 0.655
@@ -1612,7 +1614,7 @@ def test_rl_teachers_on_two_gpus_each_train_data_parallel_with_a_steps_work_unch
 
 def test_the_seed_t_interval_is_welchs_over_the_per_seed_accuracies():
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import seed_t_interval
+    from study.stats import seed_t_interval
 
     # by hand: means 0.58967 and 0.541, difference 0.04867; variances of the mean 3.0111e-5 and 9.3000e-5 (sum
     # 1.23111e-4, SE 0.011095); Welch df 1.23111e-4**2 / (3.0111e-5**2 / 2 + 9.3e-5**2 / 2) = 3.17 -> t(3) = 3.182,
@@ -1637,7 +1639,7 @@ def test_a_difference_of_arms_with_several_seeds_carries_the_seeds_alone_interva
     d = json.loads((out / "study.json").read_text())["students"]["s"]["differences"]["rl_teacher - sft_teacher"]
     # per seed: RL 30/60, 20/60, 15/60; SFT 20/60, 15/60, 12/60
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import seed_t_interval
+    from study.stats import seed_t_interval
     expected = seed_t_interval([0.5, round(20 / 60, 4), 0.25], [round(20 / 60, 4), 0.25, 0.2])
     assert d["held_out_instances"]["seed_t"] == expected, result.stderr
     assert expected["seeds"] == [3, 3] and expected["ci95"][0] < expected["difference"] < expected["ci95"][1]
@@ -1649,7 +1651,7 @@ def test_a_difference_of_arms_with_several_seeds_carries_the_seeds_alone_interva
 
 def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import REQUIRED_ARMS, requirements
+    from study.summary import REQUIRED_ARMS, requirements
 
     def arm(seeds, questions=1000, templates=15):
         return {"seeds": seeds, "held_out_instances": {"questions": questions, "templates": 63},
@@ -1711,7 +1713,8 @@ def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_pat
 
 def test_the_answer_only_teachers_students_learn_its_explanation_and_the_worked_solution(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import StudyError, _kept_digests, worked_target
+    from study.kept import _kept_digests, worked_target
+    from study.layout import StudyError
 
     row = {"question_id": "q0", "question": "Ann has 2 and gets 2. How many?", "reasoning_trace": "2 + 2 = 4",
            "answer": "4", "solution": "The answer is 4.", "explanation": "Add them."}
@@ -1750,7 +1753,7 @@ def test_the_sft_seeds_must_be_seeds_from_1(tmp_path, value):
 
 def test_a_students_part_refuses_a_distilled_folder_missing_a_kept_sample_or_holding_one_not_kept(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import check_students_inputs
+    from study.kept import check_students_inputs
 
     kept, distilled = tmp_path / "kept", tmp_path / "distilled"
     _kept_folder(kept, {name: {"q0": -4.0} for name in ("sft", "sft_s1", "rl_s0", "rl_answer_s0")})
@@ -1773,7 +1776,7 @@ def test_a_students_part_refuses_a_distilled_folder_missing_a_kept_sample_or_hol
 
 def test_the_worked_target_of_an_answer_only_row_is_the_worked_mappings_solution():
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import worked_target
+    from study.kept import worked_target
 
     from rlt_mono.data.gsm_symbolic import item_row
 
@@ -1786,7 +1789,8 @@ def test_the_worked_target_of_an_answer_only_row_is_the_worked_mappings_solution
 
 def test_the_sft_teachers_seeded_samples_teach_their_seeds_students_and_are_points_of_their_own():
     sys.path.insert(0, str(SCRIPT.parent))
-    from study_fair import _arm_distill, _kept_teacher, correlation_points
+    from study.layout import _arm_distill, _kept_teacher
+    from study.summary import correlation_points
 
     assert _arm_distill("sft_teacher", 1, {"sft", "sft_s1"}) == ("sft", "sft_s1")
     assert _arm_distill("sft_teacher", 2, {"sft", "sft_s1"}) == ("sft", "sft")  # no seed-2 sample: the one distill

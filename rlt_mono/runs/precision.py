@@ -18,7 +18,7 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 # The dtypes whose 8 or 11 significant bits round away small steps: by name (as configs spell them; read from this
-# source by bench/study_fair.py), and as torch's.
+# source by bench/study/kept.py), and as torch's.
 LOW_PRECISION_NAMES = ("bfloat16", "float16")
 LOW_PRECISION = tuple(getattr(torch, name) for name in LOW_PRECISION_NAMES)
 SAMPLE_PER_TENSOR = 4096  # at most this many elements read of each trained tensor (evenly spaced)
