@@ -414,19 +414,18 @@ def main(argv: list[str] | None = None) -> int:
         per_reading[name] = score(reward, questions, explanations, args.solution)
     templates = np.array([q["template"] for q in questions])
     rng = np.random.default_rng(args.seed)
-    reproduces = None
     # each teacher's rows as kept scored again against the distill's own r_ss, where the distill scored the same
-    # solution (the answer-only teacher's distill scored the answer line)
-    if any(solution == args.solution for solution in solutions.values()):
-        reproduces = {}
-        for name in [name for name in teachers if solutions[name] == args.solution]:  # not the rewritten readings
-            diff = per_reading[name][0] - np.array([rows[name][q["question_id"]]["r_ss"] for q in questions])
-            reproduces[name] = {"mean_difference": round(float(diff.mean()), 4),
-                                "max_abs_difference": round(float(np.abs(diff).max()), 4)}
-            if reproduces[name]["max_abs_difference"] > REPRODUCE_TOLERANCE:
-                logger.warning("%s: r_SS scored here differs from the distill's by up to %.3f (> %.2f): another "
-                               "student, dtype or reward setting than the distill's?", name,
-                               reproduces[name]["max_abs_difference"], REPRODUCE_TOLERANCE)
+    # solution (the answer-only teacher's distill scored the answer line); not the rewritten readings
+    same_solution = [name for name in teachers if solutions[name] == args.solution]
+    reproduces = {} if same_solution else None
+    for name in same_solution:
+        diff = per_reading[name][0] - np.array([rows[name][q["question_id"]]["r_ss"] for q in questions])
+        reproduces[name] = {"mean_difference": round(float(diff.mean()), 4),
+                            "max_abs_difference": round(float(np.abs(diff).max()), 4)}
+        if reproduces[name]["max_abs_difference"] > REPRODUCE_TOLERANCE:
+            logger.warning("%s: r_SS scored here differs from the distill's by up to %.3f (> %.2f): another "
+                           "student, dtype or reward setting than the distill's?", name,
+                           reproduces[name]["max_abs_difference"], REPRODUCE_TOLERANCE)
     result = {
         "questions": len(questions), "templates": int(len(np.unique(templates))), "seed": args.seed,
         "solution": args.solution,
