@@ -64,14 +64,13 @@ visible_gpus() {
 # shell reads back to the same values ("NAME=value ", a value with other characters than letters, digits and
 # _.,:/=+@%- in single quotes), for the command a study keeps beside its results.
 study_settings() {
-  local name value
+  local name value prefix shown
   for name in $(compgen -e | grep '^STUDY_' | grep -vx STUDY_ANSWERS | LC_ALL=C sort); do
-    value=${!name}
+    value=${!name} prefix='' shown=${!name}
     # A path inside the working tree is written as $PWD/<path>: the command reads back in any checkout, and the
     # record names no folder of the machine that ran it.
-    if [[ $value == "$PWD"/* && ${value#"$PWD"/} =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then
-      printf '%s=$PWD/%s ' "$name" "${value#"$PWD"/}"
-    elif [[ -n $value && $value =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then printf '%s=%s ' "$name" "$value"
+    if [[ $value == "$PWD"/?* ]]; then prefix='$PWD/' shown=${value#"$PWD"/}; fi
+    if [[ -n $shown && $shown =~ ^[A-Za-z0-9_.,:/=+@%-]+$ ]]; then printf '%s=%s%s ' "$name" "$prefix" "$shown"
     else printf "%s='%s' " "$name" "${value//\'/\'\\\'\'}"; fi
   done
 }
