@@ -16,6 +16,10 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py teachers-plot results/study_gsm_symbolic_v2/teachers_cap512_*.json --out <png>
     python bench/study_fair.py worked-target <root>/distilled/rl_answer_s0.jsonl --out <rows file>
     python bench/study_fair.py rounded study_data/gsm_symbolic_v2/explanations
+    python bench/study_fair.py outputs <root> --out study_data/gsm_symbolic_v2/outputs
+    python bench/study_fair.py thoughts study_data/gsm_symbolic_v2/answers \
+        --outputs study_data/gsm_symbolic_v2/outputs --explanations study_data/gsm_symbolic_v2/explanations \
+        --out results/study_gsm_symbolic_v2
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
@@ -64,12 +68,13 @@ warm-up data and the traces student arm) from an eval folder run with ``eval.spl
 ``trace``, its answer less everything from its last "The answer is" on (the worked solution states the answer)
 and the markup opening that sentence.
 
-The code is in the package bench/study/, imported as ``study`` (Python puts a script's folder, bench/, on the
-path): ``layout`` (the study's names and files), ``answers`` (the students' answers: ``export``, ``answered``,
-``traces``), ``kept`` (the explanations the students read: ``common``, ``keep``, ``restore``, ``check-distilled``,
-``worked-target``, ``rounded``), ``teachers`` (``teachers`` and the teachers files), ``stats`` (the bootstrap, the
-seeds' t interval, the correlations), ``summary`` (``summarize``'s figures) and ``report`` (study_table.md,
-study.png, teachers.png). This file is the command line.
+The code is in the package bench/study/, imported as ``study`` (Python puts a script's folder, bench/, on the path):
+``layout`` (the study's names and files), ``answers`` (the students' answers: ``export``, ``answered``, ``traces``),
+``kept`` (the explanations the students read: ``common``, ``keep``, ``restore``, ``check-distilled``,
+``worked-target``, ``rounded``), ``teachers`` (``teachers`` and the teachers files), ``thoughts`` (``outputs``,
+``thoughts``: the students' texts and their thoughts graded), ``stats`` (the bootstrap, the seeds' t interval, the
+correlations), ``summary`` (``summarize``'s figures) and ``report`` (study_table.md, study.png, teachers.png). This
+file is the command line.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ from study.layout import MANIFEST_FILE, TEACHERS_FILE, StudyError, _text
 from study.report import plot, plot_teachers, requirements_line, table
 from study.summary import requirements, summarize
 from study.teachers import read_teachers_files, tagged_teachers, write_teachers
+from study.thoughts import graded_runs, summarize_thoughts, teachers_figures, write_outputs
+from study.thoughts import table as table_of_thoughts
 
 from rlt_mono.errors import UserError
 from rlt_mono.runs.atomic_write import write_bytes, write_json, write_text
@@ -174,7 +181,41 @@ def _parser() -> argparse.ArgumentParser:
     rounding = sub.add_parser("rounded", help="the kept teachers that trained full bfloat16 or float16 weights "
                                               "(most of each step rounded away), one a line")
     rounding.add_argument("folder", type=Path, help="keep's --out folder")
+    writing = sub.add_parser("outputs", help="each eval run's answers as text: <out>/<student>/<arm>_s<seed>.jsonl.xz")
+    writing.add_argument("root", type=Path)
+    writing.add_argument("--out", type=Path, required=True)
+    thinking = sub.add_parser("thoughts", help="the taught students' thoughts graded beside their solutions: "
+                                               "thoughts.json and thoughts_table.md in --out")
+    thinking.add_argument("answers", type=Path, help="export's --out folder")
+    thinking.add_argument("--outputs", type=Path, required=True, help="outputs' --out folder")
+    thinking.add_argument("--explanations", type=Path, default=None,
+                          help="keep's folder: also grade each kept teacher's explanations as answers")
+    thinking.add_argument("--out", type=Path, required=True)
+    thinking.add_argument("--resamples", type=int, default=RESAMPLES)
+    thinking.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _thoughts(args: argparse.Namespace) -> int:
+    """``thoughts``: thoughts.json (where the runs ran, the bootstrap, per student ``summarize_thoughts``, with
+    ``--explanations`` the kept teachers' ``teachers_figures``) and thoughts_table.md in ``args.out``."""
+    students = summarize_thoughts(graded_runs(args.answers, args.outputs), args.resamples, args.seed)
+    teachers = None if args.explanations is None else teachers_figures(args.explanations, args.resamples, args.seed)
+    graded = {(student, arm, seed) for student, entry in students.items() for arm, figures in entry["arms"].items()
+              for seed in figures["seeds"]}
+    runs = [run for run in provenance([args.answers]) if (run["student"], run["arm"], run["seed"]) in graded]
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "thoughts.json", {
+        "commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
+        "commands": sorted({r["command"] for r in runs}), "runs": runs,
+        "analysis": f"python bench/study_fair.py thoughts {args.answers} --outputs {args.outputs} --out {args.out}"
+                    + ("" if args.explanations is None else f" --explanations {args.explanations}") + " (CPU)",
+        "bootstrap": {"resamples": args.resamples, "seed": args.seed, "over": ["seeds", "templates", "questions"]},
+        "students": students, "teachers": teachers}, indent=2)
+    text = table_of_thoughts(students, teachers)
+    write_text(args.out / "thoughts_table.md", text)
+    print(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -235,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
             for path, rows in restore(args.folder, args.out):
                 print(f"{path}: {rows} rows")
             return 0
+        if args.action == "outputs":
+            for path in write_outputs(args.root, args.out):
+                print(path)
+            return 0
+        if args.action == "thoughts":
+            return _thoughts(args)
         teachers_files = args.teachers or ([args.out / TEACHERS_FILE] if (args.out / TEACHERS_FILE).is_file() else [])
         teachers = read_teachers_files(teachers_files, args.explanations)
         if args.explanations is not None:

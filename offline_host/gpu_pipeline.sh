@@ -179,6 +179,13 @@ case "${1:-}" in
         && tar czf "$OUT/answers.tgz" -C /tmp/study-answers . \
         || echo "offline_host/gpu_pipeline.sh wait: the students' answers were not exported (above);" \
                 "study.tgz has them" >&2
+      # and their texts, a quarter of a MB a run (xz, in one tar): `tar xf outputs.tar --skip-old-files -C
+      # study_data/gsm_symbolic_v2/outputs`
+      rm -rf /tmp/study-outputs
+      PYTHONPATH="$OLDPWD:/tmp/gpu-site${PYTHONPATH:+:$PYTHONPATH}" python3 "$OLDPWD/bench/study_fair.py" outputs . \
+        --out /tmp/study-outputs > /dev/null && tar cf "$OUT/outputs.tar" -C /tmp/study-outputs . \
+        || echo "offline_host/gpu_pipeline.sh wait: the students' texts were not written (above); study.tgz has" \
+                "them" >&2
     fi
     ls -la "$OUT"; [ -f "$study/DONE" ] && cat "$study/DONE" ;;
   *)

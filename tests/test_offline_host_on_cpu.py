@@ -3,6 +3,7 @@ install_gpu_stack.sh): a wrong command or a missing stack is one line on stderr,
 and every folder they keep lies under OFFLINE_HOST_ROOT."""
 
 import json
+import lzma
 import shutil
 import subprocess
 import tarfile
@@ -343,3 +344,38 @@ def test_the_carried_wheels_install_again_only_when_they_changed(tmp_path):
     (repo / ".whl" / "gguf-0.19.0-py3-none-any.whl").write_bytes(b"two")
     install()
     assert calls.read_text().count("pip install") == 2
+
+
+def test_wait_brings_back_the_finished_students_answers_and_their_texts(tmp_path):
+    """A fair part's finished eval runs come back twice: their flags (answers.tgz, bench/study_fair.py export) and
+    their texts (outputs.tar, bench/study_fair.py outputs), each under the student's folder, ready to unpack into
+    study_data/gsm_symbolic_v2."""
+    repo, fake = _stand_in_host(tmp_path)
+    for folder in ("bench", "rlt_mono"):
+        if not (repo / folder).exists():
+            (repo / folder).symlink_to(ROOT / folder)
+    study, out = tmp_path / "host" / "study", tmp_path / "out"
+    eval_folder = study / "s" / "rl_teacher_s0" / "eval"
+    eval_folder.mkdir(parents=True)
+    rows = [{"question": f"question {i}", "answer": "7", "heldout": "instances", "template": i, "correct": i == 0,
+             "capped": False, "student_output": f"<|begin_of_thought|>t{i}<|end_of_thought|>The answer is {7 + i}."}
+            for i in range(2)]
+    (eval_folder / "eval_rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (eval_folder / "eval.json").write_text("{}\n")
+    (study / "commit").write_text("abc1234\n")
+    (study / "command").write_text("bash offline_host/gpu_pipeline.sh fair students 0\n")
+    (study / "DONE").write_text("s/rl_teacher_s0=0\n")
+    python = Path(shutil.which("python3") or "python3").parent
+    env = {"PATH": f"{fake}:{python}:/usr/bin:/bin", "HOME": str(tmp_path), "OFFLINE_HOST_ROOT": str(tmp_path / "host"),
+           "OUT": str(out)}
+    done = subprocess.run(["bash", "offline_host/gpu_pipeline.sh", "wait", "30"], capture_output=True, text=True,
+                          cwd=repo, timeout=120, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    with tarfile.open(out / "answers.tgz") as archive:
+        answers = json.loads(archive.extractfile("./s/rl_teacher_s0.json").read())
+    assert answers["correct"] == "10" and answers["commit"] == "abc1234" and answers["device"].startswith("2× ")
+    with tarfile.open(out / "outputs.tar") as archive:
+        texts = archive.extractfile("./s/rl_teacher_s0.jsonl.xz").read()
+    lines = [json.loads(line) for line in lzma.decompress(texts).decode().splitlines()]
+    assert [line["output"] for line in lines] == [row["student_output"] for row in rows]
+    assert [line["question"] for line in lines] == answers["question"]
