@@ -161,7 +161,7 @@ def _keep(folder: Path, teachers: dict[str, list[str]]) -> None:
     manifest = {"teachers": {}}
     for name, explanations in teachers.items():
         data = "".join(json.dumps({"question_id": f"q{i}", "question": f"question {i}", "answer": "7",
-                                   "template": i % 2, "explanation": text}) + "\n"
+                                   "template": i % 2, "explanation": text, "r_ss": -1.0 - i, "r_kl": 0.5 * i}) + "\n"
                        for i, text in enumerate(explanations)).encode()
         (folder / f"{name}.jsonl.xz").write_bytes(lzma.compress(data))
         manifest["teachers"][name] = {"file": f"{name}.jsonl.xz", "rows": len(explanations),
@@ -179,6 +179,11 @@ def test_each_kept_explanation_is_graded_as_an_answer(tmp_path):
     assert figures["rl_s0"]["right"] == 0.5 and figures["rl_s0"]["boxed"] == 1.0
     assert figures["rl_s0"]["minus_sft"]["sft"]["questions"] == 4
     assert figures["rl_s0"]["minus_sft"]["sft"]["difference"] == -0.25
+    # r_ss -1 - i, r_kl 0.5 i of row i: rl_s0's right rows 0 and 3, wrong rows 1 and 2; sft's right rows 0-2
+    assert figures["rl_s0"]["reward_parts"] == {"right": {"rows": 2, "r_ss": -2.5, "r_kl": 0.75},
+                                                "wrong": {"rows": 2, "r_ss": -2.5, "r_kl": 0.75}}
+    assert figures["sft"]["reward_parts"] == {"right": {"rows": 3, "r_ss": -2.0, "r_kl": 0.5},
+                                              "wrong": {"rows": 1, "r_ss": -4.0, "r_kl": 1.5}}
     low, high = figures["rl_s0"]["ci95"]
     assert 0.0 <= low <= 0.5 <= high <= 1.0
 
@@ -198,6 +203,6 @@ def test_the_command_writes_the_json_and_the_table(tmp_path):
     assert result["teachers"]["rl_s0"]["minus_sft"]["sft"]["difference"] == -1.0
     table = (tmp_path / "result" / "thoughts_table.md").read_text()
     assert "| s | rl_teacher | 0 | held_out_instances | 0.750 | 0.500 | 0.500 | 0.250 | 0.250 | 1.000 |" in table
-    assert "| rl_s0 | 1 | 1.000 | 0.000 [0.000, 0.000] | sft -1.000 [-1.000, -1.000] |" in table
+    assert "| rl_s0 | 1 | 1.000 | 0.000 [0.000, 0.000] | sft -1.000 [-1.000, -1.000] | - | -1.000, 0.000 |" in table
     missing = _run("thoughts", answers, "--outputs", tmp_path / "none", "--out", tmp_path / "r2")
     assert missing.returncode == 2 and "has its outputs" in missing.stderr

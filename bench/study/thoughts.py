@@ -269,10 +269,32 @@ def explanation_right(row: dict) -> bool:
     return bool(check_answer({"answer": row["answer"], "solution": ""}, row.get("explanation") or "")[0])
 
 
+# The reward's parts a kept row carries (the distill's scores of the explanation it kept).
+REWARD_PARTS = ("r_ss", "r_kl")
+
+
+def _reward_parts(rows: list[dict], right: list[bool]) -> dict:
+    """The mean of each of ``REWARD_PARTS`` over the explanations that end on the right answer and over the others
+    (``right``/``wrong``, with their counts); a part no row carries is left out."""
+    parts = {}
+    for label, keep in (("right", True), ("wrong", False)):
+        chosen = [row for row, ok in zip(rows, right, strict=True) if ok is keep]
+        parts[label] = {
+            "rows": len(chosen),
+            **{
+                part: round(float(np.mean([row[part] for row in chosen])), 4)
+                for part in REWARD_PARTS
+                if chosen and all(isinstance(row.get(part), float | int) for row in chosen)
+            },
+        }
+    return parts
+
+
 def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
     """Per kept teacher (``keep``'s folder): ``rows``, ``boxed`` (share of explanations with a ``\\boxed{}``) and
     ``right`` (``explanation_right``) with a percentile-bootstrap ``ci95`` over templates, then questions within
-    them; each RL teacher's ``minus_sft`` against each SFT sample on the questions both explained (paired)."""
+    them; ``reward_parts`` (``_reward_parts``); each RL teacher's ``minus_sft`` against each SFT sample on the
+    questions both explained (paired)."""
     from study.stats import _interval, _question_weights  # (as in ``difference``)
 
     rng = np.random.default_rng(seed)
@@ -288,6 +310,7 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
             "boxed": _share(["\\boxed" in (rows[q].get("explanation") or "") for q in questions]),
             "right": _share(list(right)),
             "ci95": _interval((weights * right).sum(1) / weights.sum(1)),
+            "reward_parts": _reward_parts([rows[q] for q in questions], [graded[name][q] for q in questions]),
         }
     sft = [name for name in kept if name == "sft" or name.startswith("sft_")]
     for name in kept:
@@ -346,16 +369,24 @@ def table(students: dict, teachers: dict | None = None) -> str:
     if teachers:
         notes += [
             "",
-            "| kept teacher | rows | with a \\boxed{} | its explanation's answer right [95%] | − each SFT sample |",
-            "| --- " * 5 + "|",
+            "| kept teacher | rows | with a \\boxed{} | its explanation's answer right [95%] | − each SFT sample | "
+            "r_SS, r_KL of those right | of the others |",
+            "| --- " * 7 + "|",
         ]
         for name, f in teachers.items():
             minus = "; ".join(
                 f"{other} {d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
                 for other, d in f.get("minus_sft", {}).items()
             )
+            parts = [
+                ", ".join(
+                    f"{f['reward_parts'][side][part]:.3f}" for part in REWARD_PARTS if part in f["reward_parts"][side]
+                )
+                or "-"
+                for side in ("right", "wrong")
+            ]
             notes.append(
                 f"| {name} | {f['rows']} | {f['boxed']:.3f} | {f['right']:.3f} [{f['ci95'][0]:.3f}, "
-                f"{f['ci95'][1]:.3f}] | {minus or '-'} |"
+                f"{f['ci95'][1]:.3f}] | {minus or '-'} | {parts[0]} | {parts[1]} |"
             )
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
