@@ -31,19 +31,21 @@ from study.layout import SETS, StudyError
 
 OUTPUTS_SUFFIX = ".jsonl.xz"
 # The differences reported, each (arm, measure) - (arm, measure): "thought" the thought's accuracy (an answer without
-# both parts counts as a wrong thought), "graded" the graded accuracy. The taught arms' thoughts against
-# each other, against their own graded answers, and against the untrained student's graded answers (the plain
-# prompt: the better untrained one in the study).
-THOUGHT, GRADED = "thought", "graded"
+# a thought counts as a wrong thought), the same by its last \boxed{} alone, "graded" the graded accuracy. The taught
+# arms' thoughts against each other, against their own graded answers, and against the untrained student's graded
+# answers (the plain prompt: the better untrained one in the study).
+THOUGHT, THOUGHT_BOXED, GRADED = "thought", "thought, its last boxed alone", "graded"
+MEASURE_FIELDS = {THOUGHT: "thought_right", THOUGHT_BOXED: "thought_right_boxed", GRADED: "correct"}
 THOUGHT_DIFFERENCES = tuple(
     [
-        ((a, THOUGHT), (b, THOUGHT))
+        ((a, measure), (b, measure))
         for a, b in (
             ("rl_teacher", "sft_teacher"),
             ("rl_teacher", "rl_teacher_answer_only"),
             ("rl_teacher", "traces"),
             ("sft_teacher", "traces"),
         )
+        for measure in (THOUGHT, THOUGHT_BOXED)
     ]
     + [((a, THOUGHT), (a, GRADED)) for a in ("rl_teacher", "sft_teacher")]
     + [((a, THOUGHT), ("untrained_plain", GRADED)) for a in ("rl_teacher", "sft_teacher")]
@@ -111,20 +113,44 @@ def plain_right(solution: str | None, answer: str | None) -> bool | None:
         return None
 
 
-def grade(row: dict, output: str) -> dict:
-    """One answer's parts: ``thought`` (it has both parts), ``thought_right`` (its thought, graded as the answer,
-    is right; None without both parts), ``correct`` (the graded flag, from ``row``), ``regraded`` (the eval's
-    grader on the whole output again, here: the flag it should give back) and ``plain_right``."""
+def last_boxed(text: str | None) -> str | None:
+    """The last ``\\boxed{...}`` of ``text``, braces inside it matched; None where there is none or it is not
+    closed."""
+    start = (text or "").rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth = 0
+    for end in range(start + len("\\boxed"), len(text)):
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start : end + 1]
+    return None
+
+
+def right(answer: str, text: str | None, boxed_only: bool = False) -> bool:
+    """Whether ``text``, graded as an answer by the eval's grader (``rlt_mono.stages.eval.check_answer``: its last
+    ``\\boxed{}``, else what math-verify reads in it), gives ``answer``; with ``boxed_only`` its last ``\\boxed{}``
+    alone is graded, and a text without one is wrong."""
     from rlt_mono.stages.eval import check_answer  # math-verify, loaded where answers are graded
 
+    if boxed_only:
+        text = last_boxed(text)
+    return text is not None and bool(check_answer({"answer": answer, "solution": ""}, text)[0])
+
+
+def grade(row: dict, output: str) -> dict:
+    """One answer's parts: ``thought`` (it holds a whole thought, its end tag reached, with some text in it),
+    ``thought_right`` and ``thought_right_boxed`` (that thought graded as the answer by ``right``, and by its last
+    ``\\boxed{}`` alone; None without a thought), ``correct`` (the graded flag, from ``row``), ``regraded`` (the
+    eval's grader on the whole output again, here: the flag it should give back) and ``plain_right``."""
     thought, solution = between(output, "thought"), between(output, "solution")
-    both = thought is not None and solution is not None
-    right = check_answer({"answer": row["answer"], "solution": ""}, thought)[0] if both else None
+    has = bool(thought and thought.strip())
     return {
-        "thought": both,
-        "thought_right": right,
+        "thought": has,
+        "thought_right": right(row["answer"], thought) if has else None,
+        "thought_right_boxed": right(row["answer"], thought, boxed_only=True) if has else None,
         "correct": bool(row["correct"]),
-        "regraded": bool(check_answer({"answer": row["answer"], "solution": ""}, output)[0]),
+        "regraded": right(row["answer"], output),
         "plain_right": plain_right(solution if solution is not None else output, row["answer"]),
     }
 
@@ -158,17 +184,26 @@ def _share(values: list) -> float | None:
 
 
 def arm_figures(per_seed: dict[int, list[dict]], held_out: str) -> dict:
-    """One arm on one held-out set, every seed's answers pooled: ``answers``, ``with_thought`` (share with both
-    parts), ``graded_right``, ``thought_right`` (an answer without both parts has no right thought),
-    ``right_thought_wrong``, ``wrong_thought_right``, ``thought_right_per_seed`` (these four None where no answer
-    has a thought), and ``_grader_checks``."""
+    """One arm on one held-out set, every seed's answers pooled: ``answers``, ``with_thought`` (share with a
+    thought), ``graded_right``, ``thought_right`` (an answer without a thought has no right thought),
+    ``thought_right_boxed`` (its last ``\\boxed{}`` alone), ``right_thought_wrong``, ``wrong_thought_right``,
+    ``thought_right_per_seed`` (these five None where no answer has a thought: an untrained student, or students
+    taught an empty thought), and ``_grader_checks``."""
     rows = [row for rows in per_seed.values() for row in rows if row["heldout"] == held_out]
-    if not any(row["thought"] for row in rows):  # an untrained student, or a plain prompt: no thought to grade
+    if not any(row["thought"] for row in rows):  # no thought to grade
         return {
             "answers": len(rows),
             "with_thought": _share([False] * len(rows)),
             "graded_right": _share([row["correct"] for row in rows]),
-            **dict.fromkeys(("thought_right", "right_thought_wrong", "wrong_thought_right", "thought_right_per_seed")),
+            **dict.fromkeys(
+                (
+                    "thought_right",
+                    "thought_right_boxed",
+                    "right_thought_wrong",
+                    "wrong_thought_right",
+                    "thought_right_per_seed",
+                )
+            ),
             **_grader_checks(rows),
         }
     return {
@@ -176,6 +211,7 @@ def arm_figures(per_seed: dict[int, list[dict]], held_out: str) -> dict:
         "with_thought": _share([row["thought"] for row in rows]),
         "graded_right": _share([row["correct"] for row in rows]),
         "thought_right": _share([bool(row["thought_right"]) for row in rows]),
+        "thought_right_boxed": _share([bool(row["thought_right_boxed"]) for row in rows]),
         "right_thought_wrong": _share([row["correct"] and not row["thought_right"] for row in rows]),
         "wrong_thought_right": _share([not row["correct"] and bool(row["thought_right"]) for row in rows]),
         "thought_right_per_seed": [
@@ -199,8 +235,8 @@ def _grader_checks(rows: list[dict]) -> dict:
 
 
 def _matrix(per_seed: dict[int, list[dict]], held_out: str, measure: str, questions: list[str]) -> np.ndarray:
-    """(seeds x questions): 1 where that seed's thought (``THOUGHT``) or graded answer (``GRADED``) is right."""
-    field = "thought_right" if measure == THOUGHT else "correct"
+    """(seeds x questions): 1 where that seed's answer is right by ``measure`` (``MEASURE_FIELDS``)."""
+    field = MEASURE_FIELDS[measure]
     by_seed = [
         {row["question"]: row for row in per_seed[seed] if row["heldout"] == held_out} for seed in sorted(per_seed)
     ]
@@ -218,9 +254,10 @@ def difference(
     arms: dict, first: tuple[str, str], second: tuple[str, str], held_out: str, resamples: int, rng: np.random.Generator
 ) -> dict:
     """``first`` − ``second``, each ``(arm, measure)``, on the questions both arms answered, with the summary's
-    percentile bootstrap: the same templates and questions for both (paired), each arm's seeds apart."""
+    percentile bootstrap: the same templates and questions for both (paired), each arm's seeds apart, or, for two
+    measures of one arm, the same seeds for both (paired over its runs too)."""
     # (here: study.stats loads rlt_mono.study.aggregate and its imports, which ``outputs`` on a GPU host does without)
-    from study.stats import _interval, _question_weights, _seed_means
+    from study.stats import _interval, _question_weights
 
     questions = sorted(_answered(arms[first[0]], held_out) & _answered(arms[second[0]], held_out))
     if not questions:
@@ -228,7 +265,11 @@ def difference(
     template = {row["question"]: row["template"] for rows in arms[first[0]].values() for row in rows}
     weights = _question_weights(np.array([template[q] for q in questions]), resamples, rng)
     matrices = [_matrix(arms[arm], held_out, measure, questions) for arm, measure in (first, second)]
-    boot = [(weights * _seed_means(m, resamples, rng)).sum(1) / weights.sum(1) for m in matrices]
+    same_runs = first[0] == second[0]
+    picks = [rng.integers(len(m), size=(resamples, len(m))) for m in matrices]
+    if same_runs:
+        picks[1] = picks[0]
+    boot = [(weights * m[p].mean(axis=1)).sum(1) / weights.sum(1) for m, p in zip(matrices, picks, strict=True)]
     return {
         "questions": len(questions),
         "difference": round(float(matrices[0].mean() - matrices[1].mean()), 4),
@@ -261,12 +302,10 @@ def summarize_thoughts(runs: dict, resamples: int, seed: int) -> dict:
     return students
 
 
-def explanation_right(row: dict) -> bool:
-    """Whether a kept teacher's explanation, graded as an answer (the eval's grader: its last ``\\boxed{}``), gives
-    the row's right answer: what a student that copies it into its thought would conclude."""
-    from rlt_mono.stages.eval import check_answer
-
-    return bool(check_answer({"answer": row["answer"], "solution": ""}, row.get("explanation") or "")[0])
+def explanation_right(row: dict, boxed_only: bool = False) -> bool:
+    """Whether a kept teacher's explanation, graded as an answer by ``right``, gives the row's right answer: what a
+    student that copies it into its thought would conclude."""
+    return right(row["answer"], row.get("explanation") or "", boxed_only)
 
 
 # The reward's parts a kept row carries (the distill's scores of the explanation it kept).
@@ -291,15 +330,18 @@ def _reward_parts(rows: list[dict], right: list[bool]) -> dict:
 
 
 def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
-    """Per kept teacher (``keep``'s folder): ``rows``, ``boxed`` (share of explanations with a ``\\boxed{}``) and
+    """Per kept teacher (``keep``'s folder): ``rows``, ``boxed`` (share of explanations with a ``\\boxed{}``),
     ``right`` (``explanation_right``) with a percentile-bootstrap ``ci95`` over templates, then questions within
-    them; ``reward_parts`` (``_reward_parts``); each RL teacher's ``minus_sft`` against each SFT sample on the
-    questions both explained (paired)."""
+    them, ``right_boxed`` (by the last ``\\boxed{}`` alone), ``reward_parts`` (``_reward_parts``); each RL
+    teacher's ``minus_sft`` against each SFT sample on the questions both explained (paired), both ways."""
     from study.stats import _interval, _question_weights  # (as in ``difference``)
 
     rng = np.random.default_rng(seed)
     kept = {name: {row["question_id"]: row for _, row in pairs} for name, pairs in read_kept(explanations).items()}
     graded = {name: {q: explanation_right(row) for q, row in rows.items()} for name, rows in kept.items()}
+    boxed = {
+        name: {q: explanation_right(row, boxed_only=True) for q, row in rows.items()} for name, rows in kept.items()
+    }
     figures = {}
     for name, rows in kept.items():
         questions = sorted(rows)
@@ -310,6 +352,7 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
             "boxed": _share(["\\boxed" in (rows[q].get("explanation") or "") for q in questions]),
             "right": _share(list(right)),
             "ci95": _interval((weights * right).sum(1) / weights.sum(1)),
+            "right_boxed": _share([boxed[name][q] for q in questions]),
             "reward_parts": _reward_parts([rows[q] for q in questions], [graded[name][q] for q in questions]),
         }
     sft = [name for name in kept if name == "sft" or name.startswith("sft_")]
@@ -321,11 +364,15 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
                 weights = _question_weights(
                     np.array([kept[name][q].get("template", -1) for q in questions]), resamples, rng
                 )
-                delta = np.array([float(graded[name][q]) - float(graded[other][q]) for q in questions])
+                delta, delta_boxed = (
+                    np.array([float(by[name][q]) - float(by[other][q]) for q in questions]) for by in (graded, boxed)
+                )
                 figures[name]["minus_sft"][other] = {
                     "questions": len(questions),
                     "difference": round(float(delta.mean()), 4),
                     "ci95": _interval((weights * delta).sum(1) / weights.sum(1)),
+                    "difference_boxed": round(float(delta_boxed.mean()), 4),
+                    "ci95_boxed": _interval((weights * delta_boxed).sum(1) / weights.sum(1)),
                 }
     return figures
 
@@ -334,9 +381,9 @@ def table(students: dict, teachers: dict | None = None) -> str:
     """A Markdown table: per student, arm and held-out set the graded and the thought's accuracy; the differences;
     with ``teachers`` (``teachers_figures``) a table of the kept explanations' own answers."""
     lines = [
-        "| student | arm | seeds | held-out set | with a thought | graded right | thought right | right, thought "
-        "wrong | wrong, thought right | plain grader agrees |",
-        "| --- " * 10 + "|",
+        "| student | arm | seeds | held-out set | with a thought | graded right | thought right | by its last "
+        "\\boxed{} alone | right, thought wrong | wrong, thought right | plain grader agrees |",
+        "| --- " * 11 + "|",
     ]
     for student, entry in students.items():
         for arm, figures in entry["arms"].items():
@@ -348,6 +395,7 @@ def table(students: dict, teachers: dict | None = None) -> str:
                         "with_thought",
                         "graded_right",
                         "thought_right",
+                        "thought_right_boxed",
                         "right_thought_wrong",
                         "wrong_thought_right",
                         "plain_grader_agrees",
@@ -369,9 +417,9 @@ def table(students: dict, teachers: dict | None = None) -> str:
     if teachers:
         notes += [
             "",
-            "| kept teacher | rows | with a \\boxed{} | its explanation's answer right [95%] | − each SFT sample | "
-            "r_SS, r_KL of those right | of the others |",
-            "| --- " * 7 + "|",
+            "| kept teacher | rows | with a \\boxed{} | its explanation's answer right [95%] | by its last \\boxed{} "
+            "alone | − each SFT sample | r_SS, r_KL of those right | of the others |",
+            "| --- " * 8 + "|",
         ]
         for name, f in teachers.items():
             minus = "; ".join(
@@ -387,6 +435,6 @@ def table(students: dict, teachers: dict | None = None) -> str:
             ]
             notes.append(
                 f"| {name} | {f['rows']} | {f['boxed']:.3f} | {f['right']:.3f} [{f['ci95'][0]:.3f}, "
-                f"{f['ci95'][1]:.3f}] | {minus or '-'} | {parts[0]} | {parts[1]} |"
+                f"{f['ci95'][1]:.3f}] | {f['right_boxed']:.3f} | {minus or '-'} | {parts[0]} | {parts[1]} |"
             )
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"

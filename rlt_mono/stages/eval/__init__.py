@@ -90,6 +90,7 @@ PLAIN_REQUEST = "\n\nSolve this step by step. End with one line: The answer is <
 THE_ANSWER_IS = "The answer is"
 # A full stop that ends a sentence (not the point of 3.5), or a line break.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
+_FULL_STOP = re.compile(r"\.(?:\s|$)")
 
 
 @config_group("eval")
@@ -122,8 +123,12 @@ class EvalConfig(SamplingOptions):
 def stated_answer(text: str) -> str:
     """The part of a text that states its answer: after its last "The answer is", else after its last solution
     tag, else all of it (math-verify then prefers a ``\\boxed{}``, an instruct model's own way)."""
-    if THE_ANSWER_IS in text:  # that sentence only: up to the first full stop that ends it, or the line's end
-        return _SENTENCE_END.split(text.rsplit(THE_ANSWER_IS, 1)[1].lstrip(), maxsplit=1)[0]
+    if THE_ANSWER_IS in text:  # that sentence only: up to the first full stop that ends it, or the line's end;
+        # where that holds no digit ("The answer is:" on a line of its own, "\\[" on the next, "\\boxed{425}" below
+        # it), up to the first full stop alone
+        said = text.rsplit(THE_ANSWER_IS, 1)[1].lstrip()
+        first = _SENTENCE_END.split(said, maxsplit=1)[0]
+        return first if any(ch.isdigit() for ch in first) else _FULL_STOP.split(said, maxsplit=1)[0]
     return text.rsplit(begin_tag("solution"), 1)[-1]
 
 
