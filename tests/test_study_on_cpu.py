@@ -106,9 +106,15 @@ def test_an_answer_in_the_models_own_boxed_format_counts_and_rescore_rewrites_th
     assert check_answer({**row, "answer": "3.5"}, "The answer is 3.5.\nThen 7.") == (True, True)
     assert check_answer({"question": "q", "solution": "The answer is 7."}, "The answer is 7") == (True, True)
     assert check_answer({"question": "q", "solution": "no stated answer"}, "The answer is 7") == (None, True)
-    # a colon and a line break before the stated answer (the 1.5B's plain-prompt answers, 2026-11-30)
+    # a colon and a line break before the stated answer (the 1.5B's plain-prompt answers, 2026-11-30): its first box
     assert check_answer({**row, "answer": "425"}, "The answer is:\n\\[\n\\boxed{425}\n\\]") == (True, True)
+    assert check_answer(row, "The answer is:\n\\boxed{51}. Check: \\boxed{3}") == (True, True)
+    assert check_answer(row, "The answer is:\n\\boxed{\\frac{102}{2}}") == (True, True)  # braces inside matched
+    # ... and nothing else that follows: working after the words is not the answer
+    assert check_answer(row, "The answer is:\n\nFirst, 3+48=51. So the total is 9.") == (False, False)
+    assert check_answer(row, "The answer is:\n\\boxed{51") == (False, False)  # a box never closed
     assert check_answer(row, "The answer is: 51.") == (True, True)
+    assert check_answer(row, "The answer is\n51") == (True, True)
 
     folder = tmp_path / "6_eval_student"
     rows = [{**row, "question": "a", "student_output": qwen, "correct": False},

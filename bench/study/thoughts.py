@@ -116,21 +116,15 @@ def plain_right(solution: str | None, answer: str | None) -> bool | None:
 def last_boxed(text: str | None) -> str | None:
     """The last ``\\boxed{...}`` of ``text``, braces inside it matched; None where there is none or it is not
     closed."""
-    start = (text or "").rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth = 0
-    for end in range(start + len("\\boxed"), len(text)):
-        depth += {"{": 1, "}": -1}.get(text[end], 0)
-        if depth == 0:
-            return text[start : end + 1]
-    return None
+    from rlt_mono.stages.eval import boxed
+
+    return boxed(text or "", last=True)
 
 
 def right(answer: str, text: str | None, boxed_only: bool = False) -> bool:
-    """Whether ``text``, graded as an answer by the eval's grader (``rlt_mono.stages.eval.check_answer``: its last
-    ``\\boxed{}``, else what math-verify reads in it), gives ``answer``; with ``boxed_only`` its last ``\\boxed{}``
-    alone is graded, and a text without one is wrong."""
+    """Whether ``text``, graded as an answer by the eval's grader (``rlt_mono.stages.eval.check_answer``: the
+    sentence after its last "The answer is", else what math-verify reads in it, a ``\\boxed{}`` first), gives
+    ``answer``; with ``boxed_only`` its last ``\\boxed{}`` alone is graded, and a text without one is wrong."""
     from rlt_mono.stages.eval import check_answer  # math-verify, loaded where answers are graded
 
     if boxed_only:

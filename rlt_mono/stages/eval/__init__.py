@@ -90,7 +90,7 @@ PLAIN_REQUEST = "\n\nSolve this step by step. End with one line: The answer is <
 THE_ANSWER_IS = "The answer is"
 # A full stop that ends a sentence (not the point of 3.5), or a line break.
 _SENTENCE_END = re.compile(r"\.(?:\s|$)|\n")
-_FULL_STOP = re.compile(r"\.(?:\s|$)")
+_BOXED = "\\boxed{"
 
 
 @config_group("eval")
@@ -120,15 +120,29 @@ class EvalConfig(SamplingOptions):
 
 
 # ---- statistics and answer checks -------------------------------------------------------------------------
+def boxed(text: str, last: bool = False) -> str | None:
+    """The first (``last``: the last) ``\\boxed{...}`` of ``text``, its braces matched; None where there is none
+    or it is not closed."""
+    start = text.rfind(_BOXED) if last else text.find(_BOXED)
+    if start < 0:
+        return None
+    depth = 0
+    for end in range(start + len(_BOXED) - 1, len(text)):  # from its opening brace
+        depth += {"{": 1, "}": -1}.get(text[end], 0)
+        if depth == 0:
+            return text[start : end + 1]
+    return None
+
+
 def stated_answer(text: str) -> str:
     """The part of a text that states its answer: after its last "The answer is", else after its last solution
     tag, else all of it (math-verify then prefers a ``\\boxed{}``, an instruct model's own way)."""
     if THE_ANSWER_IS in text:  # that sentence only: up to the first full stop that ends it, or the line's end;
         # where that holds no digit ("The answer is:" on a line of its own, "\\[" on the next, "\\boxed{425}" below
-        # it), up to the first full stop alone
+        # it), the first \\boxed{} of what follows, if any (not its other numbers: working that comes after)
         said = text.rsplit(THE_ANSWER_IS, 1)[1].lstrip()
         first = _SENTENCE_END.split(said, maxsplit=1)[0]
-        return first if any(ch.isdigit() for ch in first) else _FULL_STOP.split(said, maxsplit=1)[0]
+        return first if any(ch.isdigit() for ch in first) else boxed(said) or first
     return text.rsplit(begin_tag("solution"), 1)[-1]
 
 
