@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from rlt_mono.data.prompts import between
+
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "study_fair.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
 from study.layout import StudyError  # noqa: E402
 from study.thoughts import (  # noqa: E402
-    between,
     graded_runs,
     last_boxed,
     plain_right,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlt_mono.data.prompts import begin_tag, end_tag
+from rlt_mono.data.prompts import between
 from rlt_mono.runs.atomic_write import write_bytes
 from study.answers import _eval_runs, _exported_runs
 from study.kept import read_kept
@@ -87,17 +87,6 @@ def read_outputs(path: Path) -> dict[str, dict]:
     """``write_outputs``' file as ``{question id: {"answer", "output"}}``."""
     with lzma.open(path, "rt") as lines:
         return {row["question"]: row for row in map(json.loads, lines)}
-
-
-def between(text: str, name: str) -> str | None:
-    """The text between the first ``<|begin_of_name|>`` and the next ``<|end_of_name|>``; None where either is
-    missing (a part cut at the token cap has no end tag)."""
-    start = text.find(begin_tag(name))
-    if start < 0:
-        return None
-    start += len(begin_tag(name))
-    stop = text.find(end_tag(name), start)
-    return text[start:stop] if stop >= 0 else None
 
 
 def plain_right(solution: str | None, answer: str | None) -> bool | None:

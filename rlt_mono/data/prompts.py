@@ -122,17 +122,17 @@ class PromptFormat:
         assistant turn maps to the columns that rebuild it character for character. A part whose tags are missing
         is None.
         """
-        thought = _between(text, begin_tag("thought"), end_tag("thought"))
-        solution = _between(text, begin_tag("solution"), end_tag("solution"))
+        thought, solution = between(text, "thought"), between(text, "solution")
         explanation = thought.removeprefix(self.explanation_prefix) if thought is not None else None
         return explanation, solution
 
 
-def _between(text: str, start: str, end: str) -> str | None:
-    """The text between the first ``start`` and the next ``end``; None if either is missing."""
-    begin = text.find(start)
+def between(text: str, name: str) -> str | None:
+    """The text between the first ``begin_tag(name)`` and the next ``end_tag(name)``; None if either is missing (a
+    part cut at a token cap has no end tag)."""
+    begin = text.find(begin_tag(name))
     if begin < 0:
         return None
-    begin += len(start)
-    stop = text.find(end, begin)
+    begin += len(begin_tag(name))
+    stop = text.find(end_tag(name), begin)
     return text[begin:stop] if stop >= 0 else None
