@@ -173,26 +173,7 @@ def arm_figures(per_seed: dict[int, list[dict]], held_out: str) -> dict:
     ``thought_right_per_seed`` (these five None where no answer has a thought: an untrained student, or students
     taught an empty thought), and ``_grader_checks``."""
     rows = [row for rows in per_seed.values() for row in rows if row["heldout"] == held_out]
-    if not any(row["thought"] for row in rows):  # no thought to grade
-        return {
-            "answers": len(rows),
-            "with_thought": _share([False] * len(rows)),
-            "graded_right": _share([row["correct"] for row in rows]),
-            **dict.fromkeys(
-                (
-                    "thought_right",
-                    "thought_right_boxed",
-                    "right_thought_wrong",
-                    "wrong_thought_right",
-                    "thought_right_per_seed",
-                )
-            ),
-            **_grader_checks(rows),
-        }
-    return {
-        "answers": len(rows),
-        "with_thought": _share([row["thought"] for row in rows]),
-        "graded_right": _share([row["correct"] for row in rows]),
+    thoughts = {
         "thought_right": _share([bool(row["thought_right"]) for row in rows]),
         "thought_right_boxed": _share([bool(row["thought_right_boxed"]) for row in rows]),
         "right_thought_wrong": _share([row["correct"] and not row["thought_right"] for row in rows]),
@@ -201,6 +182,14 @@ def arm_figures(per_seed: dict[int, list[dict]], held_out: str) -> dict:
             _share([bool(row["thought_right"]) for row in per_seed[seed] if row["heldout"] == held_out])
             for seed in sorted(per_seed)
         ],
+    }
+    if not any(row["thought"] for row in rows):  # no thought to grade
+        thoughts = dict.fromkeys(thoughts)
+    return {
+        "answers": len(rows),
+        "with_thought": _share([row["thought"] for row in rows]),
+        "graded_right": _share([row["correct"] for row in rows]),
+        **thoughts,
         **_grader_checks(rows),
     }
 
@@ -295,12 +284,12 @@ def explanation_right(row: dict, boxed_only: bool = False) -> bool:
 REWARD_PARTS = ("r_ss", "r_kl")
 
 
-def _reward_parts(rows: list[dict], right: list[bool]) -> dict:
+def _reward_parts(rows: list[dict], ends_right: list[bool]) -> dict:
     """The mean of each of ``REWARD_PARTS`` over the explanations that end on the right answer and over the others
-    (``right``/``wrong``, with their counts); a part no row carries is left out."""
+    (``right``/``wrong``, with their counts: ``ends_right`` says which); a part no row carries is left out."""
     parts = {}
     for label, keep in (("right", True), ("wrong", False)):
-        chosen = [row for row, ok in zip(rows, right, strict=True) if ok is keep]
+        chosen = [row for row, ok in zip(rows, ends_right, strict=True) if ok is keep]
         parts[label] = {
             "rows": len(chosen),
             **{
@@ -329,12 +318,12 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
     for name, rows in kept.items():
         questions = sorted(rows)
         weights = _question_weights(np.array([rows[q].get("template", -1) for q in questions]), resamples, rng)
-        right = np.array([float(graded[name][q]) for q in questions])
+        ends_right = np.array([float(graded[name][q]) for q in questions])
         figures[name] = {
             "rows": len(questions),
             "boxed": _share(["\\boxed" in (rows[q].get("explanation") or "") for q in questions]),
-            "right": _share(list(right)),
-            "ci95": _interval((weights * right).sum(1) / weights.sum(1)),
+            "right": _share(list(ends_right)),
+            "ci95": _interval((weights * ends_right).sum(1) / weights.sum(1)),
             "right_boxed": _share([boxed[name][q] for q in questions]),
             "reward_parts": _reward_parts([rows[q] for q in questions], [graded[name][q] for q in questions]),
         }
