@@ -950,11 +950,15 @@ def scale_summary_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def code_commit() -> str:
-    """``git rev-parse --short HEAD`` of this checkout; ``unknown`` in a copy of the code without git."""
+def code_commit(mark_changes: bool = False) -> str:
+    """``git rev-parse --short HEAD`` of this checkout, with "+changes" where ``mark_changes`` and tracked files
+    differ from it; ``unknown`` in a copy of the code without git."""
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        changed = mark_changes and git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+changes" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 

@@ -28,6 +28,8 @@ from safetensors.numpy import load_file
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_mono import code_commit  # noqa: E402
+
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 
 OVERRIDES = ["pipeline.teacher_sft.overrides=['size=tiny','sft.max_steps=4','sft.save_steps=2']",
@@ -138,9 +140,8 @@ def main() -> int:
             finish(pipeline(folder))
             results[point] = {"killed_after_seconds": round(after, 1), **compare(reference, folder)}
             print(point, json.dumps(results[point]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, {"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
+    write_json(args.out, {"commit": code_commit(), "date": time.strftime("%Y-%m-%d"),
                                     "machine": "CPU, 2 cores", "command": " ".join(["python", *sys.argv]),
                                     "overrides": OVERRIDES, "kill_points": results}, indent=1)
     return 0

@@ -81,10 +81,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
+from bench_mono import code_commit
 from study.answers import check_read_kept, check_read_traces, export, is_answered, provenance, read_arms, traces
 from study.kept import (
     check_distilled,
@@ -197,20 +197,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _checkout_commit() -> str:
-    """The commit of this checkout (its grader grades the texts), with "+changes" where files differ from it; "?"
-    outside a git checkout."""
-    def git(*command: str) -> str:
-        return subprocess.run(["git", *command], cwd=Path(__file__).parent, capture_output=True, text=True,
-                              check=True).stdout.strip()
-
-    try:
-        return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no")
-                                                      else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-
-
 def _thoughts(args: argparse.Namespace) -> int:
     """``thoughts``: thoughts.json (where the runs ran, the bootstrap, per student ``summarize_thoughts``, with
     ``--explanations`` the kept teachers' ``teachers_figures``) and thoughts_table.md in ``args.out``."""
@@ -225,7 +211,7 @@ def _thoughts(args: argparse.Namespace) -> int:
         "commands": sorted({r["command"] for r in runs}), "runs": runs,
         "analysis": f"python bench/study_fair.py thoughts {args.answers} --outputs {args.outputs} --out {args.out}"
                     + ("" if args.explanations is None else f" --explanations {args.explanations}") + " (CPU)",
-        "analysis_commit": _checkout_commit(),
+        "analysis_commit": code_commit(mark_changes=True),
         "bootstrap": {"resamples": args.resamples, "seed": args.seed, "over": ["seeds", "templates", "questions"]},
         "students": students, "teachers": teachers}, indent=2)
     text = table_of_thoughts(students, teachers)

@@ -30,6 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_mono import code_commit  # noqa: E402
+
 from rlt_mono.runs.atomic_write import write_json  # noqa: E402
 
 TRAIN = [sys.executable, "-m", "rlt_mono.cli"]
@@ -154,9 +156,8 @@ def main() -> int:
         print(f"{result['outcome']:>10}  {case.name}: {result['line']}", flush=True)
         results.append(result)
     counts = Counter(r["outcome"] for r in results)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, {"commit": commit.strip(), "date": time.strftime("%Y-%m-%d"),
+    write_json(args.out, {"commit": code_commit(), "date": time.strftime("%Y-%m-%d"),
                                     "machine": "CPU, 2 cores", "counts": counts, "cases": results}, indent=1)
     print("\n| case | outcome | exit | what the user sees |\n| --- | --- | --- | --- |")
     for r in results:

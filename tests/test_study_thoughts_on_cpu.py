@@ -253,7 +253,7 @@ def test_the_command_writes_the_json_and_the_table(tmp_path):
     result = json.loads((tmp_path / "result" / "thoughts.json").read_text())
     assert result["commit"] == ["abc1234"] and result["device"] == ["H100"] and len(result["runs"]) == 1
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=SCRIPT.parent, capture_output=True, text=True)
-    assert result["analysis_commit"].split("+")[0] == (head.stdout.strip() if head.returncode == 0 else "?")
+    assert result["analysis_commit"].split("+")[0] == (head.stdout.strip() if head.returncode == 0 else "unknown")
     assert result["students"]["s"]["arms"]["rl_teacher"]["held_out_instances"]["thought_right"] == 0.5
     assert result["teachers"]["rl_s0"]["minus_sft"]["sft"]["difference"] == -1.0
     table = (tmp_path / "result" / "thoughts_table.md").read_text()
