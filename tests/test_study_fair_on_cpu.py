@@ -84,6 +84,29 @@ def test_arms_control_and_differences_are_computed_from_the_rows(tmp_path):
     assert (out / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot of the arms
 
 
+def test_a_run_added_to_one_arm_leaves_every_other_arm_and_difference_as_it_was(tmp_path):
+    """Each arm's seeds and each held-out set's questions are drawn from streams of their own: a later run of
+    another arm (or a new arm) does not move an interval already quoted."""
+    root = tmp_path / "study"
+    n = 120
+    _eval_folder(root, "s", "untrained_plain", {"instances": [i % 4 == 0 for i in range(n)]})
+    for seed in (0, 1):
+        _eval_folder(root, "s", f"worked_s{seed}", {"instances": [(i + seed) % 2 == 0 for i in range(n)]})
+        _eval_folder(root, "s", f"rl_teacher_s{seed}", {"instances": [(i + seed) % 3 != 0 for i in range(n)]})
+    before, out = _summarize(tmp_path / "before", root)
+    assert before.returncode == 0, before.stderr
+    first = json.loads((out / "study.json").read_text())["students"]["s"]
+    _eval_folder(root, "s", "rl_teacher_s2", {"instances": [i % 3 == 0 for i in range(n)]})
+    _eval_folder(root, "s", "sft_teacher_s0", {"instances": [i % 5 != 0 for i in range(n)]})
+    after, out = _summarize(tmp_path / "after", root)
+    assert after.returncode == 0, after.stderr
+    second = json.loads((out / "study.json").read_text())["students"]["s"]
+    for arm in ("untrained_plain", "worked"):
+        assert second["arms"][arm] == first["arms"][arm]
+    assert second["positive_control"] == first["positive_control"]
+    assert second["differences"]["rl_teacher - worked"] != first["differences"]["rl_teacher - worked"]  # its arm grew
+
+
 def test_a_worked_arm_no_better_than_untrained_fails_the_control(tmp_path):
     root = tmp_path / "study"
     same = {"instances": [i % 5 == 0 for i in range(100)]}

@@ -4,6 +4,8 @@ of two arms on the questions neither cut at the cap, and Pearson's r and Spearma
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from rlt_mono.study.aggregate import pearson
@@ -15,6 +17,13 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
 
 # The correlation: no figure under MIN_POINTS points, no interval under INTERVAL_POINTS.
 CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
+
+
+def stream(seed: int, *names: object) -> np.random.Generator:
+    """The bootstrap's random stream for one thing it draws (a student's held-out set, an arm's seeds on it),
+    named: the same ``seed`` and names give the same draws whatever else the summary holds, so a run added to one
+    arm leaves every other arm's interval as it was."""
+    return np.random.default_rng([seed, *(zlib.crc32(str(name).encode()) for name in names)])
 
 
 def _interval(samples: np.ndarray) -> list[float]:

@@ -16,6 +16,7 @@ from study.stats import (
     _uncut_difference,
     correlation_figures,
     seed_t_interval,
+    stream,
 )
 
 # The positive control: students trained on the dataset's own worked solutions against the better untrained prompt,
@@ -70,7 +71,6 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
     """Per student: every arm's accuracy per held-out set (arms in ``arm_rank`` order), the differences of
     ``DIFFERENCES``, the positive control and the ``correlation`` with the teachers of ``teachers`` (the teachers
     file)."""
-    rng = np.random.default_rng(seed)
     students = {}
     for student, per_arm in sorted(arms.items()):
         entry = {"arms": {}, "differences": {}}
@@ -83,13 +83,13 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
             shared = sorted(set.intersection(*(set(m[1]) for m in matrices.values())))
             keep = {arm: np.isin(m[1], shared) for arm, m in matrices.items()}
             templates = next(iter(matrices.values()))[2][keep[next(iter(matrices))]]
-            weights = _question_weights(templates, resamples, rng)
+            weights = _question_weights(templates, resamples, stream(seed, student, held_out))
             answers[name] = {"weights": weights, "correct": {arm: m[0][:, keep[arm]] for arm, m in matrices.items()}}
             boot, seed_means, cut = {}, {}, {}
             for arm, (correct, _, _, capped_matrix) in matrices.items():
                 correct = correct[:, keep[arm]]
                 cut[arm] = capped_matrix[:, keep[arm]].any(axis=0)  # a question some seed's answer was cut on
-                seed_means[arm] = _seed_means(correct, resamples, rng)
+                seed_means[arm] = _seed_means(correct, resamples, stream(seed, student, held_out, arm))
                 boot[arm] = (weights * seed_means[arm]).sum(1) / weights.sum(1)
                 capped = [row.get("capped") for rows in per_arm[arm].values() for row in rows
                           if row.get("heldout") == held_out]
@@ -273,7 +273,7 @@ def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int, an
     question weights and answers, has the set), what is ``missing`` and the arms ``left_out`` with why. Without a
     teachers file, no points."""
     points, missing = correlation_points(arms, teachers) if teachers is not None else ([], ["no teachers file"])
-    rng = np.random.default_rng(seed)
+    rng = stream(seed, "correlation")
     figures = {}
     for name in ("held_out_templates", "held_out_instances"):
         on_set = [p for p in points if name in p]

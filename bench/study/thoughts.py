@@ -252,7 +252,8 @@ def difference(
 def summarize_thoughts(runs: dict, resamples: int, seed: int) -> dict:
     """Per student: ``arms`` (``arm_figures`` per held-out set, with the arm's ``seeds``) and ``differences``
     (``THOUGHT_DIFFERENCES`` present, per held-out set)."""
-    rng = np.random.default_rng(seed)
+    from study.stats import stream  # (as in ``difference``)
+
     students = {}
     for student, arms in sorted(runs.items()):
         entry = {
@@ -268,7 +269,9 @@ def summarize_thoughts(runs: dict, resamples: int, seed: int) -> dict:
         for first, second in THOUGHT_DIFFERENCES:
             if first[0] in arms and second[0] in arms:
                 entry["differences"][f"{first[0]} ({first[1]}) - {second[0]} ({second[1]})"] = {
-                    name: difference(arms, first, second, held_out, resamples, rng) for held_out, name in SETS.items()
+                    name: difference(arms, first, second, held_out, resamples,
+                                     stream(seed, student, *first, *second, held_out))
+                    for held_out, name in SETS.items()
                 }
         students[student] = entry
     return students
@@ -306,9 +309,8 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
     ``right`` (``explanation_right``) with a percentile-bootstrap ``ci95`` over templates, then questions within
     them, ``right_boxed`` (by the last ``\\boxed{}`` alone), ``reward_parts`` (``_reward_parts``); each RL
     teacher's ``minus_sft`` against each SFT sample on the questions both explained (paired), both ways."""
-    from study.stats import _interval, _question_weights  # (as in ``difference``)
+    from study.stats import _interval, _question_weights, stream  # (as in ``difference``)
 
-    rng = np.random.default_rng(seed)
     kept = {name: {row["question_id"]: row for _, row in pairs} for name, pairs in read_kept(explanations).items()}
     graded = {name: {q: explanation_right(row) for q, row in rows.items()} for name, rows in kept.items()}
     boxed = {
@@ -317,7 +319,8 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
     figures = {}
     for name, rows in kept.items():
         questions = sorted(rows)
-        weights = _question_weights(np.array([rows[q].get("template", -1) for q in questions]), resamples, rng)
+        weights = _question_weights(np.array([rows[q].get("template", -1) for q in questions]), resamples,
+                                    stream(seed, name))
         ends_right = np.array([float(graded[name][q]) for q in questions])
         figures[name] = {
             "rows": len(questions),
@@ -334,7 +337,9 @@ def teachers_figures(explanations: Path, resamples: int, seed: int) -> dict:
             for other in sft:
                 questions = sorted(set(kept[name]) & set(kept[other]))
                 weights = _question_weights(
-                    np.array([kept[name][q].get("template", -1) for q in questions]), resamples, rng
+                    np.array([kept[name][q].get("template", -1) for q in questions]),
+                    resamples,
+                    stream(seed, name, other),
                 )
                 delta, delta_boxed = (
                     np.array([float(by[name][q]) - float(by[other][q]) for q in questions]) for by in (graded, boxed)
