@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
               "traces": None if args.traces is None else str(args.traces),
               "students": students}
     result["requirements"] = requirements(students, result["commit"], rows_checked=args.explanations is not None,
-                                          traces_checked=args.traces is not None)
+                                          traces_checked=args.traces is not None, teachers=teachers)
     write_json(args.out / "study.json", result, indent=2)
     text = table(students) + requirements_line(result["requirements"])
     write_text(args.out / "study_table.md", text)

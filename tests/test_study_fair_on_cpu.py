@@ -1189,6 +1189,13 @@ def test_the_correlation_of_teacher_reward_and_student_accuracy_is_computed_over
     assert -1 <= by_answers[0] < 0.788 < by_answers[1] <= 1 and instances["ci95_answers"]["pearson_r_resamples_used"]
     # four RL teachers: rl_s0 at steps 4 and 2, rl_s1, rl_s2 (the SFT teacher is not one)
     assert correlation["rl_teachers"] == 4
+    # the declared reading, within the RL teachers (the SFT point left out): x - mean = (.5, -.5, 1.5, -1.5), y - mean
+    # = (-.0125, .0875, .0375, -.1125): 0.175 / sqrt(5 x 0.021875) = 0.529; ranks (3, 2, 4, 1) and (2, 4, 3, 1):
+    # rho = 1 - 6 x 6 / (4 x 15) = 0.4
+    within = correlation["within_rl"]["held_out_instances"]
+    assert within["points"] == 4 and round(within["pearson_r"], 3) == 0.529 and within["spearman_rho"] == 0.4
+    assert "Within the RL teachers: held out templates: too few points (fewer than 3) (n=1); held out instances: " \
+           "r +0.529 [" in (out / "study_table.md").read_text()
     assert correlation["held_out_templates"] == {"points": 2, "result": "too few points (fewer than 3)"}
     assert "rl_teacher_answer_only" in correlation["left_out"] and correlation["missing"] == []
     text = (out / "study_table.md").read_text()
@@ -1676,16 +1683,31 @@ def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
     from study.summary import REQUIRED_ARMS, requirements
 
-    def arm(seeds, questions=1000, templates=15):
-        return {"seeds": seeds, "held_out_instances": {"questions": questions, "templates": 63},
-                "held_out_templates": {"questions": questions, "templates": templates}}
+    def arm(seeds, questions=1000, templates=15, capped=0.0):
+        return {"seeds": seeds, "held_out_instances": {"questions": questions, "templates": 63, "capped_frac": capped},
+                "held_out_templates": {"questions": questions, "templates": templates, "capped_frac": capped}}
 
     small = "qwen2.5_coder_0.5b_instruct"
     arms = {name: arm([0] if name.startswith("untrained") else [0, 1, 2]) for name in REQUIRED_ARMS}
     students = {small: {"arms": arms, "positive_control": {"passes": True}, "correlation": {"rl_teachers": 4}}}
-    rules = requirements(students, ["abc1234"])
+    rl = {f"rl_s{seed}": {"reward_setting": "worked", "completions": 48_128} for seed in range(3)}
+    teachers = {"teachers": {"sft": {"steps": 171}, **rl},
+                "common": {"distills": ["sft", "sft_s1", "sft_s2", "rl_s0", "rl_s1", "rl_s2"]}}
+    rules = requirements(students, ["abc1234"], teachers=teachers)
     assert {rule for rule, r in rules.items() if not r["met"]} == {"students"}
     assert rules["students"]["short"] == ["qwen2.5_coder_1.5b_instruct"]
+    # RL short of 48K completions; the SFT arm's seeds reading one sample; an untrained prompt cut on 6% of a set;
+    # no teachers file at all
+    teachers["teachers"]["rl_s1"]["completions"] = 16_640
+    teachers["common"]["distills"] = ["sft", "rl_s0", "rl_s1", "rl_s2"]
+    arms["untrained_plain"] = arm([0], capped=0.06)
+    rules = requirements(students, ["abc1234"], teachers=teachers)
+    assert rules["rl_completions"]["short"] == ["rl_s1: 16,640"]
+    assert rules["distinct_teachers"]["short"] == [f"{small}/sft_teacher: 1 (sft)"]
+    assert rules["untrained_cap"]["short"] == [f"{small}/untrained_plain held_out_instances: 6.0% cut",
+                                               f"{small}/untrained_plain held_out_templates: 6.0% cut"]
+    assert requirements(students, ["abc1234"])["rl_completions"]["short"] == ["no teachers file"]
+    arms["untrained_plain"] = arm([0])
     # one arm missing, one with two seeds, one set too small, too few templates, a failed control, 3 RL teachers,
     # two commits: each named
     del arms["traces"]
@@ -1723,15 +1745,15 @@ def test_an_interim_summary_says_which_requirements_it_does_not_meet_yet(tmp_pat
     rules = json.loads((out / "study.json").read_text())["requirements"]
     assert result.returncode == 0, result.stderr
     assert {rule for rule, r in rules.items() if r["met"]} == {"seeds", "positive_control", "one_commit",
-                                                               "rows_checked"}
+                                                               "rows_checked", "distinct_teachers", "untrained_cap"}
     assert rules["correlation"]["short"] == ["s: 0 RL teachers"]
     assert (out / "study_table.md").read_text().endswith(
-        "The finished study's requirements: met: seeds, positive_control, one_commit, rows_checked; not met: "
-        "students "
+        "The finished study's requirements: met: seeds, positive_control, one_commit, rows_checked, "
+        "distinct_teachers, untrained_cap; not met: students "
         "(qwen2.5_coder_0.5b_instruct; qwen2.5_coder_1.5b_instruct), arms (s/untrained_plain; s/traces; "
         "s/sft_teacher; s/rl_teacher; ...), held_out_sets (s/untrained held_out_instances: 40 questions, 10 "
         "templates; s/untrained held_out_templates: none; s/worked held_out_instances: 40 questions, 10 templates; "
-        "s/worked held_out_templates: none), correlation (s: 0 RL teachers).\n")
+        "s/worked held_out_templates: none), correlation (s: 0 RL teachers), rl_completions (no teachers file).\n")
 
 
 def test_the_answer_only_teachers_students_learn_its_explanation_and_the_worked_solution(tmp_path):

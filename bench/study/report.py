@@ -67,7 +67,22 @@ def table(students: dict) -> str:
 
 
 def correlation_line(student: str, entry: dict) -> str:
-    """The table's line for a student's correlation: r and rho per held-out set, or why there is none."""
+    """The table's line for a student's correlation: r and rho per held-out set, or why there is none, over all
+    points and over the RL teachers' alone (``within_rl``, the declared reading)."""
+    cells = _correlation_cells(entry)
+    within = entry.get("within_rl")
+    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher"
+                                          or _SFT_SAMPLE.match(p.get("distill", "")) else "")
+                         for p in entry["points"])
+    reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
+    return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}; "
+            f"{entry.get('rl_teachers', 0)} RL teachers): "
+            f"{'; '.join(cells)}" + (f". Within the RL teachers: {'; '.join(_correlation_cells(within))}" if within
+                                     else "") + ".")
+
+
+def _correlation_cells(entry: dict) -> list[str]:
+    """Per held-out set: r and rho with their intervals over points and over answers, or why there are none."""
     cells = []
     for name in ("held_out_templates", "held_out_instances"):
         figures, label = entry[name], name.replace("_", " ")
@@ -83,13 +98,7 @@ def correlation_line(student: str, entry: dict) -> str:
                           + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}] over points" if ci else "")
                           + (f", [{by_answers[0]:+.3f}, {by_answers[1]:+.3f}] over answers" if by_answers else ""))
         cells.append(f"{label}: {', '.join(values)} (n={figures['points']})")
-    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher"
-                                          or _SFT_SAMPLE.match(p.get("distill", "")) else "")
-                         for p in entry["points"])
-    reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"
-    return (f"Teacher {reward} vs student accuracy ({student}; points: {teachers or 'none'}; "
-            f"{entry.get('rl_teachers', 0)} RL teachers): "
-            f"{'; '.join(cells)}.")
+    return cells
 
 
 def requirements_line(rules: dict) -> str:
