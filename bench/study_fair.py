@@ -20,6 +20,10 @@ questions, the positive control, and the paired differences, from the eval folde
     python bench/study_fair.py thoughts study_data/gsm_symbolic_v2/answers \
         --outputs study_data/gsm_symbolic_v2/outputs --explanations study_data/gsm_symbolic_v2/explanations \
         --out results/study_gsm_symbolic_v2
+    python bench/study_fair.py duplicates --out study_data/gsm_symbolic_v2/heldout_near_duplicates.json
+    python bench/study_fair.py distinct study_data/gsm_symbolic_v2/answers \
+        --duplicates study_data/gsm_symbolic_v2/heldout_near_duplicates.json \
+        --out results/study_gsm_symbolic_v2/distinct_instances.json
 
 A root holds ``<student>/<arm>[_s<seed>]/eval/eval_rows.jsonl`` (one line per held-out question: ``heldout`` set,
 ``template``, ``correct``, ``capped``, ``student_output``). ``export`` keeps of each what the summary needs, in a
@@ -68,11 +72,18 @@ warm-up data and the traces student arm) from an eval folder run with ``eval.spl
 ``trace``, its answer less everything from its last "The answer is" on (the worked solution states the answer)
 and the markup opening that sentence.
 
+``duplicates`` and ``distinct`` are a declared sensitivity analysis, not the primary endpoint: ``duplicates`` finds
+the held-out instances whose template and numbers (in order) are a training question's, only names and nouns
+changed (near-duplicates), in the split the study's evals read (data=gsm_symbolic, loaded through rlt_mono), and
+whether a match is among the questions the teachers explained (``--explanations``); ``distinct`` summarizes the
+answers (``summarize``'s figures, held-out instances only) without those questions and on them alone.
+
 The code is in the package bench/study/, imported as ``study`` (Python puts a script's folder, bench/, on the path):
 ``layout`` (the study's names and files), ``answers`` (the students' answers: ``export``, ``answered``, ``traces``),
 ``kept`` (the explanations the students read: ``common``, ``keep``, ``restore``, ``check-distilled``,
 ``worked-target``, ``rounded``), ``teachers`` (``teachers`` and the teachers files), ``thoughts`` (``outputs``,
-``thoughts``: the students' texts and their thoughts graded), ``stats`` (the bootstrap, the seeds' t interval, the
+``thoughts``: the students' texts and their thoughts graded), ``duplicates`` (``duplicates``,
+``distinct``), ``stats`` (the bootstrap, the seeds' t interval, the
 correlations), ``summary`` (``summarize``'s figures) and ``report`` (study_table.md, study.png, teachers.png). This
 file is the command line.
 """
@@ -86,6 +97,15 @@ from pathlib import Path
 
 from bench_mono import code_commit
 from study.answers import check_read_kept, check_read_traces, export, is_answered, provenance, read_arms, traces
+from study.duplicates import (
+    HELD_OUT,
+    distinct_figures,
+    duplicates_record,
+    explained_ids,
+    read_duplicates,
+    study_split,
+)
+from study.duplicates import table as table_of_distinct
 from study.kept import (
     check_distilled,
     check_students_inputs,
@@ -105,6 +125,9 @@ from study.thoughts import table as table_of_thoughts
 from rlt_mono.errors import UserError
 from rlt_mono.runs.atomic_write import write_bytes, write_json, write_text
 from rlt_mono.study.eval_stats import RESAMPLES
+
+# The explanations the repository keeps (bench/study_fair.py keep's --out): the questions the teachers explained.
+EXPLANATIONS = Path("study_data/gsm_symbolic_v2/explanations")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -194,7 +217,63 @@ def _parser() -> argparse.ArgumentParser:
     thinking.add_argument("--out", type=Path, required=True)
     thinking.add_argument("--resamples", type=int, default=RESAMPLES)
     thinking.add_argument("--seed", type=int, default=0)
+    duplicating = sub.add_parser("duplicates", help="the held-out instances with a training question's template and "
+                                                    "numbers (near-duplicates), as a JSON file")
+    duplicating.add_argument("--out", type=Path, required=True)
+    duplicating.add_argument("--explanations", type=Path, default=EXPLANATIONS,
+                             help=f"keep's folder: the questions the teachers explained (default {EXPLANATIONS})")
+    distinguishing = sub.add_parser("distinct", help="summarize's held-out-instance figures without the "
+                                                     "near-duplicates and on them alone: a JSON file and its .md")
+    distinguishing.add_argument("roots", nargs="+", type=Path, help="export's --out folder(s), or study roots")
+    distinguishing.add_argument("--duplicates", type=Path, required=True, help="duplicates' --out file")
+    distinguishing.add_argument("--out", type=Path, required=True, help="the JSON file to write (its .md beside it)")
+    distinguishing.add_argument("--resamples", type=int, default=RESAMPLES)
+    distinguishing.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _duplicates(args: argparse.Namespace) -> int:
+    """``duplicates``: the near-duplicates of the study's split (``duplicates_record``) with the commit, command and
+    data config, as ``args.out``."""
+    training, held_out, data = study_split()
+    record = duplicates_record(training, held_out, explained_ids(args.explanations))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, {"commit": code_commit(mark_changes=True),
+                          "command": f"python bench/study_fair.py duplicates --out {args.out} "
+                                     f"--explanations {args.explanations}",
+                          "data": data, "explanations": str(args.explanations), **record}, indent=1)
+    counts = record["counts"]
+    print(f"{args.out}: {counts['near_duplicates']} of {counts[HELD_OUT]} held-out instances are near-duplicates of "
+          f"a training question; {counts['near_duplicates_of_explained']} match one of the {counts['explained']} "
+          f"the teachers explained, {counts['same_steps']} repeat a match's steps")
+    return 0
+
+
+def _distinct(args: argparse.Namespace) -> int:
+    """``distinct``: ``distinct_figures`` with where the runs ran and how, as ``args.out`` and its table beside it."""
+    saved = read_duplicates(args.duplicates)
+    duplicates = saved["near_duplicates"]
+    students = distinct_figures(read_arms(args.roots), duplicates, args.resamples, args.seed)
+    counts = {**saved.get("counts", {}), "near_duplicates": len(duplicates),
+              "near_duplicates_of_explained": sum(bool(entry.get("explained")) for entry in duplicates.values())}
+    runs = provenance(args.roots)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, {
+        "commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
+        "commands": sorted({r["command"] for r in runs}),
+        "analysis": f"python bench/study_fair.py distinct {' '.join(map(str, args.roots))} --duplicates "
+                    f"{args.duplicates} --out {args.out} --resamples {args.resamples} --seed {args.seed} (CPU)",
+        "analysis_commit": code_commit(mark_changes=True),
+        "sensitivity": "a declared sensitivity analysis, not the primary endpoint (study.json's held-out instances): "
+                       "the held-out instances without the near-duplicates of a training question, and those alone",
+        "duplicates": {"file": str(args.duplicates), "commit": saved.get("commit"), "numbers": saved.get("numbers"),
+                       "counts": counts},
+        "bootstrap": {"resamples": args.resamples, "seed": args.seed, "over": ["seeds", "templates", "questions"]},
+        "students": students}, indent=1)
+    text = table_of_distinct(students, counts)
+    write_text(args.out.with_suffix(".md"), text)
+    print(text)
+    return 0
 
 
 def _thoughts(args: argparse.Namespace) -> int:
@@ -284,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.action == "thoughts":
             return _thoughts(args)
+        if args.action == "duplicates":
+            return _duplicates(args)
+        if args.action == "distinct":
+            return _distinct(args)
         teachers_files = args.teachers or ([args.out / TEACHERS_FILE] if (args.out / TEACHERS_FILE).is_file() else [])
         teachers = read_teachers_files(teachers_files, args.explanations)
         if args.explanations is not None:
