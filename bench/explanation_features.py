@@ -8,7 +8,7 @@ Features: ``results_share``, the share of the worked solution's intermediate res
 Spearman's rho with the gap; for a yes/no, the mean gap with and without and their difference. Intervals: 95%
 bootstrap, templates resampled, then questions within them (the study's resampling).
 
-    python bench/explanation_features.py results/study_gsm_symbolic_v2/explanation_value_all.json \\
+    python bench/explanation_features.py study_data/gsm_symbolic_v2/explanation_value_all.json \\
         study_data/gsm_symbolic_v2/explanations --teacher rl_s0 \\
         --out results/study_gsm_symbolic_v2/explanation_features.json
 """

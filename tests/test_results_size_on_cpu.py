@@ -1,5 +1,5 @@
-"""The tracked results/ folder holds the summaries the docs cite, not raw material: at most 5 MiB in all, JSON, PNG
-and Markdown only, no logs.
+"""The tracked results/ folder holds the summaries the docs cite, not raw material: at most 5 MB in all, JSON, PNG
+and Markdown only, no logs (5 MB: 5,000,000 bytes, not 5 MiB).
 
 Raw logs, raw bench results and per-run rows stay out of the tree (docs/PERFORMANCE.md says which commit has them).
 The rows the study reads (the larger model's traces, the teachers' explanations) are its input, not its results:
@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LIMIT_BYTES = 5 * 2**20
+LIMIT_BYTES = 5_000_000
 # A teacher's explanations of the study's common questions (bench/study_fair.py keep): 0.55 MB for 3,000 rows
 # (measured); a file much larger holds more than the students read (every sample, every question).
 KEPT_LIMIT_BYTES = 2 * 2**20
@@ -25,7 +25,7 @@ def _tracked(folder: str = "results") -> list[Path]:
     return [ROOT / name for name in listing.decode().split("\0") if name]
 
 
-def test_the_tracked_results_fit_in_five_mib():
+def test_the_tracked_results_fit_in_five_mb():
     sizes = {path: path.lstat().st_size for path in _tracked() if path.is_symlink() or path.exists()}
     assert sizes, "git tracks no file under results/"
     largest = [f"{path.relative_to(ROOT)}: {sizes[path]:,} bytes" for path in sorted(sizes, key=sizes.get)[-5:]]
