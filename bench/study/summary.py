@@ -43,7 +43,7 @@ REQUIRED_STUDENTS = ("qwen2.5_coder_0.5b_instruct", "qwen2.5_coder_1.5b_instruct
 REQUIRED_ARMS = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", "rl_teacher",
                  "rl_teacher_answer_only")
 MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
-# RL at least three times the first study's completions a seed (16,000), 188 steps of 256: the issue's 48K.
+# RL at least three times the first study's completions a seed (16,000): 188 steps of 256 make 48,128.
 MIN_RL_COMPLETIONS = 48_000
 # The untrained students answer within the eval's token cap on at least this share of each held-out set.
 MAX_UNTRAINED_CAPPED = 0.05
