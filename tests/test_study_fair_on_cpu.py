@@ -1718,6 +1718,11 @@ def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     rules = requirements(students, ["abc1234", "def5678"])
     assert rules["arms"]["short"] == [f"{small}/traces"]
     assert rules["seeds"]["short"] == [f"{small}/rl_teacher: 2"]
+    # a checkpoint's arm is a correlation point: one student suffices; worked_common, a control, needs three
+    arms["rl_teacher_step30"], arms["worked_common"] = arm([0]), arm([0])
+    assert requirements(students, ["abc1234"])["seeds"]["short"] == [f"{small}/rl_teacher: 2",
+                                                                     f"{small}/worked_common: 1"]
+    del arms["rl_teacher_step30"], arms["worked_common"]
     assert rules["held_out_sets"]["short"] == [
         f"{small}/worked held_out_templates: 1000 questions, 14 templates",
         f"{small}/sft_teacher held_out_instances: 999 questions, 63 templates",

@@ -43,6 +43,10 @@ REQUIRED_STUDENTS = ("qwen2.5_coder_0.5b_instruct", "qwen2.5_coder_1.5b_instruct
 REQUIRED_ARMS = ("untrained", "untrained_plain", "worked", "traces", "sft_teacher", "rl_teacher",
                  "rl_teacher_answer_only")
 MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
+# The arms that need MIN_SEEDS seeds: the trained ones of REQUIRED_ARMS, and worked_common, the teachers' arms'
+# like-for-like control. A checkpoint's arm (rl_teacher_step<N>) is a correlation point: one student of its own
+# suffices there.
+SEEDED_ARMS = tuple(arm for arm in REQUIRED_ARMS if arm not in UNTRAINED_ARMS) + ("worked_common",)
 # RL at least three times the first study's completions a seed (16,000): 188 steps of 256 make 48,128.
 MIN_RL_COMPLETIONS = 48_000
 # The untrained students answer within the eval's token cap on at least this share of each held-out set.
@@ -178,7 +182,7 @@ def requirements(students: dict, commits: list[str], rows_checked: bool = True, 
         arms = entry["arms"]
         short["arms"] += [f"{student}/{arm}" for arm in REQUIRED_ARMS if arm not in arms]
         short["seeds"] += [f"{student}/{arm}: {len(figures['seeds'])}" for arm, figures in arms.items()
-                           if arm not in UNTRAINED_ARMS and len(figures["seeds"]) < MIN_SEEDS]
+                           if arm in SEEDED_ARMS and len(figures["seeds"]) < MIN_SEEDS]
         for arm in TAUGHT_ARMS:
             if arm in arms:
                 read = {_kept_teacher(arm, seed, distills) for seed in arms[arm]["seeds"]}
