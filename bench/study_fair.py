@@ -180,6 +180,8 @@ def _parser() -> argparse.ArgumentParser:
     keeping.add_argument("root", type=Path)
     keeping.add_argument("--out", type=Path, required=True)
     keeping.add_argument("--replace", action="store_true", help="replace a distill kept already with other rows")
+    keeping.add_argument("--as", dest="names", action="append", default=[], metavar="DISTILL=NAME",
+                         help="keep the root's DISTILL under NAME (e.g. rl_s0=rl_full_s0: the 48K RL teacher)")
     restoring = sub.add_parser("restore", help="the files common writes (<out>/<name>.jsonl.gz), from the ones keep "
                                                "kept")
     restoring.add_argument("folder", type=Path, help="keep's --out folder")
@@ -327,7 +329,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path}: {rows} rows")
             return 0
         if args.action == "keep":
-            for path, rows, state in keep(args.root, args.out, args.replace):
+            names = dict(pair.split("=", 1) for pair in args.names if "=" in pair)
+            if len(names) != len(args.names) or not all(names) or not all(names.values()):
+                raise StudyError(f"--as {' '.join(args.names)}: each DISTILL=NAME, both named")
+            for path, rows, state in keep(args.root, args.out, args.replace, names):
                 print(f"{path}: {rows} rows, {state}")
             return 0
         if args.action == "teachers-plot":

@@ -928,6 +928,46 @@ def test_a_second_keep_of_other_rows_for_a_teacher_is_one_line_unless_replaced(t
     assert "abC" in lzma.decompress((kept / "sft.jsonl.xz").read_bytes()).decode()
 
 
+def test_keep_as_keeps_a_teacher_of_another_part_under_its_own_name(tmp_path):
+    """The 48K RL teacher's part names it rl_s0 in its root, beside a kept rl_s0: --as keeps it as rl_full_s0, the
+    teacher rl_teacher_full's students read; the entry says which distill of the root it was."""
+    root, _, kept = _kept(tmp_path)
+    held = json.loads((kept / "manifest.json").read_text())["teachers"]
+    result = _run("keep", root, "--out", kept, "--as", "rl_s0=rl_full_s0")
+    assert result.returncode == 0, result.stderr
+    assert f"{kept / 'rl_full_s0'}.jsonl.xz: 2 rows, kept\n" in result.stdout
+    assert f"{kept / 'sft'}.jsonl.xz: 2 rows, already kept\n" in result.stdout and "rl_s0.jsonl" not in result.stdout
+    manifest = json.loads((kept / "manifest.json").read_text())["teachers"]
+    assert manifest["rl_full_s0"]["distill_in_root"] == "rl_s0" and "distill_in_root" not in manifest["rl_s0"]
+    assert manifest["rl_full_s0"]["sha256"] == held["rl_s0"]["sha256"]  # the same rows, under another name
+    assert manifest["rl_full_s0"]["teacher"] == "rl_s0/rl/final" and manifest["rl_s0"] == held["rl_s0"]
+    sys.path.insert(0, str(SCRIPT.parent))
+    from study.layout import _arm_distill, _kept_teacher
+    assert _arm_distill("rl_teacher_full", 1) == ("rl_full_s1", "rl_full_s1")
+    assert _kept_teacher("rl_teacher_full", 0) == "rl_full_s0"
+    for names, message in ((["rl_s9=rl_full_s9"], "no distill rl_s9 to keep under another name (it has rl_s0, "
+                                                  "rl_step2, sft)"),
+                           (["rl_s0"], "--as rl_s0: each DISTILL=NAME, both named"),
+                           (["rl_s0="], "--as rl_s0=: each DISTILL=NAME, both named")):
+        refused = _run("keep", root, "--out", kept, *[word for name in names for word in ("--as", name)])
+        assert refused.returncode == 2 and message in refused.stderr and refused.stderr.count("\n") == 1
+
+
+def test_the_full_rl_teachers_students_are_compared_with_the_short_rl_and_the_sft_teachers(tmp_path):
+    root = tmp_path / "study"
+    n = 100
+    _eval_folder(root, "s", "sft_teacher_s0", {"instances": [i % 2 == 0 for i in range(n)]})      # 0.50
+    _eval_folder(root, "s", "rl_teacher_s0", {"instances": [i % 5 != 0 for i in range(n)]})       # 0.80
+    _eval_folder(root, "s", "rl_teacher_full_s0", {"instances": [i % 10 != 0 for i in range(n)]})  # 0.90
+    result, out = _summarize(tmp_path, root)
+    assert result.returncode == 0, result.stderr
+    student = json.loads((out / "study.json").read_text())["students"]["s"]
+    assert list(student["arms"]) == ["sft_teacher", "rl_teacher", "rl_teacher_full"]
+    differences = student["differences"]
+    assert differences["rl_teacher_full - rl_teacher"]["held_out_instances"]["difference"] == 0.1
+    assert differences["rl_teacher_full - sft_teacher"]["held_out_instances"]["difference"] == 0.4
+
+
 def test_replace_refuses_to_narrow_the_kept_questions_to_a_partial_distills(tmp_path):
     """A later part whose checkpoint distill stopped early narrows the questions every distill explained: --replace
     would then keep every teacher, the SFT teacher's too, on fewer questions. Refused, nothing written."""

@@ -125,14 +125,24 @@ def kept_solutions(folder: Path) -> dict[str, str]:
             for name, entry in teachers.items()}
 
 
-def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, str]]:
+def keep(root: Path, out: Path, replace: bool = False, names: dict[str, str] | None = None
+         ) -> list[tuple[Path, int, str]]:
     """Keep in ``out`` the explanations the students read (``students_rows``), for the repository: per distill
     ``<name>.jsonl.xz`` of its rows and its entry in ``manifest.json`` (``file``, ``rows``, the ``sha256`` of the
     uncompressed rows and ``_provenance``). A distill kept already with other rows is refused, before anything is
     written, unless ``replace`` (and even then where the new rows cover only some of the kept questions: a partial
-    distill in the root narrowed them); one kept with the same rows keeps its file and entry. Returns ``(file, rows,
-    "kept" | "already kept" | "replaced")`` of each."""
-    lines = students_rows(root)
+    distill in the root narrowed them); one kept with the same rows keeps its file and entry. ``names``: a distill
+    of the root kept under another name (``{"rl_s0": "rl_full_s0"}``: a teacher of another part, the 48K RL run,
+    beside the kept ``rl_s0``; its entry says ``distill_in_root``). Returns ``(file, rows, "kept" | "already kept" |
+    "replaced")`` of each."""
+    names = names or {}
+    found = students_rows(root)
+    unknown = sorted(set(names) - set(found))
+    if unknown:
+        raise StudyError(f"{root}: no distill {', '.join(unknown)} to keep under another name (it has "
+                         f"{', '.join(sorted(found)) or 'none'})")
+    lines = {names.get(name, name): rows for name, rows in found.items()}
+    in_root = {names.get(name, name): name for name in found}
     plans = []
     for name, mine in lines.items():
         data, path = _text(mine), out / f"{name}{KEPT_SUFFIX}"
@@ -159,7 +169,8 @@ def keep(root: Path, out: Path, replace: bool = False) -> list[tuple[Path, int, 
         if state != "already kept":
             write_bytes(path, lzma.compress(data))
         manifest["teachers"][name] = {"file": path.name, "rows": len(lines[name]), "sha256": digest,
-                                      **_provenance(root, name, lines[name])}
+                                      **_provenance(root, in_root[name], lines[name]),
+                                      **({"distill_in_root": in_root[name]} if in_root[name] != name else {})}
     manifest["teachers"] = dict(sorted(manifest["teachers"].items()))
     write_json(out / MANIFEST_FILE, manifest)
     return [(path, len(lines[name]), state) for name, _, path, _, state in plans]

@@ -18,7 +18,7 @@ SHORT_SETS = {name[0]: name for name in SETS}  # export writes each row's set as
 
 # The study table's arm order: these first, then rl_teacher_step<N> by N, then any other arm by name.
 ARM_ORDER = ("untrained", "untrained_plain", "worked", "worked_common", "traces", "sft_teacher", "rl_teacher",
-             "rl_teacher_answer_only")
+             "rl_teacher_full", "rl_teacher_answer_only")
 _STEP_ARM = re.compile(r"^rl_teacher_step(?P<step>\d+)$")
 # The SFT teacher's explanations sampled with distill seed s (bench/study_fair.sh's STUDY_SFT_SEEDS), which its
 # students of seed s read: the distill's name, and how to know one.
@@ -57,13 +57,15 @@ def arm_rank(arm: str) -> tuple:
 def _arm_distill(arm: str, seed: int, distills: frozenset[str] | set[str] = frozenset()) -> tuple[str, str] | None:
     """``(teacher, distill)`` of a taught arm's students of ``seed``: sft_teacher -> sft, distill sft_s<seed> where
     ``distills`` (the distills there are) has it (the SFT teacher's sample with that seed: bench/study_fair.sh's
-    STUDY_SFT_SEEDS), else sft; rl_teacher -> rl_s<seed>; rl_teacher_step<N> -> rl_s0's checkpoint N, distill
-    rl_step<N>; None for an arm no teacher taught."""
+    STUDY_SFT_SEEDS), else sft; rl_teacher -> rl_s<seed>; rl_teacher_full -> rl_full_s<seed>; rl_teacher_step<N> ->
+    rl_s0's checkpoint N, distill rl_step<N>; None for an arm no teacher taught."""
     if arm == "sft_teacher":
         sample = SFT_SAMPLE.format(seed=seed)
         return "sft", sample if seed != 0 and sample in distills else "sft"
     if arm == "rl_teacher":
         return f"rl_s{seed}", f"rl_s{seed}"
+    if arm == "rl_teacher_full":  # the RL teacher trained the study's whole 48K completions (docs/STUDY.md)
+        return f"rl_full_s{seed}", f"rl_full_s{seed}"
     if match := _STEP_ARM.match(arm):
         return "rl_s0", f"rl_step{match['step']}"
     return None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlt_mono.runs.atomic_write import write_bytes
 from study.layout import _SFT_SAMPLE, SETS, StudyError
-from study.summary import CAP_BAR, CONTROL_ARM, HELD_OUT_X, UNTRAINED_ARMS
+from study.summary import CAP_BAR, CONTROL_ARM, HELD_OUT_X, RL_SEED_ARMS, UNTRAINED_ARMS
 
 TEACHER_CURVES = (("reward", "held-out reward (r_SS - r_KL + match penalty)"),
                   ("r_ss", "r_SS: the student's log-prob of the solution"), ("r_kl", "r_KL: the penalty subtracted"))
@@ -71,7 +71,7 @@ def correlation_line(student: str, entry: dict) -> str:
     points and over the RL teachers' alone (``within_rl``, the declared reading)."""
     cells = _correlation_cells(entry)
     within = entry.get("within_rl")
-    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] == "rl_teacher"
+    teachers = ", ".join(f"{p['arm']}" + (f" s{p['seeds'][0]}" if p["arm"] in RL_SEED_ARMS
                                           or _SFT_SAMPLE.match(p.get("distill", "")) else "")
                          for p in entry["points"])
     reward = "held-out reward" if entry["x"] == HELD_OUT_X else "reward on the common questions"

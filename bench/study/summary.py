@@ -34,8 +34,11 @@ DIFFERENCES = (("worked", "untrained"), ("worked", "untrained_plain"), ("worked_
                ("rl_teacher", "sft_teacher"),
                ("rl_teacher", "worked"), ("sft_teacher", "worked"), ("rl_teacher", "worked_common"),
                ("sft_teacher", "worked_common"),
-               ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"))
+               ("rl_teacher", "traces"), ("rl_teacher", "rl_teacher_answer_only"),
+               ("rl_teacher_full", "rl_teacher"), ("rl_teacher_full", "sft_teacher"))
 
+# The arms whose students of seed s read RL teacher s: a correlation point a seed.
+RL_SEED_ARMS = ("rl_teacher", "rl_teacher_full")
 # What the finished study must hold (docs/STUDY.md, "Why a second study"): both students; per student every arm,
 # three seeds of each trained one, a passing positive control, held-out sets of at least 1,000 questions (the
 # held-out templates at least 15 of them) and at least four RL teachers in the correlation; every run at one commit.
@@ -258,7 +261,7 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
             distills = set(common["distills"])
             # a point per seed where each seed's students read their own distill (the RL teachers; the SFT
             # teacher's seeded samples)
-            own = len({_arm_distill(arm, seed, distills) for seed in seeds}) > 1 or arm == "rl_teacher"
+            own = len({_arm_distill(arm, seed, distills) for seed in seeds}) > 1 or arm in RL_SEED_ARMS
             groups = [[seed] for seed in seeds] if own else [seeds]
             for group in groups:
                 teacher, distill = _arm_distill(arm, group[0], distills)
@@ -279,13 +282,14 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
             else:
                 missing.append("sft_teacher: no worked-reward RL teacher has a held-out reward at step 0 "
                                "(trainer.eval_on_start)")
-        elif arm == "rl_teacher":
+        elif arm in RL_SEED_ARMS:
             for seed in seeds:
-                if f"rl_s{seed}" in rl:
-                    step, reward = rl[f"rl_s{seed}"]["eval_reward_curve"][-1]
-                    point(arm, [seed], f"rl_s{seed}", reward, {"reward_step": step})
+                teacher = _arm_distill(arm, seed)[0]
+                if teacher in rl:
+                    step, reward = rl[teacher]["eval_reward_curve"][-1]
+                    point(arm, [seed], teacher, reward, {"reward_step": step})
                 else:
-                    missing.append(f"rl_teacher seed {seed}: no held-out reward of rl_s{seed} in the teachers file")
+                    missing.append(f"{arm} seed {seed}: no held-out reward of {teacher} in the teachers file")
         elif match := _STEP_ARM.match(arm):
             if "rl_s0" in rl:
                 step, reward = _reward_at(rl["rl_s0"]["eval_reward_curve"], int(match["step"]))
