@@ -141,7 +141,7 @@ def main() -> int:
             results[point] = {"killed_after_seconds": round(after, 1), **compare(reference, folder)}
             print(point, json.dumps(results[point]), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, {"commit": code_commit(), "date": time.strftime("%Y-%m-%d"),
+    write_json(args.out, {"commit": code_commit(mark_changes=True), "date": time.strftime("%Y-%m-%d"),
                                     "machine": "CPU, 2 cores", "command": " ".join(["python", *sys.argv]),
                                     "overrides": OVERRIDES, "kill_points": results}, indent=1)
     return 0

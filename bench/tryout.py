@@ -157,7 +157,7 @@ def main() -> int:
         results.append(result)
     counts = Counter(r["outcome"] for r in results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, {"commit": code_commit(), "date": time.strftime("%Y-%m-%d"),
+    write_json(args.out, {"commit": code_commit(mark_changes=True), "date": time.strftime("%Y-%m-%d"),
                                     "machine": "CPU, 2 cores", "counts": counts, "cases": results}, indent=1)
     print("\n| case | outcome | exit | what the user sees |\n| --- | --- | --- | --- |")
     for r in results:

@@ -120,6 +120,12 @@ def test_the_committed_near_duplicates_are_those_of_the_study_s_split_now():
     assert {held: entry["training"] for held, entry in committed["near_duplicates"].items()} == \
         near_duplicates(training, held_out)
     assert committed["counts"]["near_duplicates"] == len(committed["near_duplicates"]) > 0
+    # the whole record: which match an explained question, which repeat its steps, the counts, the split's data
+    record = duplicates_record(training, held_out, explained_ids(ROOT / "study_data" / "gsm_symbolic_v2" /
+                                                                 "explanations"))
+    assert {key: record[key] for key in ("near_duplicates", "counts")} == \
+        {key: committed[key] for key in ("near_duplicates", "counts")}
+    assert committed["data"] == data
     assert COMMITTED.stat().st_size < 100_000
 
 

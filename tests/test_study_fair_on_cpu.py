@@ -1746,7 +1746,11 @@ def test_the_requirements_name_what_falls_short_of_the_finished_study(tmp_path):
     assert rules["distinct_teachers"]["short"] == [f"{small}/sft_teacher: 1 (sft)"]
     assert rules["untrained_cap"]["short"] == [f"{small}/untrained_plain held_out_instances: 6.0% cut",
                                                f"{small}/untrained_plain held_out_templates: 6.0% cut"]
-    assert requirements(students, ["abc1234"])["rl_completions"]["short"] == ["no teachers file"]
+    without = requirements(students, ["abc1234"])
+    assert without["rl_completions"]["short"] == ["no teachers file"]
+    assert without["distinct_teachers"]["short"] == [
+        f"{small}/{arm}: not known (no common block of the teachers' distills: --explanations)"
+        for arm in ("sft_teacher", "rl_teacher")]
     arms["untrained_plain"] = arm([0])
     # one arm missing, one with two seeds, one set too small, too few templates, a failed control, 3 RL teachers,
     # two commits: each named

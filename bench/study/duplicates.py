@@ -190,8 +190,9 @@ def template_matched(distinct: dict, alone: dict) -> dict:
             for seed, rows in per_seed.items():
                 others: dict[int, list[bool]] = {}
                 for row in distinct[student][arm][seed]:
-                    others.setdefault(row["template"], []).append(bool(row["correct"]))
-                mine = [row for row in rows if row["template"] in others]
+                    if row.get("correct") is not None:  # as summarize, an unanswered row is left out
+                        others.setdefault(row["template"], []).append(bool(row["correct"]))
+                mine = [row for row in rows if row["template"] in others and row.get("correct") is not None]
                 if not mine:
                     continue
                 near = sum(bool(row["correct"]) for row in mine) / len(mine)

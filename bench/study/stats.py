@@ -22,7 +22,8 @@ CORRELATION_MIN_POINTS, CORRELATION_INTERVAL_POINTS = 3, 4
 def stream(seed: int, *names: object) -> np.random.Generator:
     """The bootstrap's random stream for one thing it draws (a student's held-out set, an arm's seeds on it),
     named: the same ``seed`` and names give the same draws whatever else the summary holds, so a run added to one
-    arm leaves every other arm's interval as it was."""
+    arm leaves every other arm's interval as it was (while every arm answered the same questions: the question
+    weights are drawn over the questions all arms share)."""
     return np.random.default_rng([seed, *(zlib.crc32(str(name).encode()) for name in names)])
 
 

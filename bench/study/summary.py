@@ -52,7 +52,7 @@ MIN_SEEDS, MIN_QUESTIONS, MIN_TEMPLATES, MIN_RL_TEACHERS = 3, 1000, 15, 4
 SEEDED_ARMS = tuple(arm for arm in REQUIRED_ARMS if arm not in UNTRAINED_ARMS) + ("worked_common",)
 # RL at least three times the first study's completions a seed (16,000): 188 steps of 256 make 48,128.
 MIN_RL_COMPLETIONS = 48_000
-# The untrained students answer within the eval's token cap on at least this share of each held-out set.
+# The untrained students' answers are cut at the eval's token cap on at most this share of each held-out set.
 MAX_UNTRAINED_CAPPED = 0.05
 # The taught arms the primary endpoint compares, whose seeds must read as many distinct teachers (or teacher
 # samples) as the seeds rule asks: three students of one teacher hold no teacher-to-teacher spread. (The
@@ -132,7 +132,7 @@ def summarize(arms: dict, resamples: int, seed: int, teachers: dict | None = Non
                     entry["differences"].setdefault(f"{arm} - {minus}", {})[name] = figures
         entry["arms"] = {arm: entry["arms"][arm] for arm in sorted(entry["arms"], key=arm_rank)}
         entry["positive_control"] = positive_control(entry)
-        entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed, answers)
+        entry["correlation"] = correlation(entry["arms"], teachers, resamples, seed, answers, student)
         students[student] = entry
     return students
 
@@ -187,7 +187,10 @@ def requirements(students: dict, commits: list[str], rows_checked: bool = True, 
         short["seeds"] += [f"{student}/{arm}: {len(figures['seeds'])}" for arm, figures in arms.items()
                            if arm in SEEDED_ARMS and len(figures["seeds"]) < MIN_SEEDS]
         for arm in TAUGHT_ARMS:
-            if arm in arms:
+            if arm in arms and not distills:
+                short["distinct_teachers"].append(f"{student}/{arm}: not known (no common block of the teachers' "
+                                                  "distills: --explanations)")
+            elif arm in arms:
                 read = {_kept_teacher(arm, seed, distills) for seed in arms[arm]["seeds"]}
                 if len(read) < MIN_SEEDS:
                     short["distinct_teachers"].append(f"{student}/{arm}: {len(read)} ({', '.join(sorted(read))})")
@@ -299,7 +302,8 @@ def correlation_points(arms: dict, teachers: dict) -> tuple[list[dict], list[str
     return points, missing
 
 
-def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int, answers: dict | None = None) -> dict:
+def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int, answers: dict | None = None,
+                student: str = "") -> dict:
     """A student's teacher-reward <-> student-accuracy correlation: its ``points`` (``correlation_points``), how
     many distinct RL teachers they hold (``rl_teachers``: checkpoints and seeds; the SFT teacher is not one), per
     held-out set ``correlation_figures`` (with ``ci95_answers`` where ``answers``, summarize's per held-out set
@@ -321,6 +325,6 @@ def correlation(arms: dict, teachers: dict | None, resamples: int, seed: int, an
     # The declared reading (docs/STUDY.md, "The claim, declared…"): within the RL teachers, where RL moves the
     # reward continuously; over all points the SFT samples and the RL teachers form two clusters.
     return {"x": correlation_x(teachers), "y": "the taught students' accuracy", "points": points,
-            "rl_teachers": len(rl_teachers), **figures(points, stream(seed, "correlation")),
-            "within_rl": figures(rl_points, stream(seed, "correlation", "within_rl")),
+            "rl_teachers": len(rl_teachers), **figures(points, stream(seed, student, "correlation")),
+            "within_rl": figures(rl_points, stream(seed, student, "correlation", "within_rl")),
             "missing": missing, "left_out": CORRELATION_LEFT_OUT}
