@@ -96,7 +96,16 @@ import sys
 from pathlib import Path
 
 from bench_mono import code_commit
-from study.answers import check_read_kept, check_read_traces, export, is_answered, provenance, read_arms, traces
+from study.answers import (
+    check_read_kept,
+    check_read_traces,
+    export,
+    is_answered,
+    provenance,
+    read_arms,
+    traces,
+    where_ran,
+)
 from study.duplicates import (
     HELD_OUT,
     distinct_figures,
@@ -261,8 +270,7 @@ def _distinct(args: argparse.Namespace) -> int:
     runs = provenance(args.roots)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.out, {
-        "commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
-        "commands": sorted({r["command"] for r in runs}),
+        **where_ran(runs),
         "analysis": f"python bench/study_fair.py distinct {' '.join(map(str, args.roots))} --duplicates "
                     f"{args.duplicates} --out {args.out} --resamples {args.resamples} --seed {args.seed} (CPU)",
         "analysis_commit": code_commit(mark_changes=True),
@@ -288,8 +296,7 @@ def _thoughts(args: argparse.Namespace) -> int:
     runs = [run for run in provenance([args.answers]) if (run["student"], run["arm"], run["seed"]) in graded]
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / "thoughts.json", {
-        "commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
-        "commands": sorted({r["command"] for r in runs}), "runs": runs,
+        **where_ran(runs), "runs": runs,
         "analysis": f"python bench/study_fair.py thoughts {args.answers} --outputs {args.outputs} --out {args.out}"
                     + ("" if args.explanations is None else f" --explanations {args.explanations}") + " (CPU)",
         "analysis_commit": code_commit(mark_changes=True),
@@ -384,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     runs = provenance(args.roots)
-    result = {"commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
-              "commands": sorted({r["command"] for r in runs}), "runs": runs, "gpu_minutes": args.gpu_minutes,
+    result = {**where_ran(runs), "runs": runs, "gpu_minutes": args.gpu_minutes,
               "bootstrap": {"resamples": args.resamples, "seed": args.seed,
                             "over": ["seeds", "templates", "questions"]},
               "teachers": [str(path) for path in teachers_files] or None,

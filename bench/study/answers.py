@@ -200,6 +200,13 @@ def check_read_traces(roots: list[Path], traces: Path) -> None:
             + "; summarize them without --traces, or run them again")
 
 
+def where_ran(runs: list[dict]) -> dict:
+    """The ``commit``, ``device`` and ``commands`` of ``provenance``'s runs, each the sorted set of theirs: what a
+    result file says of where its runs ran."""
+    return {"commit": sorted({r["commit"] for r in runs}), "device": sorted({r["device"] for r in runs}),
+            "commands": sorted({r["command"] for r in runs})}
+
+
 def provenance(roots: list[Path]) -> list[dict]:
     """Where each run ran: ``student``, ``arm``, ``seed``, ``device``, ``commit``, ``command``: an exported run's as
     its file says; an eval folder's (a study root summarized as it is) the root's ``commit``, its own ``command``

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from study.kept import read_kept
 from study.layout import SETS, StudyError, _question_id
+from study.report import accuracy_cell, signed_interval
 from study.summary import summarize
 
 logger = logging.getLogger(__name__)
@@ -227,14 +228,11 @@ def distinct_figures(arms: dict, duplicates: Iterable[str], resamples: int, seed
 
 
 def _cell(figures: dict | None) -> str:
-    if figures is None:
-        return "—"
-    low, high = figures["ci95"]
-    return f"{figures['accuracy']:.3f} [{low:.3f}, {high:.3f}] (n={figures['questions']})"
+    return "—" if figures is None else accuracy_cell(figures)
 
 
 def _difference(d: dict) -> str:
-    line = f"{d['difference']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+    line = signed_interval(d["difference"], d["ci95"])
     if "seed_t" in d:
         t = d["seed_t"]
         line += f" (seeds alone, Welch t: [{t['ci95'][0]:+.3f}, {t['ci95'][1]:+.3f}])"

@@ -14,6 +14,17 @@ TEACHER_CURVES = (("reward", "held-out reward (r_SS - r_KL + match penalty)"),
                   ("r_ss", "r_SS: the student's log-prob of the solution"), ("r_kl", "r_KL: the penalty subtracted"))
 
 
+def accuracy_cell(figures: dict) -> str:
+    """An arm's accuracy on a held-out set as the tables write it: ``0.753 [0.677, 0.826] (n=1000)``."""
+    low, high = figures["ci95"]
+    return f"{figures['accuracy']:.3f} [{low:.3f}, {high:.3f}] (n={figures['questions']})"
+
+
+def signed_interval(value: float, ci95: list[float]) -> str:
+    """A difference with its interval as the tables write it: ``-0.008 [-0.040, +0.025]``."""
+    return f"{value:+.3f} [{ci95[0]:+.3f}, {ci95[1]:+.3f}]"
+
+
 def table(students: dict) -> str:
     """study_table.md: one row per student and arm."""
     lines = ["| student | arm | seeds | held-out templates | held-out instances | answers cut at the cap "
@@ -23,8 +34,7 @@ def table(students: dict) -> str:
             cells = []
             for name in ("held_out_templates", "held_out_instances"):
                 f = figures.get(name)
-                cells.append("—" if f is None else f"{f['accuracy']:.3f} [{f['ci95'][0]:.3f}, {f['ci95'][1]:.3f}] "
-                                                   f"(n={f['questions']})")
+                cells.append("—" if f is None else accuracy_cell(f))
             capped = [figures[n]["capped_frac"] for n in SETS.values() if figures.get(n, {}).get("capped_frac")
                       is not None]
             cut = f"{max(capped):.1%}" if capped else "—"
@@ -40,14 +50,13 @@ def table(students: dict) -> str:
                          f"one): no comparison of this student's arms rests on it.")
         if control:
             lines.append("")
-            low, high = control["ci95"]
+            difference = signed_interval(control["difference"], control["ci95"])
             lines.append(f"Positive control ({student}): {control['arm']} - {control['baseline']} on "
-                         f"{control['set'].replace('_', ' ')}: {control['difference']:+.3f} [{low:+.3f}, {high:+.3f}]: "
+                         f"{control['set'].replace('_', ' ')}: {difference}: "
                          f"{'passes' if control['passes'] else 'FAILS'} ({control['rule']}).")
         for pair, sets in entry["differences"].items():
             for name, d in sets.items():
-                line = (f"- {student}, {pair}, {name.replace('_', ' ')}: {d['difference']:+.3f} "
-                        f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                line = f"- {student}, {pair}, {name.replace('_', ' ')}: {signed_interval(d['difference'], d['ci95'])}"
                 if "seed_t" in d:
                     t = d["seed_t"]
                     line += (f" (the seeds alone, Welch t, df {t['df']:g}: [{t['ci95'][0]:+.3f}, "
